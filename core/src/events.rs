@@ -1,0 +1,55 @@
+//! Lifecycle events, named as the seed names them. Apply returns them; the node
+//! emits them (tracing, metrics) once the entry is committed and applied.
+
+use serde::Serialize;
+
+use crate::ids::{GrantId, LeaseId};
+use crate::protocol::BlockedReason;
+use crate::usage::Usage;
+
+/// Something a round, sync or reclaim pass did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// One round ran: permits asked for and handed out, and the usage after it.
+    Round { timestamp_ms: u64, requested: u64, granted: u64, usage: Usage },
+    /// Permits of a group that stayed queued, and why.
+    Blocked { timestamp_ms: u64, group: String, reason: BlockedReason, count: u64 },
+    /// Unclaimed permits returned to the pool at the claim deadline.
+    GrantReclaimed {
+        timestamp_ms: u64,
+        grant_id: GrantId,
+        client_id: String,
+        group: String,
+        permits: u64,
+    },
+    /// A new lease.
+    LeaseGranted {
+        timestamp_ms: u64,
+        lease_id: LeaseId,
+        client_id: String,
+        group: String,
+        permits: u64,
+    },
+    /// The holder stopped a lease; `permits` is its undrawn headroom as last reported.
+    LeaseRetired {
+        timestamp_ms: u64,
+        lease_id: LeaseId,
+        client_id: String,
+        group: String,
+        permits: u64,
+    },
+}
+
+impl Event {
+    /// The seed's name of the event.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Round { .. } => "round",
+            Self::Blocked { .. } => "blocked",
+            Self::GrantReclaimed { .. } => "grant_reclaimed",
+            Self::LeaseGranted { .. } => "lease_granted",
+            Self::LeaseRetired { .. } => "lease_retired",
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Every maximum permitd accepts, in one place.
+//!
+//! Inputs are checked against these at the edge (`validate`), so the round engine
+//! can rely on them: sums of counts fit an `i64` with room to spare, and no message
+//! can make a round do unbounded work.
+
+/// Longest semaphore key, in bytes of UTF-8.
+pub const MAX_KEY_BYTES: usize = 256;
+/// Longest group name, in bytes of UTF-8.
+pub const MAX_GROUP_BYTES: usize = 256;
+/// Longest `clientId`, in bytes of UTF-8.
+pub const MAX_CLIENT_ID_BYTES: usize = 256;
+/// Longest `requestId`, in bytes of UTF-8.
+pub const MAX_REQUEST_ID_BYTES: usize = 128;
+/// Longest `grantId` or `leaseId` a client may report, in bytes (a UUID is 36).
+pub const MAX_REPORTED_ID_BYTES: usize = 64;
+
+/// Demand entries (groups) in one request.
+pub const MAX_DEMAND_ENTRIES: usize = 1_024;
+/// Grant reports in one request or sync.
+pub const MAX_GRANT_REPORTS: usize = 4_096;
+/// Lease reports in one request or sync.
+pub const MAX_LEASE_REPORTS: usize = 1_024;
+
+/// Largest permit count a message may carry (demand `count`, reported `claimed`,
+/// `released`, `drawn`). Reports are clamped to the grant anyway; this only keeps
+/// arithmetic far from overflow.
+pub const MAX_COUNT: u64 = 1_000_000_000;
+/// Largest key `limit`, group `limit`, lease `reserve`/`extra` and `permitsPerLease`,
+/// in permits. It also bounds live grants per key: every live grant holds a permit.
+pub const MAX_LIMIT: u64 = 1_000_000;
+/// Largest timestamp accepted (`oldestAt`), in ms since the Unix epoch: 2^53 - 1,
+/// the largest integer JSON peers represent exactly.
+pub const MAX_TIMESTAMP_MS: u64 = (1 << 53) - 1;
+/// Longest delay a configuration may name (`roundWaitMs`, `roundPeriodMs`,
+/// `grantTimeoutMs`, `ttlMs`), in ms: the seed's 2^31 - 1 (about 24.8 days).
+pub const MAX_DELAY_MS: u64 = (1 << 31) - 1;
+/// Largest lease provisioning ratio (`{"ratio": r}`); 1.0 reserves the whole limit.
+pub const MAX_PROVISIONING_RATIO: f64 = 1_000.0;
+/// Most groups one key may have settings for (`PUT .../groups/{group}`).
+pub const MAX_CONFIGURED_GROUPS_PER_KEY: usize = 10_000;
+/// Answers remembered per (key, clientId) for `requestId` de-duplication; the oldest
+/// is forgotten first.
+pub const MAX_REMEMBERED_ANSWERS_PER_CLIENT: usize = 32;
+
+/// Largest HTTP request body, in bytes (413 beyond).
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Requests waiting for one key's round on the leader (429 beyond).
+pub const MAX_PENDING_REQUESTS_PER_KEY: usize = 10_000;
+/// Keys one cluster holds state for.
+pub const MAX_KEYS: usize = 1_000_000;

@@ -1,0 +1,224 @@
+//! Every key's state, the cluster defaults and the replicated clock.
+//!
+//! This is what the storage crate's state machine holds and what each log entry
+//! changes. Each operation takes the entry's `now` and passes on
+//! `max(now, last now)`, so time never runs backwards across leader changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
+use crate::events::Event;
+use crate::ids::IdAllocator;
+use crate::limits::MAX_CONFIGURED_GROUPS_PER_KEY;
+use crate::protocol::{PermitRequest, PermitSync};
+use crate::reclaim::reclaim_expired;
+use crate::round::{run_round, RoundOutcome};
+use crate::state::{Changes, KeyState};
+use crate::sync::{run_sync, SyncOutcome};
+use crate::usage::{usage, Usage};
+use crate::validate::{validate_group_config, validate_key_config, InvalidInput};
+
+/// The whole replicated semaphore state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Semaphores {
+    /// Configuration of keys that have none of their own.
+    defaults: KeyConfig,
+    /// The largest `now` applied so far.
+    last_now_ms: u64,
+    keys: BTreeMap<String, KeyState>,
+    #[serde(skip)]
+    dirty: Dirty,
+}
+
+/// What changed since the last [`Semaphores::take_changes`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Dirty {
+    cluster: bool,
+    keys: BTreeSet<String>,
+}
+
+/// The rows to persist after applying entries.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StateChanges {
+    /// The defaults or the clock changed.
+    pub cluster: bool,
+    /// Changed keys; `None` when the key no longer holds anything and was dropped.
+    pub keys: Vec<(String, Option<Changes>)>,
+}
+
+impl Semaphores {
+    /// An empty state with the given defaults.
+    pub fn new(defaults: KeyConfig) -> Result<Self, InvalidInput> {
+        validate_key_config(&defaults)?;
+        Ok(Self { defaults, ..Self::default() })
+    }
+
+    /// Rebuilds the state from its persisted parts.
+    pub fn from_parts(defaults: KeyConfig, last_now_ms: u64, keys: BTreeMap<String, KeyState>) -> Self {
+        Self { defaults, last_now_ms, keys, dirty: Dirty::default() }
+    }
+
+    pub fn defaults(&self) -> &KeyConfig {
+        &self.defaults
+    }
+
+    pub fn last_now_ms(&self) -> u64 {
+        self.last_now_ms
+    }
+
+    pub fn keys(&self) -> &BTreeMap<String, KeyState> {
+        &self.keys
+    }
+
+    pub fn key(&self, key: &str) -> Option<&KeyState> {
+        self.keys.get(key)
+    }
+
+    /// The configuration a key runs with: its own, or the defaults.
+    pub fn config(&self, key: &str) -> &KeyConfig {
+        self.keys.get(key).and_then(|state| state.meta().config.as_ref()).unwrap_or(&self.defaults)
+    }
+
+    /// A key's usage at `now_ms` (the serving node's clock); zero for unknown keys.
+    pub fn usage(&self, key: &str, now_ms: u64) -> Usage {
+        let empty = KeyState::default();
+        usage(self.keys.get(key).unwrap_or(&empty), self.config(key), now_ms)
+    }
+
+    /// The earliest claim deadline of an unclaimed grant of `key`.
+    pub fn next_claim_deadline_ms(&self, key: &str) -> Option<u64> {
+        self.keys.get(key).and_then(KeyState::next_claim_deadline_ms)
+    }
+
+    fn advance_clock(&mut self, now_ms: u64) -> u64 {
+        if now_ms > self.last_now_ms {
+            self.last_now_ms = now_ms;
+            self.dirty.cluster = true;
+        }
+        self.last_now_ms
+    }
+
+    /// Runs `change` on a key's state (created empty if new) with its configuration,
+    /// then drops the key if it holds nothing.
+    fn with_key<T>(&mut self, key: &str, change: impl FnOnce(&mut KeyState, &KeyConfig) -> T) -> T {
+        let mut state = self.keys.remove(key).unwrap_or_default();
+        let config = state.meta().config.clone().unwrap_or_else(|| self.defaults.clone());
+        let result = change(&mut state, &config);
+        if !state.is_empty() {
+            self.keys.insert(key.to_owned(), state);
+        }
+        self.dirty.keys.insert(key.to_owned());
+        result
+    }
+
+    /// One allocation round of `key`.
+    pub fn round(
+        &mut self,
+        key: &str,
+        ids: &mut IdAllocator,
+        now_ms: u64,
+        requests: &[PermitRequest],
+    ) -> RoundOutcome {
+        let now_ms = self.advance_clock(now_ms);
+        self.with_key(key, |state, config| run_round(state, config, ids, now_ms, requests))
+    }
+
+    /// A sync of `key`.
+    pub fn sync(&mut self, key: &str, now_ms: u64, sync: &PermitSync) -> SyncOutcome {
+        let now_ms = self.advance_clock(now_ms);
+        self.with_key(key, |state, config| run_sync(state, config, now_ms, sync))
+    }
+
+    /// A reclaim pass over `key` (the claim-deadline timer).
+    pub fn reclaim(&mut self, key: &str, now_ms: u64) -> Vec<Event> {
+        let now_ms = self.advance_clock(now_ms);
+        self.with_key(key, |state, _| {
+            let mut events = Vec::new();
+            reclaim_expired(state, now_ms, &mut events);
+            events
+        })
+    }
+
+    /// Replaces a key's configuration; omitted fields take the defaults. Returns the
+    /// effective configuration. Leases are re-checked at the key's next round.
+    pub fn set_key_config(&mut self, key: &str, update: &KeyConfigUpdate) -> Result<KeyConfig, InvalidInput> {
+        let config = update.resolve(&self.defaults);
+        validate_key_config(&config)?;
+        self.with_key(key, |state, _| {
+            let meta = state.meta_mut();
+            meta.config = Some(config.clone());
+            meta.recheck_leases = true;
+        });
+        Ok(config)
+    }
+
+    /// Sets one group's cap and permission.
+    pub fn set_group(&mut self, key: &str, group: &str, config: GroupConfig) -> Result<(), InvalidInput> {
+        validate_group_config(&config)?;
+        let groups = self.keys.get(key).map_or(0, |state| state.meta().groups.len());
+        let known = self.keys.get(key).is_some_and(|state| state.meta().groups.contains_key(group));
+        if !known && groups >= MAX_CONFIGURED_GROUPS_PER_KEY {
+            return Err(InvalidInput::TooMany {
+                field: "groups",
+                len: groups + 1,
+                max: MAX_CONFIGURED_GROUPS_PER_KEY,
+            });
+        }
+        self.with_key(key, |state, _| {
+            let meta = state.meta_mut();
+            meta.groups.insert(group.to_owned(), config);
+            meta.recheck_leases = true;
+        });
+        Ok(())
+    }
+
+    /// Removes a group's settings: no cap, permitted.
+    pub fn remove_group(&mut self, key: &str, group: &str) {
+        self.with_key(key, |state, _| {
+            let meta = state.meta_mut();
+            meta.groups.remove(group);
+            meta.recheck_leases = true;
+        });
+    }
+
+    /// Replaces the cluster defaults. Keys that follow them re-check their leases.
+    pub fn set_defaults(&mut self, defaults: KeyConfig) -> Result<(), InvalidInput> {
+        validate_key_config(&defaults)?;
+        self.defaults = defaults;
+        self.dirty.cluster = true;
+        let following: Vec<String> = self
+            .keys
+            .iter()
+            .filter(|(_, state)| state.meta().config.is_none() && !state.leases().is_empty())
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in following {
+            self.with_key(&key, |state, _| state.meta_mut().recheck_leases = true);
+        }
+        Ok(())
+    }
+
+    /// Drops everything kept for a key: settings, grants, leases and answers.
+    pub fn remove_key(&mut self, key: &str) {
+        if self.keys.remove(key).is_some() {
+            self.dirty.keys.insert(key.to_owned());
+        }
+    }
+
+    /// The rows changed since the last call, for the storage layer to persist.
+    pub fn take_changes(&mut self) -> StateChanges {
+        let dirty = std::mem::take(&mut self.dirty);
+        let keys = dirty
+            .keys
+            .into_iter()
+            .map(|key| {
+                let changes = self.keys.get_mut(&key).map(KeyState::take_changes);
+                (key, changes)
+            })
+            .collect();
+        StateChanges { cluster: dirty.cluster, keys }
+    }
+}

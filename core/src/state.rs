@@ -1,0 +1,387 @@
+//! One key's replicated state: grants, leases, settings and remembered answers.
+//!
+//! The canonical part (what replicas must agree on byte for byte) is [`KeyMeta`],
+//! the grants, the leases and the remembered answers, all in `BTreeMap`s so that
+//! iteration is ordered. Beside it, [`KeyState`] keeps a derived [`Tally`]: totals
+//! and indexes (claim deadlines, lease expiries) that let a round touch only what it
+//! needs instead of rescanning every grant. The tally is never serialised; it is
+//! rebuilt from the canonical part on load.
+//!
+//! Invariants, kept by routing every change through [`KeyState::put_grant`] and
+//! [`KeyState::put_lease`]:
+//! - `released <= claimed <= permits` for every grant, `released <= permits` for
+//!   every lease; a grant or lease with nothing outstanding is deleted.
+//! - the tally equals what a full scan of the grants and leases would compute.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::config::{GroupConfig, GroupPolicy, KeyConfig};
+use crate::ids::{GrantId, LeaseId, LogIndex};
+use crate::protocol::PermitGrant;
+
+/// Permits handed to one client for one group by one round.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    pub client_id: String,
+    pub group: String,
+    /// Shrinks to `claimed` once the claim deadline passes.
+    pub permits: u64,
+    /// High-water mark of permits the client reported in use.
+    pub claimed: u64,
+    /// High-water mark of claimed permits the client returned.
+    pub released: u64,
+    pub created_at_ms: u64,
+    /// Unclaimed permits are reclaimed once `now` reaches this.
+    pub claim_deadline_ms: u64,
+    /// Log index of the round that created the grant.
+    pub fence: LogIndex,
+}
+
+impl Grant {
+    /// Permits this grant holds against the limit.
+    pub fn outstanding(&self) -> u64 {
+        self.permits - self.released
+    }
+
+    /// Whether the claim deadline can still reclaim something.
+    pub fn has_unclaimed(&self) -> bool {
+        self.claimed < self.permits
+    }
+}
+
+/// A block of permits one client draws from locally.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    pub client_id: String,
+    pub group: String,
+    /// Shrinks to what was drawn only on the client's own retired report.
+    pub permits: u64,
+    /// High-water mark of drawn permits the client returned.
+    pub released: u64,
+    /// High-water mark of permits the client reported drawn. The seed keeps no such
+    /// mark; without it a stale retired report could shrink a lease below what was
+    /// drawn and free capacity twice.
+    pub drawn: u64,
+    pub created_at_ms: u64,
+    /// Refreshed by every report; the lease is retired once `now` reaches this.
+    pub expires_at_ms: u64,
+    /// No more permits may be drawn; the footprint stays until the client settles.
+    pub retired: bool,
+}
+
+impl Lease {
+    /// Lease permits not yet released: what the lease holds against its budget.
+    pub fn footprint(&self) -> u64 {
+        self.permits - self.released
+    }
+}
+
+/// A request's answer kept for `requestId` de-duplication.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RememberedAnswer {
+    pub answer: PermitGrant,
+    /// The answer may be forgotten once `now` reaches this: every grant in it is
+    /// claimed or past its claim deadline.
+    pub forget_at_ms: u64,
+}
+
+/// A key's settings and round-to-round flags.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyMeta {
+    /// `None` follows the cluster defaults.
+    pub config: Option<KeyConfig>,
+    pub groups: BTreeMap<String, GroupConfig>,
+    /// The last round left lease demand unserved or grants blocked by leases.
+    pub contended: bool,
+    /// Settings changed since the last round: every lease's eligibility is checked
+    /// again at the next round (the seed re-checks every round; settings only change
+    /// through log entries, so checking after a change is the same and cheaper).
+    pub recheck_leases: bool,
+}
+
+impl KeyMeta {
+    /// The resolved policy of a group.
+    pub fn group_policy(&self, group: &str) -> GroupPolicy {
+        GroupPolicy::resolve(self.groups.get(group))
+    }
+}
+
+/// Answers remembered per client, then per requestId.
+pub type Answers = BTreeMap<String, BTreeMap<String, RememberedAnswer>>;
+
+/// Rows written since the last [`KeyState::take_changes`]; storage persists these.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub meta: bool,
+    pub grants: BTreeSet<GrantId>,
+    pub leases: BTreeSet<LeaseId>,
+    /// (clientId, requestId) pairs.
+    pub answers: BTreeSet<(String, String)>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        !self.meta && self.grants.is_empty() && self.leases.is_empty() && self.answers.is_empty()
+    }
+}
+
+/// Per-group sums of the tally.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupTally {
+    /// Outstanding grant permits.
+    pub granted: u64,
+    /// Live grant rows (a group with rows is listed in usage even at 0).
+    pub grants: u64,
+    /// Lease footprint.
+    pub leased: u64,
+    /// Live lease rows.
+    pub leases: u64,
+}
+
+impl GroupTally {
+    fn is_empty(&self) -> bool {
+        self.grants == 0 && self.leases == 0
+    }
+}
+
+/// Totals and indexes derived from the grants and leases.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub granted: u64,
+    pub leased: u64,
+    pub groups: BTreeMap<String, GroupTally>,
+    /// Grants with unclaimed permits, by claim deadline.
+    pub claim_deadlines: BTreeSet<(u64, GrantId)>,
+    /// Leases not retired, by expiry.
+    pub lease_expiries: BTreeSet<(u64, LeaseId)>,
+    /// Remembered answers by the time they may be forgotten.
+    pub answer_expiries: BTreeSet<(u64, String, String)>,
+}
+
+/// One key's state. See the module docs for its invariants.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(from = "KeyImage")]
+pub struct KeyState {
+    meta: KeyMeta,
+    grants: BTreeMap<GrantId, Grant>,
+    leases: BTreeMap<LeaseId, Lease>,
+    answers: Answers,
+    tally: Tally,
+    changes: Changes,
+}
+
+/// The canonical, serialised form of a [`KeyState`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyImage {
+    pub meta: KeyMeta,
+    pub grants: BTreeMap<GrantId, Grant>,
+    pub leases: BTreeMap<LeaseId, Lease>,
+    pub answers: Answers,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct KeyImageRef<'a> {
+    meta: &'a KeyMeta,
+    grants: &'a BTreeMap<GrantId, Grant>,
+    leases: &'a BTreeMap<LeaseId, Lease>,
+    answers: &'a Answers,
+}
+
+impl Serialize for KeyState {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        KeyImageRef {
+            meta: &self.meta,
+            grants: &self.grants,
+            leases: &self.leases,
+            answers: &self.answers,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl PartialEq for KeyState {
+    /// Canonical state only: the tally is derived and the change set is bookkeeping.
+    fn eq(&self, other: &Self) -> bool {
+        self.meta == other.meta
+            && self.grants == other.grants
+            && self.leases == other.leases
+            && self.answers == other.answers
+    }
+}
+
+impl From<KeyImage> for KeyState {
+    fn from(image: KeyImage) -> Self {
+        let mut state = KeyState { meta: image.meta, ..KeyState::default() };
+        for (id, grant) in image.grants {
+            state.put_grant(id, Some(grant));
+        }
+        for (id, lease) in image.leases {
+            state.put_lease(id, Some(lease));
+        }
+        for (client_id, answers) in image.answers {
+            for (request_id, answer) in answers {
+                state.put_answer(&client_id, &request_id, Some(answer));
+            }
+        }
+        state.changes = Changes::default();
+        state
+    }
+}
+
+impl KeyState {
+    pub fn meta(&self) -> &KeyMeta {
+        &self.meta
+    }
+
+    /// Changes the settings; marks the meta row dirty.
+    pub fn meta_mut(&mut self) -> &mut KeyMeta {
+        self.changes.meta = true;
+        &mut self.meta
+    }
+
+    pub fn grants(&self) -> &BTreeMap<GrantId, Grant> {
+        &self.grants
+    }
+
+    pub fn leases(&self) -> &BTreeMap<LeaseId, Lease> {
+        &self.leases
+    }
+
+    pub fn answers(&self) -> &Answers {
+        &self.answers
+    }
+
+    pub fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
+    /// Whether nothing at all is kept for this key, so it can be dropped.
+    pub fn is_empty(&self) -> bool {
+        self.grants.is_empty()
+            && self.leases.is_empty()
+            && self.answers.is_empty()
+            && self.meta == KeyMeta::default()
+    }
+
+    /// The rows changed since the last call.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// The earliest claim deadline of a grant with unclaimed permits: when the
+    /// leader's reclaim timer for this key should fire.
+    pub fn next_claim_deadline_ms(&self) -> Option<u64> {
+        self.tally.claim_deadlines.first().map(|(deadline, _)| *deadline)
+    }
+
+    /// Replaces (or with `None` deletes) a grant, keeping the tally exact.
+    pub fn put_grant(&mut self, id: GrantId, grant: Option<Grant>) {
+        if let Some(old) = self.grants.remove(&id) {
+            self.untally_grant(id, &old);
+        }
+        if let Some(grant) = grant {
+            debug_assert!(grant.released <= grant.claimed && grant.claimed <= grant.permits);
+            self.tally_grant(id, &grant);
+            self.grants.insert(id, grant);
+        }
+        self.changes.grants.insert(id);
+    }
+
+    fn tally_grant(&mut self, id: GrantId, grant: &Grant) {
+        self.tally.granted += grant.outstanding();
+        let group = self.tally.groups.entry(grant.group.clone()).or_default();
+        group.granted += grant.outstanding();
+        group.grants += 1;
+        if grant.has_unclaimed() {
+            self.tally.claim_deadlines.insert((grant.claim_deadline_ms, id));
+        }
+    }
+
+    fn untally_grant(&mut self, id: GrantId, grant: &Grant) {
+        self.tally.granted -= grant.outstanding();
+        let group = self.tally.groups.get_mut(&grant.group).expect("tallied grant group");
+        group.granted -= grant.outstanding();
+        group.grants -= 1;
+        if group.is_empty() {
+            self.tally.groups.remove(&grant.group);
+        }
+        self.tally.claim_deadlines.remove(&(grant.claim_deadline_ms, id));
+    }
+
+    /// Replaces (or with `None` deletes) a lease, keeping the tally exact.
+    pub fn put_lease(&mut self, id: LeaseId, lease: Option<Lease>) {
+        if let Some(old) = self.leases.remove(&id) {
+            self.untally_lease(id, &old);
+        }
+        if let Some(lease) = lease {
+            debug_assert!(lease.released <= lease.permits);
+            self.tally_lease(id, &lease);
+            self.leases.insert(id, lease);
+        }
+        self.changes.leases.insert(id);
+    }
+
+    fn tally_lease(&mut self, id: LeaseId, lease: &Lease) {
+        self.tally.leased += lease.footprint();
+        let group = self.tally.groups.entry(lease.group.clone()).or_default();
+        group.leased += lease.footprint();
+        group.leases += 1;
+        if !lease.retired {
+            self.tally.lease_expiries.insert((lease.expires_at_ms, id));
+        }
+    }
+
+    fn untally_lease(&mut self, id: LeaseId, lease: &Lease) {
+        self.tally.leased -= lease.footprint();
+        let group = self.tally.groups.get_mut(&lease.group).expect("tallied lease group");
+        group.leased -= lease.footprint();
+        group.leases -= 1;
+        if group.is_empty() {
+            self.tally.groups.remove(&lease.group);
+        }
+        self.tally.lease_expiries.remove(&(lease.expires_at_ms, id));
+    }
+
+    /// Replaces (or with `None` forgets) a remembered answer.
+    pub fn put_answer(&mut self, client_id: &str, request_id: &str, answer: Option<RememberedAnswer>) {
+        let answers = self.answers.entry(client_id.to_owned()).or_default();
+        if let Some(old) = answers.remove(request_id) {
+            self.tally.answer_expiries.remove(&(
+                old.forget_at_ms,
+                client_id.to_owned(),
+                request_id.to_owned(),
+            ));
+        }
+        if let Some(answer) = answer {
+            self.tally.answer_expiries.insert((
+                answer.forget_at_ms,
+                client_id.to_owned(),
+                request_id.to_owned(),
+            ));
+            answers.insert(request_id.to_owned(), answer);
+        }
+        if answers.is_empty() {
+            self.answers.remove(client_id);
+        }
+        self.changes.answers.insert((client_id.to_owned(), request_id.to_owned()));
+    }
+
+    /// Recomputes the tally from scratch; tests compare it with the kept one.
+    pub fn recount(&self) -> Tally {
+        let image = KeyImage {
+            meta: self.meta.clone(),
+            grants: self.grants.clone(),
+            leases: self.leases.clone(),
+            answers: self.answers.clone(),
+        };
+        KeyState::from(image).tally
+    }
+}

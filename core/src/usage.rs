@@ -1,0 +1,72 @@
+//! What a key holds right now: the answer of `GET .../usage` and of each round.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Budgets, KeyConfig};
+use crate::state::KeyState;
+
+/// A key's limit, outstanding permits, lease footprint and room left for grants.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub limit: u64,
+    /// Permits granted and not released, unclaimed ones included. May exceed
+    /// `limit` after it was lowered: running work is never evicted.
+    pub granted: u64,
+    /// Live lease footprint: lease permits not yet released.
+    pub leased: u64,
+    /// Permits grants may still receive under the provisioning mode.
+    pub available: u64,
+    /// Groups with live grants.
+    pub groups: BTreeMap<String, GroupUsage>,
+}
+
+/// One group's outstanding grant permits and its cap, if it has one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupUsage {
+    pub granted: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+/// Usage of `state` at `now_ms`, counting unclaimed permits past their claim
+/// deadline as already reclaimed (as the seed does). Costs the number of groups
+/// plus the number of such overdue grants, not the number of grants.
+pub fn usage(state: &KeyState, config: &KeyConfig, now_ms: u64) -> Usage {
+    let tally = state.tally();
+    let mut groups: BTreeMap<String, GroupUsage> = tally
+        .groups
+        .iter()
+        .filter(|(_, group)| group.grants > 0)
+        .map(|(name, group)| {
+            let limit = state.meta().group_policy(name).limit;
+            (name.clone(), GroupUsage { granted: group.granted, limit })
+        })
+        .collect();
+    let mut granted = tally.granted;
+    for (_, id) in tally.claim_deadlines.range(..=(now_ms, crate::ids::GrantId(uuid::Uuid::max()))) {
+        let grant = &state.grants()[id];
+        let overdue = grant.permits - grant.claimed;
+        granted -= overdue;
+        if let Some(group) = groups.get_mut(&grant.group) {
+            group.granted -= overdue;
+        }
+    }
+    Usage {
+        limit: config.limit,
+        granted,
+        leased: tally.leased,
+        available: grant_room(config, granted, tally.leased),
+        groups,
+    }
+}
+
+/// Permits grants may still receive given what is granted and leased.
+pub fn grant_room(config: &KeyConfig, granted: u64, leased: u64) -> u64 {
+    let budgets = Budgets::new(config.leases.as_ref().map(|policy| &policy.provisioning), config.limit);
+    let shared_footprint = if budgets.shared { leased } else { 0 };
+    budgets.grants.saturating_sub(granted).saturating_sub(shared_footprint)
+}
