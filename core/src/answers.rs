@@ -36,7 +36,9 @@ pub fn dispositions(state: &KeyState, requests: &[PermitRequest]) -> Vec<Disposi
             .answers()
             .get(&request.client_id)
             .and_then(|answers| answers.get(request_id));
-        let earlier = *first_seen.entry((&request.client_id, request_id)).or_insert(position);
+        let earlier = *first_seen
+            .entry((&request.client_id, request_id))
+            .or_insert(position);
         let earlier = (earlier != position).then_some(earlier);
         plan.push(match (remembered, earlier) {
             (Some(remembered), _) => Disposition::Replay(remembered.answer.clone()),
@@ -48,11 +50,19 @@ pub fn dispositions(state: &KeyState, requests: &[PermitRequest]) -> Vec<Disposi
 }
 
 /// Remembers a fresh request's answer, forgetting the client's oldest beyond the cap.
-pub fn remember(state: &mut KeyState, request: &PermitRequest, answer: &PermitGrant, forget_at_ms: u64) {
+pub fn remember(
+    state: &mut KeyState,
+    request: &PermitRequest,
+    answer: &PermitGrant,
+    forget_at_ms: u64,
+) {
     let Some(request_id) = &request.request_id else {
         return;
     };
-    let remembered = RememberedAnswer { answer: answer.clone(), forget_at_ms };
+    let remembered = RememberedAnswer {
+        answer: answer.clone(),
+        forget_at_ms,
+    };
     state.put_answer(&request.client_id, request_id, Some(remembered));
     let answers = &state.answers()[&request.client_id];
     if answers.len() > MAX_REMEMBERED_ANSWERS_PER_CLIENT {

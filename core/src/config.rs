@@ -150,16 +150,30 @@ impl Budgets {
     /// Splits `limit` according to `provisioning`; `None` means leases are off.
     pub fn new(provisioning: Option<&Provisioning>, limit: u64) -> Self {
         match provisioning {
-            None => Self { grants: limit, leases: 0, shared: true },
-            Some(Provisioning::Strict) => Self { grants: limit, leases: limit, shared: true },
-            Some(Provisioning::Over { extra }) => {
-                Self { grants: limit, leases: extra.of(limit), shared: false }
-            }
+            None => Self {
+                grants: limit,
+                leases: 0,
+                shared: true,
+            },
+            Some(Provisioning::Strict) => Self {
+                grants: limit,
+                leases: limit,
+                shared: true,
+            },
+            Some(Provisioning::Over { extra }) => Self {
+                grants: limit,
+                leases: extra.of(limit),
+                shared: false,
+            },
             Some(Provisioning::Under { reserve }) => {
                 // The reserve never takes the last permit, or clients without lease
                 // support and groups excluded from leases could never be admitted.
                 let reserve = reserve.of(limit).min(limit.saturating_sub(1));
-                Self { grants: limit - reserve, leases: reserve, shared: false }
+                Self {
+                    grants: limit - reserve,
+                    leases: reserve,
+                    shared: false,
+                }
             }
         }
     }
@@ -192,7 +206,10 @@ fn permitted_by_default() -> bool {
 
 impl Default for GroupConfig {
     fn default() -> Self {
-        Self { limit: None, permitted: true }
+        Self {
+            limit: None,
+            permitted: true,
+        }
     }
 }
 
@@ -211,13 +228,20 @@ impl GroupPolicy {
             return Self::default();
         };
         if !config.permitted {
-            return Self { limit: None, blocked: Some(BlockedReason::NotPermitted) };
+            return Self {
+                limit: None,
+                blocked: Some(BlockedReason::NotPermitted),
+            };
         }
         match config.limit {
-            Some(limit) if limit > crate::limits::MAX_LIMIT => {
-                Self { limit: None, blocked: Some(BlockedReason::LimitResolutionError) }
-            }
-            limit => Self { limit, blocked: None },
+            Some(limit) if limit > crate::limits::MAX_LIMIT => Self {
+                limit: None,
+                blocked: Some(BlockedReason::LimitResolutionError),
+            },
+            limit => Self {
+                limit,
+                blocked: None,
+            },
         }
     }
 }
@@ -235,7 +259,11 @@ pub struct KeyConfigUpdate {
     pub round_period_ms: Option<u64>,
     #[serde(default)]
     pub grant_timeout_ms: Option<u64>,
-    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub leases: Option<Option<LeasePolicy>>,
 }
 
@@ -256,7 +284,10 @@ impl KeyConfigUpdate {
             round_wait_ms: self.round_wait_ms.unwrap_or(defaults.round_wait_ms),
             round_period_ms: self.round_period_ms.unwrap_or(defaults.round_period_ms),
             grant_timeout_ms: self.grant_timeout_ms.unwrap_or(defaults.grant_timeout_ms),
-            leases: self.leases.clone().unwrap_or_else(|| defaults.leases.clone()),
+            leases: self
+                .leases
+                .clone()
+                .unwrap_or_else(|| defaults.leases.clone()),
         }
     }
 }
@@ -281,19 +312,46 @@ mod tests {
 
     #[test]
     fn provisioning_amounts_parse_as_permits_or_ratio() {
-        let under: Provisioning =
-            serde_json::from_str(r#"{"mode":"under","reserve":20}"#).unwrap();
-        assert_eq!(under, Provisioning::Under { reserve: Amount::Permits(20) });
+        let under: Provisioning = serde_json::from_str(r#"{"mode":"under","reserve":20}"#).unwrap();
+        assert_eq!(
+            under,
+            Provisioning::Under {
+                reserve: Amount::Permits(20)
+            }
+        );
         let over: Provisioning =
             serde_json::from_str(r#"{"mode":"over","extra":{"ratio":0.5}}"#).unwrap();
-        assert_eq!(Budgets::new(Some(&over), 100), Budgets { grants: 100, leases: 50, shared: false });
+        assert_eq!(
+            Budgets::new(Some(&over), 100),
+            Budgets {
+                grants: 100,
+                leases: 50,
+                shared: false
+            }
+        );
     }
 
     #[test]
     fn under_reserve_never_takes_the_last_permit() {
-        let under = Provisioning::Under { reserve: Amount::Permits(500) };
-        assert_eq!(Budgets::new(Some(&under), 10), Budgets { grants: 1, leases: 9, shared: false });
-        assert_eq!(Budgets::new(Some(&under), 0), Budgets { grants: 0, leases: 0, shared: false });
+        let under = Provisioning::Under {
+            reserve: Amount::Permits(500),
+        };
+        assert_eq!(
+            Budgets::new(Some(&under), 10),
+            Budgets {
+                grants: 1,
+                leases: 9,
+                shared: false
+            }
+        );
+        assert_eq!(
+            Budgets::new(Some(&under), 0),
+            Budgets {
+                grants: 0,
+                leases: 0,
+                shared: false
+            }
+        );
     }
 
     #[test]
@@ -312,9 +370,18 @@ mod tests {
     #[test]
     fn group_policy_resolution() {
         assert_eq!(GroupPolicy::resolve(None), GroupPolicy::default());
-        let closed = GroupConfig { limit: Some(3), permitted: false };
-        assert_eq!(GroupPolicy::resolve(Some(&closed)).blocked, Some(BlockedReason::NotPermitted));
-        let broken = GroupConfig { limit: Some(u64::MAX), permitted: true };
+        let closed = GroupConfig {
+            limit: Some(3),
+            permitted: false,
+        };
+        assert_eq!(
+            GroupPolicy::resolve(Some(&closed)).blocked,
+            Some(BlockedReason::NotPermitted)
+        );
+        let broken = GroupConfig {
+            limit: Some(u64::MAX),
+            permitted: true,
+        };
         assert_eq!(
             GroupPolicy::resolve(Some(&broken)).blocked,
             Some(BlockedReason::LimitResolutionError)

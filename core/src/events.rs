@@ -12,9 +12,19 @@ use crate::usage::Usage;
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     /// One round ran: permits asked for and handed out, and the usage after it.
-    Round { timestamp_ms: u64, requested: u64, granted: u64, usage: Usage },
+    Round {
+        timestamp_ms: u64,
+        requested: u64,
+        granted: u64,
+        usage: Usage,
+    },
     /// Permits of a group that stayed queued, and why.
-    Blocked { timestamp_ms: u64, group: String, reason: BlockedReason, count: u64 },
+    Blocked {
+        timestamp_ms: u64,
+        group: String,
+        reason: BlockedReason,
+        count: u64,
+    },
     /// Unclaimed permits returned to the pool at the claim deadline.
     GrantReclaimed {
         timestamp_ms: u64,

@@ -30,8 +30,14 @@ impl IdAllocator {
     /// If `log_index` needs more than 48 bits: at a million entries a second that
     /// is nine years of log, and ids must never wrap.
     pub fn new(log_index: LogIndex) -> Self {
-        assert!(log_index <= MAX_ID_LOG_INDEX, "log index {log_index} exceeds 48 bits");
-        Self { log_index, next_ordinal: 0 }
+        assert!(
+            log_index <= MAX_ID_LOG_INDEX,
+            "log index {log_index} exceeds 48 bits"
+        );
+        Self {
+            log_index,
+            next_ordinal: 0,
+        }
     }
 
     /// The entry's log index.

@@ -36,7 +36,11 @@ fn echo(id: LeaseId, lease: &Lease, now_ms: u64) -> LeaseGrant {
         lease_id: id.to_string(),
         group: lease.group.clone(),
         permits: lease.permits,
-        expires_at_ms: if lease.retired { now_ms } else { lease.expires_at_ms },
+        expires_at_ms: if lease.retired {
+            now_ms
+        } else {
+            lease.expires_at_ms
+        },
     }
 }
 
@@ -78,7 +82,9 @@ pub fn apply_lease_reports(
             seen.unknown_debt += live.min(policy.map_or(0, |policy| policy.permits_per_lease));
             continue;
         };
-        echoes.push(apply_known(state, policy, id, lease, report, now_ms, seen, events));
+        echoes.push(apply_known(
+            state, policy, id, lease, report, now_ms, seen, events,
+        ));
     }
     echoes
 }
@@ -104,7 +110,11 @@ fn apply_known(
     }
     // Only the client's own retired report shrinks a lease to what it drew: until
     // then it may still be drawing, whoever asked it to stop.
-    let permits = if report.retired { released.max(drawn) } else { lease.permits };
+    let permits = if report.retired {
+        released.max(drawn)
+    } else {
+        lease.permits
+    };
     if released >= permits {
         state.put_lease(id, None);
         // Echoed as settled (permits = released) so the client can drop the lease.
@@ -119,7 +129,14 @@ fn apply_known(
         (false, Some(policy)) => now_ms + policy.ttl_ms,
         _ => lease.expires_at_ms,
     };
-    let refreshed = Lease { permits, released, drawn, retired, expires_at_ms, ..lease };
+    let refreshed = Lease {
+        permits,
+        released,
+        drawn,
+        retired,
+        expires_at_ms,
+        ..lease
+    };
     let answer = echo(id, &refreshed, now_ms);
     state.put_lease(id, Some(refreshed));
     answer
@@ -157,7 +174,10 @@ pub struct LeaseAllocation {
 
 impl LeaseAllocation {
     fn push(&mut self, id: LeaseId, lease: &Lease, now_ms: u64) {
-        self.echoes.entry(lease.client_id.clone()).or_default().push(echo(id, lease, now_ms));
+        self.echoes
+            .entry(lease.client_id.clone())
+            .or_default()
+            .push(echo(id, lease, now_ms));
     }
 }
 
@@ -196,7 +216,10 @@ fn retire(
     outcome: &mut LeaseAllocation,
     events: &mut Vec<Event>,
 ) {
-    let lease = Lease { retired: true, ..state.leases()[&id].clone() };
+    let lease = Lease {
+        retired: true,
+        ..state.leases()[&id].clone()
+    };
     outcome.push(id, &lease, round.now_ms);
     events.push(retired_event(id, &lease, undrawn, round.now_ms));
     state.put_lease(id, Some(lease));
@@ -205,7 +228,14 @@ fn retire(
 /// An unreported lease is assumed fully drawn, as the seed does.
 fn undrawn(state: &KeyState, round: &LeaseRound<'_>, id: LeaseId) -> u64 {
     let permits = state.leases()[&id].permits;
-    permits - round.reports.drawn.get(&id).copied().unwrap_or(permits).min(permits)
+    permits
+        - round
+            .reports
+            .drawn
+            .get(&id)
+            .copied()
+            .unwrap_or(permits)
+            .min(permits)
 }
 
 /// An unreported lease is retired, not swept: its client may be cut off with work
@@ -269,7 +299,11 @@ fn choose_candidates<'a>(
         {
             continue;
         }
-        let oldest = by_group.entry(candidate.group).or_default().entry(candidate.client_id).or_insert(u64::MAX);
+        let oldest = by_group
+            .entry(candidate.group)
+            .or_default()
+            .entry(candidate.client_id)
+            .or_insert(u64::MAX);
         *oldest = (*oldest).min(candidate.oldest_at_ms);
     }
     let eligible_count = by_group.values().map(BTreeMap::len).sum();
@@ -278,16 +312,27 @@ fn choose_candidates<'a>(
         .map(|(group, clients)| {
             let mut clients: Vec<LeaseCandidate<'a>> = clients
                 .into_iter()
-                .map(|(client_id, oldest_at_ms)| LeaseCandidate { client_id, group, oldest_at_ms })
+                .map(|(client_id, oldest_at_ms)| LeaseCandidate {
+                    client_id,
+                    group,
+                    oldest_at_ms,
+                })
                 .collect();
-            clients.sort_by(|a, b| (a.oldest_at_ms, a.client_id).cmp(&(b.oldest_at_ms, b.client_id)));
+            clients
+                .sort_by(|a, b| (a.oldest_at_ms, a.client_id).cmp(&(b.oldest_at_ms, b.client_id)));
             clients.truncate(policy.max_clients_per_group as usize);
             (clients[0].oldest_at_ms, group, clients)
         })
         .collect();
     groups.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
     groups.truncate(policy.max_groups as usize);
-    (groups.into_iter().flat_map(|(_, _, clients)| clients).collect(), eligible_count)
+    (
+        groups
+            .into_iter()
+            .flat_map(|(_, _, clients)| clients)
+            .collect(),
+        eligible_count,
+    )
 }
 
 /// A lowered budget retires leases with undrawn headroom, newest first, until the
@@ -299,7 +344,8 @@ fn retire_for_lowered_budget(
     outcome: &mut LeaseAllocation,
     events: &mut Vec<Event>,
 ) {
-    let mut excess = (state.tally().leased + round.reports.unknown_debt) as i64 - round.budget as i64;
+    let mut excess =
+        (state.tally().leased + round.reports.unknown_debt) as i64 - round.budget as i64;
     if excess <= 0 {
         return;
     }
@@ -309,7 +355,8 @@ fn retire_for_lowered_budget(
         .iter()
         .filter_map(|(id, drawn)| {
             let lease = state.leases().get(id)?;
-            let headroom = !lease.retired && lease.expires_at_ms > round.now_ms && *drawn < lease.permits;
+            let headroom =
+                !lease.retired && lease.expires_at_ms > round.now_ms && *drawn < lease.permits;
             headroom.then_some((lease.created_at_ms, *id, lease.permits - drawn))
         })
         .collect();
@@ -337,13 +384,17 @@ fn issue_leases(
 ) -> usize {
     let netted = state.tally().leased + round.reports.unknown_debt;
     let mut remaining = round.budget.saturating_sub(netted);
-    let share = policy.permits_per_lease.min((remaining / chosen.len().max(1) as u64).max(1));
+    let share = policy
+        .permits_per_lease
+        .min((remaining / chosen.len().max(1) as u64).max(1));
     let mut issued = 0;
     for candidate in chosen {
         if remaining == 0 {
             break;
         }
-        let permits = share.min(remaining).min(group_room(state, candidate.group, share));
+        let permits = share
+            .min(remaining)
+            .min(group_room(state, candidate.group, share));
         if permits == 0 {
             continue;
         }
@@ -378,6 +429,10 @@ fn group_room(state: &KeyState, group: &str, share: u64) -> u64 {
     let Some(limit) = state.meta().group_policy(group).limit else {
         return share;
     };
-    let used = state.tally().groups.get(group).map_or(0, |tally| tally.granted + tally.leased);
+    let used = state
+        .tally()
+        .groups
+        .get(group)
+        .map_or(0, |tally| tally.granted + tally.leased);
     limit.saturating_sub(used)
 }

@@ -255,7 +255,10 @@ mod tests {
             r#"{"type":"request","v":1,"clientId":"c","demand":[{"group":"g","count":1.5,"oldestAt":0}]}"#,
             r#"{"type":"sync","v":1,"clientId":"c","grants":[{"grantId":"g","claimed":"1","released":0}]}"#,
         ] {
-            assert!(serde_json::from_str::<SemaphoreRequest>(text).is_err(), "{text}");
+            assert!(
+                serde_json::from_str::<SemaphoreRequest>(text).is_err(),
+                "{text}"
+            );
         }
     }
 
@@ -264,7 +267,10 @@ mod tests {
         let answer = SemaphoreResponse::Grant(PermitGrant {
             v: V1,
             grants: vec![],
-            blocked: vec![Blocked { group: "g".into(), reason: BlockedReason::GroupLimit }],
+            blocked: vec![Blocked {
+                group: "g".into(),
+                reason: BlockedReason::GroupLimit,
+            }],
             grant_results: vec![],
             leases: None,
             contended: false,

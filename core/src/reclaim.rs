@@ -18,7 +18,10 @@ pub fn reclaim_expired(state: &mut KeyState, now_ms: u64, events: &mut Vec<Event
         }
         let grant = state.grants()[&id].clone();
         events.push(reclaimed_event(id, &grant, now_ms));
-        let shrunk = Grant { permits: grant.claimed, ..grant };
+        let shrunk = Grant {
+            permits: grant.claimed,
+            ..grant
+        };
         let keep = shrunk.released < shrunk.permits;
         state.put_grant(id, keep.then_some(shrunk));
     }
@@ -27,7 +30,9 @@ pub fn reclaim_expired(state: &mut KeyState, now_ms: u64, events: &mut Vec<Event
 
 /// Forgets remembered answers whose grants can no longer be claimed.
 pub(crate) fn forget_answers(state: &mut KeyState, now_ms: u64) {
-    while let Some((forget_at_ms, client_id, request_id)) = state.tally().answer_expiries.first().cloned() {
+    while let Some((forget_at_ms, client_id, request_id)) =
+        state.tally().answer_expiries.first().cloned()
+    {
         if forget_at_ms > now_ms {
             break;
         }

@@ -16,7 +16,10 @@ pub fn apply_grant_reports(
     now_ms: u64,
     events: &mut Vec<Event>,
 ) -> Vec<GrantResult> {
-    reports.iter().map(|report| apply_grant_report(state, client_id, report, now_ms, events)).collect()
+    reports
+        .iter()
+        .map(|report| apply_grant_report(state, client_id, report, now_ms, events))
+        .collect()
 }
 
 fn apply_grant_report(
@@ -39,7 +42,11 @@ fn apply_grant_report(
     };
 
     let expired = now_ms >= grant.claim_deadline_ms;
-    let permits = if expired { grant.claimed } else { grant.permits };
+    let permits = if expired {
+        grant.claimed
+    } else {
+        grant.permits
+    };
     if permits < grant.permits {
         // The seed shrinks such a grant silently; the reclaim is the same, so say so.
         events.push(reclaimed_event(id, &grant, now_ms));
@@ -51,9 +58,18 @@ fn apply_grant_report(
     } else {
         GrantStatus::Ok
     };
-    let updated = Grant { permits, claimed, released, ..grant };
+    let updated = Grant {
+        permits,
+        claimed,
+        released,
+        ..grant
+    };
     state.put_grant(id, (released < permits).then_some(updated));
-    GrantResult { grant_id: id.to_string(), claimed, status }
+    GrantResult {
+        grant_id: id.to_string(),
+        claimed,
+        status,
+    }
 }
 
 /// The `grant_reclaimed` event for a grant about to shrink to what was claimed.

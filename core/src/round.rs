@@ -14,7 +14,9 @@ use crate::answers::{dispositions, remember, Disposition};
 use crate::config::{Budgets, KeyConfig};
 use crate::events::Event;
 use crate::ids::IdAllocator;
-use crate::leases::{allocate_leases, apply_lease_reports, LeaseCandidate, LeaseReports, LeaseRound};
+use crate::leases::{
+    allocate_leases, apply_lease_reports, LeaseCandidate, LeaseReports, LeaseRound,
+};
 use crate::protocol::{
     Blocked, BlockedReason, GrantResult, GrantedPermits, LeaseGrant, PermitGrant, PermitRequest, V1,
 };
@@ -63,14 +65,30 @@ pub fn run_round(
         if plan[position] != Disposition::Fresh {
             continue;
         }
-        let allocation = apply_reports(state, config, request, now_ms, &mut lease_reports, &mut events);
+        let allocation = apply_reports(
+            state,
+            config,
+            request,
+            now_ms,
+            &mut lease_reports,
+            &mut events,
+        );
         allocations.insert(position, allocation);
     }
     reclaim_expired(state, now_ms, &mut events);
 
     let grants_pass = allocate_grants(state, config, ids, now_ms, requests, &mut allocations);
-    let contended = lease_pass(state, config, ids, now_ms, requests, &lease_reports, &mut allocations, &mut events)
-        || (config.leases.is_some() && grants_pass.blocked_by_limit && shares_limit(config));
+    let contended =
+        lease_pass(
+            state,
+            config,
+            ids,
+            now_ms,
+            requests,
+            &lease_reports,
+            &mut allocations,
+            &mut events,
+        ) || (config.leases.is_some() && grants_pass.blocked_by_limit && shares_limit(config));
     if state.meta().contended != contended {
         state.meta_mut().contended = contended;
     }
@@ -83,7 +101,15 @@ pub fn run_round(
         usage: usage.clone(),
     });
     events.extend(blocked_events(requests, &allocations, now_ms));
-    let answers = answer_all(state, config, now_ms, requests, plan, allocations, contended);
+    let answers = answer_all(
+        state,
+        config,
+        now_ms,
+        requests,
+        plan,
+        allocations,
+        contended,
+    );
     RoundOutcome {
         answers,
         events,
@@ -95,7 +121,11 @@ pub fn run_round(
 }
 
 fn shares_limit(config: &KeyConfig) -> bool {
-    Budgets::new(config.leases.as_ref().map(|policy| &policy.provisioning), config.limit).shared
+    Budgets::new(
+        config.leases.as_ref().map(|policy| &policy.provisioning),
+        config.limit,
+    )
+    .shared
 }
 
 fn apply_reports(
@@ -106,7 +136,8 @@ fn apply_reports(
     lease_reports: &mut LeaseReports,
     events: &mut Vec<Event>,
 ) -> Allocation {
-    let grant_results = apply_grant_reports(state, &request.client_id, &request.grants, now_ms, events);
+    let grant_results =
+        apply_grant_reports(state, &request.client_id, &request.grants, now_ms, events);
     let leases = match &request.leases {
         Some(reports) => apply_lease_reports(
             state,
@@ -119,7 +150,11 @@ fn apply_reports(
         ),
         None => Vec::new(),
     };
-    Allocation { grant_results, leases, ..Allocation::default() }
+    Allocation {
+        grant_results,
+        leases,
+        ..Allocation::default()
+    }
 }
 
 /// Totals of the grant pass.
@@ -140,17 +175,30 @@ fn allocate_grants(
     requests: &[PermitRequest],
     allocations: &mut BTreeMap<usize, Allocation>,
 ) -> GrantsPass {
-    let budgets = Budgets::new(config.leases.as_ref().map(|policy| &policy.provisioning), config.limit);
-    let shared_footprint = if budgets.shared { state.tally().leased } else { 0 };
+    let budgets = Budgets::new(
+        config.leases.as_ref().map(|policy| &policy.provisioning),
+        config.limit,
+    );
+    let shared_footprint = if budgets.shared {
+        state.tally().leased
+    } else {
+        0
+    };
     let mut room = budgets.grants as i64 - state.tally().granted as i64 - shared_footprint as i64;
 
     let mut demands: Vec<(usize, &PermitRequest, &crate::protocol::Demand)> = allocations
         .keys()
-        .flat_map(|&position| requests[position].demand.iter().map(move |demand| (position, &requests[position], demand)))
+        .flat_map(|&position| {
+            requests[position]
+                .demand
+                .iter()
+                .map(move |demand| (position, &requests[position], demand))
+        })
         .collect();
     // Stable: equal (oldestAt, clientId) keep arrival order.
     demands.sort_by(|a, b| {
-        (a.2.oldest_at_ms, a.1.client_id.as_bytes()).cmp(&(b.2.oldest_at_ms, b.1.client_id.as_bytes()))
+        (a.2.oldest_at_ms, a.1.client_id.as_bytes())
+            .cmp(&(b.2.oldest_at_ms, b.1.client_id.as_bytes()))
     });
 
     let mut pass = GrantsPass::default();
@@ -159,13 +207,20 @@ fn allocate_grants(
         let allocation = allocations.get_mut(&position).expect("fresh request");
         let policy = state.meta().group_policy(&demand.group);
         if let Some(reason) = policy.blocked {
-            allocation.blocked.push(Blocked { group: demand.group.clone(), reason });
+            allocation.blocked.push(Blocked {
+                group: demand.group.clone(),
+                reason,
+            });
             continue;
         }
         // A capped group's room counts its lease footprint too, so grants plus
         // leases never pass the cap (the seed counts grants only here).
         let group_room = policy.limit.map_or(i64::MAX, |limit| {
-            let used = state.tally().groups.get(&demand.group).map_or(0, |group| group.granted + group.leased);
+            let used = state
+                .tally()
+                .groups
+                .get(&demand.group)
+                .map_or(0, |group| group.granted + group.leased);
             limit as i64 - used as i64
         });
         let give = (demand.count as i64).min(group_room).min(room).max(0) as u64;
@@ -182,15 +237,27 @@ fn allocate_grants(
                 fence: ids.log_index(),
             };
             state.put_grant(id, Some(grant));
-            allocation.grants.push(GrantedPermits { grant_id: id, group: demand.group.clone(), permits: give, fence: ids.log_index() });
+            allocation.grants.push(GrantedPermits {
+                grant_id: id,
+                group: demand.group.clone(),
+                permits: give,
+                fence: ids.log_index(),
+            });
             room -= give as i64;
             pass.granted += give;
         }
         if give < demand.count {
             // The group gate is checked first so attribution names the tighter one.
-            let reason = if group_room - give as i64 <= 0 { BlockedReason::GroupLimit } else { BlockedReason::Limit };
+            let reason = if group_room - give as i64 <= 0 {
+                BlockedReason::GroupLimit
+            } else {
+                BlockedReason::Limit
+            };
             pass.blocked_by_limit |= reason == BlockedReason::Limit;
-            allocation.blocked.push(Blocked { group: demand.group.clone(), reason });
+            allocation.blocked.push(Blocked {
+                group: demand.group.clone(),
+                reason,
+            });
         }
     }
     pass
@@ -224,14 +291,24 @@ fn lease_pass(
         .map(|&position| &requests[position])
         .filter(|request| request.leases.is_some())
         .flat_map(|request| {
-            request.demand.iter().filter(|demand| demand.count > 0).map(|demand| LeaseCandidate {
-                client_id: &request.client_id,
-                group: &demand.group,
-                oldest_at_ms: demand.oldest_at_ms,
-            })
+            request
+                .demand
+                .iter()
+                .filter(|demand| demand.count > 0)
+                .map(|demand| LeaseCandidate {
+                    client_id: &request.client_id,
+                    group: &demand.group,
+                    oldest_at_ms: demand.oldest_at_ms,
+                })
         })
         .collect();
-    let round = LeaseRound { policy, budget, reports: lease_reports, candidates, now_ms };
+    let round = LeaseRound {
+        policy,
+        budget,
+        reports: lease_reports,
+        candidates,
+        now_ms,
+    };
     let outcome = allocate_leases(state, round, ids, events);
     for (&position, allocation) in allocations.iter_mut() {
         if let Some(echoes) = outcome.echoes.get(&requests[position].client_id) {
@@ -243,8 +320,11 @@ fn lease_pass(
 
 /// One echo per lease: the allocator's view (e.g. retired) supersedes the report's.
 fn merge_echoes(answer: &mut Vec<LeaseGrant>, echoes: &[LeaseGrant]) {
-    let mut index: BTreeMap<String, usize> =
-        answer.iter().enumerate().map(|(position, lease)| (lease.lease_id.clone(), position)).collect();
+    let mut index: BTreeMap<String, usize> = answer
+        .iter()
+        .enumerate()
+        .map(|(position, lease)| (lease.lease_id.clone(), position))
+        .collect();
     for echo in echoes {
         match index.get(&echo.lease_id) {
             Some(&position) => answer[position] = echo.clone(),
@@ -270,14 +350,23 @@ fn blocked_events(
                 .iter()
                 .find(|demand| demand.group == blocked.group)
                 .map_or(0, |demand| demand.count);
-            let given: u64 =
-                allocation.grants.iter().filter(|grant| grant.group == blocked.group).map(|grant| grant.permits).sum();
+            let given: u64 = allocation
+                .grants
+                .iter()
+                .filter(|grant| grant.group == blocked.group)
+                .map(|grant| grant.permits)
+                .sum();
             *counts.entry((&blocked.group, blocked.reason)).or_default() += demanded - given;
         }
     }
     counts
         .into_iter()
-        .map(|((group, reason), count)| Event::Blocked { timestamp_ms: now_ms, group: group.to_owned(), reason, count })
+        .map(|((group, reason), count)| Event::Blocked {
+            timestamp_ms: now_ms,
+            group: group.to_owned(),
+            reason,
+            count,
+        })
         .collect()
 }
 

@@ -53,12 +53,24 @@ impl Semaphores {
     /// An empty state with the given defaults.
     pub fn new(defaults: KeyConfig) -> Result<Self, InvalidInput> {
         validate_key_config(&defaults)?;
-        Ok(Self { defaults, ..Self::default() })
+        Ok(Self {
+            defaults,
+            ..Self::default()
+        })
     }
 
     /// Rebuilds the state from its persisted parts.
-    pub fn from_parts(defaults: KeyConfig, last_now_ms: u64, keys: BTreeMap<String, KeyState>) -> Self {
-        Self { defaults, last_now_ms, keys, dirty: Dirty::default() }
+    pub fn from_parts(
+        defaults: KeyConfig,
+        last_now_ms: u64,
+        keys: BTreeMap<String, KeyState>,
+    ) -> Self {
+        Self {
+            defaults,
+            last_now_ms,
+            keys,
+            dirty: Dirty::default(),
+        }
     }
 
     pub fn defaults(&self) -> &KeyConfig {
@@ -79,18 +91,27 @@ impl Semaphores {
 
     /// The configuration a key runs with: its own, or the defaults.
     pub fn config(&self, key: &str) -> &KeyConfig {
-        self.keys.get(key).and_then(|state| state.meta().config.as_ref()).unwrap_or(&self.defaults)
+        self.keys
+            .get(key)
+            .and_then(|state| state.meta().config.as_ref())
+            .unwrap_or(&self.defaults)
     }
 
     /// A key's usage at `now_ms` (the serving node's clock); zero for unknown keys.
     pub fn usage(&self, key: &str, now_ms: u64) -> Usage {
         let empty = KeyState::default();
-        usage(self.keys.get(key).unwrap_or(&empty), self.config(key), now_ms)
+        usage(
+            self.keys.get(key).unwrap_or(&empty),
+            self.config(key),
+            now_ms,
+        )
     }
 
     /// The earliest claim deadline of an unclaimed grant of `key`.
     pub fn next_claim_deadline_ms(&self, key: &str) -> Option<u64> {
-        self.keys.get(key).and_then(KeyState::next_claim_deadline_ms)
+        self.keys
+            .get(key)
+            .and_then(KeyState::next_claim_deadline_ms)
     }
 
     fn advance_clock(&mut self, now_ms: u64) -> u64 {
@@ -105,7 +126,11 @@ impl Semaphores {
     /// then drops the key if it holds nothing.
     fn with_key<T>(&mut self, key: &str, change: impl FnOnce(&mut KeyState, &KeyConfig) -> T) -> T {
         let mut state = self.keys.remove(key).unwrap_or_default();
-        let config = state.meta().config.clone().unwrap_or_else(|| self.defaults.clone());
+        let config = state
+            .meta()
+            .config
+            .clone()
+            .unwrap_or_else(|| self.defaults.clone());
         let result = change(&mut state, &config);
         if !state.is_empty() {
             self.keys.insert(key.to_owned(), state);
@@ -123,7 +148,9 @@ impl Semaphores {
         requests: &[PermitRequest],
     ) -> RoundOutcome {
         let now_ms = self.advance_clock(now_ms);
-        self.with_key(key, |state, config| run_round(state, config, ids, now_ms, requests))
+        self.with_key(key, |state, config| {
+            run_round(state, config, ids, now_ms, requests)
+        })
     }
 
     /// A sync of `key`.
@@ -144,7 +171,11 @@ impl Semaphores {
 
     /// Replaces a key's configuration; omitted fields take the defaults. Returns the
     /// effective configuration. Leases are re-checked at the key's next round.
-    pub fn set_key_config(&mut self, key: &str, update: &KeyConfigUpdate) -> Result<KeyConfig, InvalidInput> {
+    pub fn set_key_config(
+        &mut self,
+        key: &str,
+        update: &KeyConfigUpdate,
+    ) -> Result<KeyConfig, InvalidInput> {
         let config = update.resolve(&self.defaults);
         validate_key_config(&config)?;
         self.with_key(key, |state, _| {
@@ -156,10 +187,21 @@ impl Semaphores {
     }
 
     /// Sets one group's cap and permission.
-    pub fn set_group(&mut self, key: &str, group: &str, config: GroupConfig) -> Result<(), InvalidInput> {
+    pub fn set_group(
+        &mut self,
+        key: &str,
+        group: &str,
+        config: GroupConfig,
+    ) -> Result<(), InvalidInput> {
         validate_group_config(&config)?;
-        let groups = self.keys.get(key).map_or(0, |state| state.meta().groups.len());
-        let known = self.keys.get(key).is_some_and(|state| state.meta().groups.contains_key(group));
+        let groups = self
+            .keys
+            .get(key)
+            .map_or(0, |state| state.meta().groups.len());
+        let known = self
+            .keys
+            .get(key)
+            .is_some_and(|state| state.meta().groups.contains_key(group));
         if !known && groups >= MAX_CONFIGURED_GROUPS_PER_KEY {
             return Err(InvalidInput::TooMany {
                 field: "groups",
@@ -219,6 +261,9 @@ impl Semaphores {
                 (key, changes)
             })
             .collect();
-        StateChanges { cluster: dirty.cluster, keys }
+        StateChanges {
+            cluster: dirty.cluster,
+            keys,
+        }
     }
 }

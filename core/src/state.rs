@@ -219,7 +219,10 @@ impl PartialEq for KeyState {
 
 impl From<KeyImage> for KeyState {
     fn from(image: KeyImage) -> Self {
-        let mut state = KeyState { meta: image.meta, ..KeyState::default() };
+        let mut state = KeyState {
+            meta: image.meta,
+            ..KeyState::default()
+        };
         for (id, grant) in image.grants {
             state.put_grant(id, Some(grant));
         }
@@ -279,7 +282,10 @@ impl KeyState {
     /// The earliest claim deadline of a grant with unclaimed permits: when the
     /// leader's reclaim timer for this key should fire.
     pub fn next_claim_deadline_ms(&self) -> Option<u64> {
-        self.tally.claim_deadlines.first().map(|(deadline, _)| *deadline)
+        self.tally
+            .claim_deadlines
+            .first()
+            .map(|(deadline, _)| *deadline)
     }
 
     /// Replaces (or with `None` deletes) a grant, keeping the tally exact.
@@ -301,19 +307,27 @@ impl KeyState {
         group.granted += grant.outstanding();
         group.grants += 1;
         if grant.has_unclaimed() {
-            self.tally.claim_deadlines.insert((grant.claim_deadline_ms, id));
+            self.tally
+                .claim_deadlines
+                .insert((grant.claim_deadline_ms, id));
         }
     }
 
     fn untally_grant(&mut self, id: GrantId, grant: &Grant) {
         self.tally.granted -= grant.outstanding();
-        let group = self.tally.groups.get_mut(&grant.group).expect("tallied grant group");
+        let group = self
+            .tally
+            .groups
+            .get_mut(&grant.group)
+            .expect("tallied grant group");
         group.granted -= grant.outstanding();
         group.grants -= 1;
         if group.is_empty() {
             self.tally.groups.remove(&grant.group);
         }
-        self.tally.claim_deadlines.remove(&(grant.claim_deadline_ms, id));
+        self.tally
+            .claim_deadlines
+            .remove(&(grant.claim_deadline_ms, id));
     }
 
     /// Replaces (or with `None` deletes) a lease, keeping the tally exact.
@@ -341,7 +355,11 @@ impl KeyState {
 
     fn untally_lease(&mut self, id: LeaseId, lease: &Lease) {
         self.tally.leased -= lease.footprint();
-        let group = self.tally.groups.get_mut(&lease.group).expect("tallied lease group");
+        let group = self
+            .tally
+            .groups
+            .get_mut(&lease.group)
+            .expect("tallied lease group");
         group.leased -= lease.footprint();
         group.leases -= 1;
         if group.is_empty() {
@@ -351,7 +369,12 @@ impl KeyState {
     }
 
     /// Replaces (or with `None` forgets) a remembered answer.
-    pub fn put_answer(&mut self, client_id: &str, request_id: &str, answer: Option<RememberedAnswer>) {
+    pub fn put_answer(
+        &mut self,
+        client_id: &str,
+        request_id: &str,
+        answer: Option<RememberedAnswer>,
+    ) {
         let answers = self.answers.entry(client_id.to_owned()).or_default();
         if let Some(old) = answers.remove(request_id) {
             self.tally.answer_expiries.remove(&(
@@ -371,7 +394,9 @@ impl KeyState {
         if answers.is_empty() {
             self.answers.remove(client_id);
         }
-        self.changes.answers.insert((client_id.to_owned(), request_id.to_owned()));
+        self.changes
+            .answers
+            .insert((client_id.to_owned(), request_id.to_owned()));
     }
 
     /// Recomputes the tally from scratch; tests compare it with the kept one.

@@ -43,11 +43,20 @@ pub fn usage(state: &KeyState, config: &KeyConfig, now_ms: u64) -> Usage {
         .filter(|(_, group)| group.grants > 0)
         .map(|(name, group)| {
             let limit = state.meta().group_policy(name).limit;
-            (name.clone(), GroupUsage { granted: group.granted, limit })
+            (
+                name.clone(),
+                GroupUsage {
+                    granted: group.granted,
+                    limit,
+                },
+            )
         })
         .collect();
     let mut granted = tally.granted;
-    for (_, id) in tally.claim_deadlines.range(..=(now_ms, crate::ids::GrantId(uuid::Uuid::max()))) {
+    for (_, id) in tally
+        .claim_deadlines
+        .range(..=(now_ms, crate::ids::GrantId(uuid::Uuid::max())))
+    {
         let grant = &state.grants()[id];
         let overdue = grant.permits - grant.claimed;
         granted -= overdue;
@@ -66,7 +75,13 @@ pub fn usage(state: &KeyState, config: &KeyConfig, now_ms: u64) -> Usage {
 
 /// Permits grants may still receive given what is granted and leased.
 pub fn grant_room(config: &KeyConfig, granted: u64, leased: u64) -> u64 {
-    let budgets = Budgets::new(config.leases.as_ref().map(|policy| &policy.provisioning), config.limit);
+    let budgets = Budgets::new(
+        config.leases.as_ref().map(|policy| &policy.provisioning),
+        config.limit,
+    );
     let shared_footprint = if budgets.shared { leased } else { 0 };
-    budgets.grants.saturating_sub(granted).saturating_sub(shared_footprint)
+    budgets
+        .grants
+        .saturating_sub(granted)
+        .saturating_sub(shared_footprint)
 }

@@ -17,13 +17,25 @@ pub enum InvalidInput {
     #[error("{field} must not be empty")]
     Empty { field: &'static str },
     #[error("{field} is {len} bytes long; the maximum is {max}")]
-    TooLong { field: &'static str, len: usize, max: usize },
+    TooLong {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
     #[error("{field} must not contain control characters")]
     ControlCharacter { field: &'static str },
     #[error("{field} has {len} entries; the maximum is {max}")]
-    TooMany { field: &'static str, len: usize, max: usize },
+    TooMany {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
     #[error("{field} is {value}; the maximum is {max}")]
-    TooLarge { field: &'static str, value: u64, max: u64 },
+    TooLarge {
+        field: &'static str,
+        value: u64,
+        max: u64,
+    },
     #[error("{field} must be at least 1")]
     NotPositive { field: &'static str },
     #[error("{field} must be a finite ratio between 0 and {max}")]
@@ -77,7 +89,11 @@ fn name(field: &'static str, value: &str, max: usize) -> Checked {
         return Err(InvalidInput::Empty { field });
     }
     if value.len() > max {
-        return Err(InvalidInput::TooLong { field, len: value.len(), max });
+        return Err(InvalidInput::TooLong {
+            field,
+            len: value.len(),
+            max,
+        });
     }
     if value.chars().any(char::is_control) {
         return Err(InvalidInput::ControlCharacter { field });
@@ -114,7 +130,9 @@ fn demand(entries: &[Demand]) -> Checked {
         at_most("demand.count", entry.count, MAX_COUNT)?;
         at_most("demand.oldestAt", entry.oldest_at_ms, MAX_TIMESTAMP_MS)?;
         if !groups.insert(entry.group.as_str()) {
-            return Err(InvalidInput::DuplicateGroup { group: entry.group.clone() });
+            return Err(InvalidInput::DuplicateGroup {
+                group: entry.group.clone(),
+            });
         }
     }
     Ok(())
@@ -154,10 +172,22 @@ pub fn validate_key_config(config: &KeyConfig) -> Checked {
 }
 
 fn lease_policy(policy: &LeasePolicy) -> Checked {
-    positive_at_most("leases.permitsPerLease", policy.permits_per_lease, MAX_LIMIT)?;
+    positive_at_most(
+        "leases.permitsPerLease",
+        policy.permits_per_lease,
+        MAX_LIMIT,
+    )?;
     positive_at_most("leases.ttlMs", policy.ttl_ms, MAX_DELAY_MS)?;
-    positive_at_most("leases.maxGroups", policy.max_groups, MAX_DEMAND_ENTRIES as u64)?;
-    positive_at_most("leases.maxClientsPerGroup", policy.max_clients_per_group, MAX_LIMIT)?;
+    positive_at_most(
+        "leases.maxGroups",
+        policy.max_groups,
+        MAX_DEMAND_ENTRIES as u64,
+    )?;
+    positive_at_most(
+        "leases.maxClientsPerGroup",
+        policy.max_clients_per_group,
+        MAX_LIMIT,
+    )?;
     match &policy.provisioning {
         Provisioning::Strict => Ok(()),
         Provisioning::Under { reserve } => amount("leases.provisioning.reserve", reserve),
@@ -168,10 +198,15 @@ fn lease_policy(policy: &LeasePolicy) -> Checked {
 fn amount(field: &'static str, amount: &Amount) -> Checked {
     match amount {
         Amount::Permits(permits) => at_most(field, *permits, MAX_LIMIT),
-        Amount::Ratio { ratio } if ratio.is_finite() && (0.0..=MAX_PROVISIONING_RATIO).contains(ratio) => {
+        Amount::Ratio { ratio }
+            if ratio.is_finite() && (0.0..=MAX_PROVISIONING_RATIO).contains(ratio) =>
+        {
             Ok(())
         }
-        Amount::Ratio { .. } => Err(InvalidInput::BadRatio { field, max: MAX_PROVISIONING_RATIO }),
+        Amount::Ratio { .. } => Err(InvalidInput::BadRatio {
+            field,
+            max: MAX_PROVISIONING_RATIO,
+        }),
     }
 }
 
@@ -199,7 +234,10 @@ mod tests {
 
     #[test]
     fn malformed_json_is_named_malformed() {
-        assert!(matches!(parse_request(b"{"), Err(InvalidInput::Malformed(_))));
+        assert!(matches!(
+            parse_request(b"{"),
+            Err(InvalidInput::Malformed(_))
+        ));
     }
 
     #[test]
@@ -208,19 +246,41 @@ mod tests {
         let message = format!(r#"{{"type":"sync","v":1,"clientId":"{long}"}}"#);
         assert_eq!(
             parse_request(message.as_bytes()),
-            Err(InvalidInput::TooLong { field: "clientId", len: long.len(), max: MAX_CLIENT_ID_BYTES })
+            Err(InvalidInput::TooLong {
+                field: "clientId",
+                len: long.len(),
+                max: MAX_CLIENT_ID_BYTES
+            })
         );
-        let body = format!(r#""demand":[{{"group":"g","count":{},"oldestAt":1}}]"#, MAX_COUNT + 1);
-        assert!(matches!(request_with(&body), Err(InvalidInput::TooLarge { field: "demand.count", .. })));
+        let body = format!(
+            r#""demand":[{{"group":"g","count":{},"oldestAt":1}}]"#,
+            MAX_COUNT + 1
+        );
+        assert!(matches!(
+            request_with(&body),
+            Err(InvalidInput::TooLarge {
+                field: "demand.count",
+                ..
+            })
+        ));
     }
 
     #[test]
     fn empty_names_control_characters_and_duplicate_groups_fail() {
-        assert!(matches!(request_with(r#""requestId":"""#), Err(InvalidInput::Empty { .. })));
+        assert!(matches!(
+            request_with(r#""requestId":"""#),
+            Err(InvalidInput::Empty { .. })
+        ));
         let body = r#""demand":[{"group":"a\u0000","count":1,"oldestAt":1}]"#;
-        assert!(matches!(request_with(body), Err(InvalidInput::ControlCharacter { .. })));
+        assert!(matches!(
+            request_with(body),
+            Err(InvalidInput::ControlCharacter { .. })
+        ));
         let body = r#""demand":[{"group":"a","count":1,"oldestAt":1},{"group":"a","count":2,"oldestAt":1}]"#;
-        assert!(matches!(request_with(body), Err(InvalidInput::DuplicateGroup { .. })));
+        assert!(matches!(
+            request_with(body),
+            Err(InvalidInput::DuplicateGroup { .. })
+        ));
     }
 
     #[test]
@@ -229,13 +289,27 @@ mod tests {
             .map(|n| format!(r#"{{"leaseId":"l{n}","drawn":0,"released":0}}"#))
             .collect();
         let body = format!(r#""leases":[{}]"#, reports.join(","));
-        assert!(matches!(request_with(&body), Err(InvalidInput::TooMany { field: "leases", .. })));
+        assert!(matches!(
+            request_with(&body),
+            Err(InvalidInput::TooMany {
+                field: "leases",
+                ..
+            })
+        ));
     }
 
     #[test]
     fn key_configuration_limits() {
-        let mut config = KeyConfig { round_wait_ms: 0, ..KeyConfig::default() };
-        assert_eq!(validate_key_config(&config), Err(InvalidInput::NotPositive { field: "roundWaitMs" }));
+        let mut config = KeyConfig {
+            round_wait_ms: 0,
+            ..KeyConfig::default()
+        };
+        assert_eq!(
+            validate_key_config(&config),
+            Err(InvalidInput::NotPositive {
+                field: "roundWaitMs"
+            })
+        );
         config.round_wait_ms = MAX_DELAY_MS + 1;
         assert!(validate_key_config(&config).is_err());
         config.round_wait_ms = 5;
@@ -243,11 +317,18 @@ mod tests {
             extra: Amount::Ratio { ratio: f64::NAN },
         });
         config.leases = Some(policy.clone());
-        assert!(matches!(validate_key_config(&config), Err(InvalidInput::BadRatio { .. })));
+        assert!(matches!(
+            validate_key_config(&config),
+            Err(InvalidInput::BadRatio { .. })
+        ));
         policy.provisioning = Provisioning::Strict;
         policy.permits_per_lease = 0;
         config.leases = Some(policy);
         assert!(validate_key_config(&config).is_err());
-        assert!(validate_group_config(&GroupConfig { limit: Some(MAX_LIMIT + 1), permitted: true }).is_err());
+        assert!(validate_group_config(&GroupConfig {
+            limit: Some(MAX_LIMIT + 1),
+            permitted: true
+        })
+        .is_err());
     }
 }
