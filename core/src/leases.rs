@@ -360,7 +360,7 @@ fn retire_for_lowered_budget(
             headroom.then_some((lease.created_at_ms, *id, lease.permits - drawn))
         })
         .collect();
-    live.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+    live.sort_by_key(|&(created_at_ms, id, _)| std::cmp::Reverse((created_at_ms, id)));
     for (_, id, undrawn) in live {
         if excess <= 0 {
             break;
