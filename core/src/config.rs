@@ -142,7 +142,10 @@ pub enum LimitedGroups {
 pub struct Budgets {
     pub grants: u64,
     pub leases: u64,
-    /// Grants and lease footprint come from one pool (strict).
+    /// The most grants plus lease footprint may ever reach: the limit, or
+    /// limit + extra with `over`.
+    pub ceiling: u64,
+    /// Grants and lease footprint come from one pool (strict, or leases off).
     pub shared: bool,
 }
 
@@ -153,18 +156,24 @@ impl Budgets {
             None => Self {
                 grants: limit,
                 leases: 0,
+                ceiling: limit,
                 shared: true,
             },
             Some(Provisioning::Strict) => Self {
                 grants: limit,
                 leases: limit,
+                ceiling: limit,
                 shared: true,
             },
-            Some(Provisioning::Over { extra }) => Self {
-                grants: limit,
-                leases: extra.of(limit),
-                shared: false,
-            },
+            Some(Provisioning::Over { extra }) => {
+                let extra = extra.of(limit);
+                Self {
+                    grants: limit,
+                    leases: extra,
+                    ceiling: limit + extra,
+                    shared: false,
+                }
+            }
             Some(Provisioning::Under { reserve }) => {
                 // The reserve never takes the last permit, or clients without lease
                 // support and groups excluded from leases could never be admitted.
@@ -172,19 +181,28 @@ impl Budgets {
                 Self {
                     grants: limit - reserve,
                     leases: reserve,
+                    ceiling: limit,
                     shared: false,
                 }
             }
         }
     }
 
-    /// The most permits grants plus lease footprint may ever reach.
-    pub fn ceiling(&self, limit: u64) -> u64 {
-        if self.shared {
-            limit
-        } else {
-            self.grants + self.leases
-        }
+    /// Permits grants may still receive. Besides their own budget, grants stay
+    /// under the ceiling together with the lease footprint: after a limit change
+    /// shrinks one budget, what the other kind holds beyond its budget is charged
+    /// here (the seed checks each budget alone, and `under`/`over` could then pass
+    /// the ceiling). May be negative when usage is above a lowered limit.
+    pub fn grant_room(&self, granted: u64, leased: u64) -> i64 {
+        let own = self.grants as i64 - granted as i64;
+        let shared = self.ceiling as i64 - granted as i64 - leased as i64;
+        own.min(shared)
+    }
+
+    /// Gross lease capacity (the lease pass nets out live footprint itself): the
+    /// lease budget, but never more than grants leave under the ceiling.
+    pub fn lease_budget(&self, granted: u64) -> u64 {
+        self.leases.min(self.ceiling.saturating_sub(granted))
     }
 }
 
@@ -326,6 +344,7 @@ mod tests {
             Budgets {
                 grants: 100,
                 leases: 50,
+                ceiling: 150,
                 shared: false
             }
         );
@@ -341,6 +360,7 @@ mod tests {
             Budgets {
                 grants: 1,
                 leases: 9,
+                ceiling: 10,
                 shared: false
             }
         );
@@ -349,6 +369,7 @@ mod tests {
             Budgets {
                 grants: 0,
                 leases: 0,
+                ceiling: 0,
                 shared: false
             }
         );

@@ -179,12 +179,7 @@ fn allocate_grants(
         config.leases.as_ref().map(|policy| &policy.provisioning),
         config.limit,
     );
-    let shared_footprint = if budgets.shared {
-        state.tally().leased
-    } else {
-        0
-    };
-    let mut room = budgets.grants as i64 - state.tally().granted as i64 - shared_footprint as i64;
+    let mut room = budgets.grant_room(state.tally().granted, state.tally().leased);
 
     let mut demands: Vec<(usize, &PermitRequest, &crate::protocol::Demand)> = allocations
         .keys()
@@ -281,11 +276,7 @@ fn lease_pass(
         return false;
     }
     let budgets = Budgets::new(policy.map(|policy| &policy.provisioning), config.limit);
-    let budget = if budgets.shared {
-        config.limit.saturating_sub(state.tally().granted)
-    } else {
-        budgets.leases
-    };
+    let budget = budgets.lease_budget(state.tally().granted);
     let candidates = allocations
         .keys()
         .map(|&position| &requests[position])
@@ -356,7 +347,8 @@ fn blocked_events(
                 .filter(|grant| grant.group == blocked.group)
                 .map(|grant| grant.permits)
                 .sum();
-            *counts.entry((&blocked.group, blocked.reason)).or_default() += demanded - given;
+            *counts.entry((&blocked.group, blocked.reason)).or_default() +=
+                demanded.saturating_sub(given);
         }
     }
     counts

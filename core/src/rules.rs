@@ -1091,3 +1091,77 @@ impl WithCount for PermitRequest {
         request
     }
 }
+
+#[test]
+fn under_stays_under_the_limit_after_the_limit_is_lowered() {
+    let policy = LeasePolicy {
+        permits_per_lease: 1,
+        ..LeasePolicy::with_provisioning(Provisioning::Under {
+            reserve: Amount::Permits(1),
+        })
+    };
+    let mut log = Log::with_leases(2, policy);
+    log.ask(leasing("a", "g", 1, T0));
+    assert_eq!((log.usage().granted, log.usage().leased), (1, 1));
+    // Limit 1: the reserve shrinks to 0 and grants may use 1, but the lease still
+    // holds it. The seed would grant here and pass the limit.
+    log.set_limit(1);
+    log.advance(10_000);
+    assert_eq!(granted(&log.ask(wants("b", "g", 1, T0))), 0);
+    assert_eq!(log.usage().granted + log.usage().leased, 1);
+}
+
+#[test]
+fn over_stays_under_limit_plus_extra_after_the_limit_is_lowered() {
+    let policy = LeasePolicy {
+        permits_per_lease: 2,
+        ..LeasePolicy::with_provisioning(Provisioning::Over {
+            extra: Amount::Permits(2),
+        })
+    };
+    let mut log = Log::with_leases(8, policy);
+    let id = grant_id(&log.ask(wants("a", "g", 8, T0)));
+    log.sync(reports("a", vec![report(&id, 8, 0)]));
+    log.set_limit(2);
+    let answer = log.ask(leasing("b", "g", 1, T0));
+    assert!(
+        leases_of(&answer).is_empty(),
+        "8 running is above the ceiling of 4"
+    );
+    assert_eq!(log.usage().granted + log.usage().leased, 8);
+}
+
+#[test]
+fn a_key_emptied_and_recreated_in_one_window_reports_every_changed_row() {
+    let mut log = Log::new(KeyConfig::default());
+    let id = grant_id(&log.ask(wants("a", "g", 1, T0)));
+    log.semaphores.take_changes();
+    log.sync(reports("a", vec![report(&id, 1, 1)]));
+    assert!(
+        log.semaphores.key(KEY).is_none(),
+        "the key held nothing and was dropped"
+    );
+    log.ask(wants("a", "g", 1, T0));
+    let changes = log.semaphores.take_changes();
+    let (_, Some(rows)) = &changes.keys[0] else {
+        panic!("the key exists again")
+    };
+    assert!(
+        rows.grants
+            .contains(&crate::ids::GrantId::parse(&id).unwrap()),
+        "the deleted row is reported"
+    );
+}
+
+#[test]
+fn removing_a_key_reports_all_its_rows_and_frees_everything() {
+    let mut log = Log::new(KeyConfig::default());
+    log.ask(wants("a", "g", 3, T0));
+    log.semaphores.take_changes();
+    log.semaphores.remove_key(KEY);
+    assert_eq!(log.usage().granted, 0);
+    assert_eq!(
+        log.semaphores.take_changes().keys,
+        vec![(KEY.to_owned(), None)]
+    );
+}

@@ -38,6 +38,8 @@ pub struct Semaphores {
 struct Dirty {
     cluster: bool,
     keys: BTreeSet<String>,
+    /// Pending changes of keys dropped in this window (emptied or removed).
+    dropped: BTreeMap<String, Changes>,
 }
 
 /// The rows to persist after applying entries.
@@ -45,7 +47,9 @@ struct Dirty {
 pub struct StateChanges {
     /// The defaults or the clock changed.
     pub cluster: bool,
-    /// Changed keys; `None` when the key no longer holds anything and was dropped.
+    /// Changed keys with the rows to write or delete (a row absent from the
+    /// key's state is deleted); `None` when the key no longer holds anything and
+    /// was dropped, so all of its rows go.
     pub keys: Vec<(String, Option<Changes>)>,
 }
 
@@ -125,14 +129,24 @@ impl Semaphores {
     /// Runs `change` on a key's state (created empty if new) with its configuration,
     /// then drops the key if it holds nothing.
     fn with_key<T>(&mut self, key: &str, change: impl FnOnce(&mut KeyState, &KeyConfig) -> T) -> T {
-        let mut state = self.keys.remove(key).unwrap_or_default();
+        let mut state = self.keys.remove(key).unwrap_or_else(|| {
+            // A key dropped earlier in this change window: its deleted rows must
+            // still reach storage through the re-created state.
+            let mut state = KeyState::default();
+            state.carry_changes(self.dirty.dropped.remove(key).unwrap_or_default());
+            state
+        });
         let config = state
             .meta()
             .config
             .clone()
             .unwrap_or_else(|| self.defaults.clone());
         let result = change(&mut state, &config);
-        if !state.is_empty() {
+        if state.is_empty() {
+            self.dirty
+                .dropped
+                .insert(key.to_owned(), state.take_changes());
+        } else {
             self.keys.insert(key.to_owned(), state);
         }
         self.dirty.keys.insert(key.to_owned());
@@ -245,7 +259,10 @@ impl Semaphores {
 
     /// Drops everything kept for a key: settings, grants, leases and answers.
     pub fn remove_key(&mut self, key: &str) {
-        if self.keys.remove(key).is_some() {
+        if let Some(mut state) = self.keys.remove(key) {
+            let mut removed = state.take_changes();
+            removed.merge(state.all_rows());
+            self.dirty.dropped.insert(key.to_owned(), removed);
             self.dirty.keys.insert(key.to_owned());
         }
     }

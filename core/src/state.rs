@@ -126,6 +126,14 @@ pub struct Changes {
 }
 
 impl Changes {
+    /// Adds `other`'s rows to these.
+    pub fn merge(&mut self, other: Changes) {
+        self.meta |= other.meta;
+        self.grants.extend(other.grants);
+        self.leases.extend(other.leases);
+        self.answers.extend(other.answers);
+    }
+
     pub fn is_empty(&self) -> bool {
         !self.meta && self.grants.is_empty() && self.leases.is_empty() && self.answers.is_empty()
     }
@@ -272,6 +280,29 @@ impl KeyState {
             && self.leases.is_empty()
             && self.answers.is_empty()
             && self.meta == KeyMeta::default()
+    }
+
+    /// Every row of this state, as changes: what deleting the key must remove.
+    pub fn all_rows(&self) -> Changes {
+        Changes {
+            meta: true,
+            grants: self.grants.keys().copied().collect(),
+            leases: self.leases.keys().copied().collect(),
+            answers: self
+                .answers
+                .iter()
+                .flat_map(|(client_id, answers)| {
+                    answers
+                        .keys()
+                        .map(move |request_id| (client_id.clone(), request_id.clone()))
+                })
+                .collect(),
+        }
+    }
+
+    /// Records rows changed before this state was (re)created, so none is lost.
+    pub fn carry_changes(&mut self, earlier: Changes) {
+        self.changes.merge(earlier);
     }
 
     /// The rows changed since the last call.

@@ -75,13 +75,8 @@ pub fn usage(state: &KeyState, config: &KeyConfig, now_ms: u64) -> Usage {
 
 /// Permits grants may still receive given what is granted and leased.
 pub fn grant_room(config: &KeyConfig, granted: u64, leased: u64) -> u64 {
-    let budgets = Budgets::new(
-        config.leases.as_ref().map(|policy| &policy.provisioning),
-        config.limit,
-    );
-    let shared_footprint = if budgets.shared { leased } else { 0 };
-    budgets
-        .grants
-        .saturating_sub(granted)
-        .saturating_sub(shared_footprint)
+    let provisioning = config.leases.as_ref().map(|policy| &policy.provisioning);
+    Budgets::new(provisioning, config.limit)
+        .grant_room(granted, leased)
+        .max(0) as u64
 }

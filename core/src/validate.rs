@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 
 use crate::config::{Amount, GroupConfig, KeyConfig, LeasePolicy, Provisioning};
 use crate::limits::*;
-use crate::protocol::{Demand, GrantReport, LeaseReport, SemaphoreRequest};
+use crate::protocol::{
+    Demand, GrantReport, LeaseReport, PermitRequest, PermitSync, SemaphoreRequest,
+};
 
 /// What is wrong with an input. Every variant names the offending field.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -57,21 +59,27 @@ pub fn parse_request(body: &[u8]) -> Result<SemaphoreRequest, InvalidInput> {
 /// Checks a parsed message against the limits.
 pub fn validate_request(message: &SemaphoreRequest) -> Checked {
     match message {
-        SemaphoreRequest::Request(request) => {
-            name("clientId", &request.client_id, MAX_CLIENT_ID_BYTES)?;
-            if let Some(request_id) = &request.request_id {
-                name("requestId", request_id, MAX_REQUEST_ID_BYTES)?;
-            }
-            demand(&request.demand)?;
-            grant_reports(&request.grants)?;
-            lease_reports(request.leases.as_deref())
-        }
-        SemaphoreRequest::Sync(sync) => {
-            name("clientId", &sync.client_id, MAX_CLIENT_ID_BYTES)?;
-            grant_reports(&sync.grants)?;
-            lease_reports(sync.leases.as_deref())
-        }
+        SemaphoreRequest::Request(request) => validate_permit_request(request),
+        SemaphoreRequest::Sync(sync) => validate_sync(sync),
     }
+}
+
+/// Checks a `request` message against the limits.
+pub fn validate_permit_request(request: &PermitRequest) -> Checked {
+    name("clientId", &request.client_id, MAX_CLIENT_ID_BYTES)?;
+    if let Some(request_id) = &request.request_id {
+        name("requestId", request_id, MAX_REQUEST_ID_BYTES)?;
+    }
+    demand(&request.demand)?;
+    grant_reports(&request.grants)?;
+    lease_reports(request.leases.as_deref())
+}
+
+/// Checks a `sync` message against the limits.
+pub fn validate_sync(sync: &PermitSync) -> Checked {
+    name("clientId", &sync.client_id, MAX_CLIENT_ID_BYTES)?;
+    grant_reports(&sync.grants)?;
+    lease_reports(sync.leases.as_deref())
 }
 
 /// Checks a semaphore key (it arrives in the URL path).

@@ -1,10 +1,56 @@
-//! permitd's replicated state machine and Raft log over sled.
+//! permitd's Raft log and replicated state machine, over sled.
 //!
-//! (Being written: see the storage issue.)
+//! [`open`] opens one sled database at `<dir>/sled` and hands back the openraft
+//! [`LogStore`], the [`StateMachineStore`] and a [`SharedState`] through which the
+//! node reads the applied state and hears of every applied entry.
+//!
+//! # Trees and their keys (byte layout in [`keys`])
+//!
+//! | tree | key | value |
+//! |---|---|---|
+//! | default | `permitd_format_version` | on-disk format version, u32 BE (also in the file `<dir>/format_version`: see `format.rs`) |
+//! | `log` | entry index, u64 BE | JSON `Entry<TypeConfig>` |
+//! | `raft` | `vote`, `committed`, `last_purged` | JSON vote / log ids |
+//! | `state` | `0x00` + name: `last_applied`, `membership`, `cluster` (defaults and clock), `snapshot_meta`, `snapshot_data` | JSON; the snapshot data raw |
+//! | `state` | `0x01` + u32 BE length + key + row kind (`0` meta, `1` grant id, `2` lease id, `3` u32 BE length + clientId + requestId) | JSON of the core value |
+//!
+//! # Data flow
+//!
+//! openraft appends entries to the `log` tree (flushed before it is told), and
+//! once they commit hands them to [`StateMachineStore`]'s apply. Apply runs the
+//! deterministic engine (`permitd_core::Semaphores`, kept in memory), collects
+//! the rows each engine call changed (`Semaphores::take_changes`) and writes them,
+//! with the last applied log id and the membership, as **one `sled::Batch` on the
+//! `state` tree**. sled applies a batch atomically, also across a crash: after a
+//! restart the tree holds every row of an apply or none, and the last applied id
+//! always names exactly the entries whose rows are there; openraft replays the
+//! rest from the log. The state tree needs no flush of its own: the log holds the
+//! entries, and every later log flush (db-wide) persists the applied rows too.
+//!
+//! On start-up the state is rebuilt from the `state` tree's rows
+//! (`Semaphores::from_parts`), never by replaying from index 0. A data dir that
+//! sled cannot open, that lacks or has a different format version, that sled
+//! recovers as empty although it was initialised, or whose rows do not decode,
+//! fails [`open`] with an error naming the dir, never with a panic.
 
+mod apply;
 pub mod command;
+mod error;
+mod format;
+pub mod keys;
+mod log_store;
+mod rows;
+mod snapshot;
+mod state_machine;
+
+use std::path::{Path, PathBuf};
 
 pub use command::{Command, CommandResult, KeyRound};
+pub use error::StorageError;
+pub use format::STORAGE_FORMAT_VERSION;
+pub use log_store::LogStore;
+pub use snapshot::SNAPSHOT_FORMAT_VERSION;
+pub use state_machine::{Applied, SharedState, SnapshotBuilder, StateMachineStore};
 
 use serde::{Deserialize, Serialize};
 
@@ -36,3 +82,67 @@ openraft::declare_raft_types!(
         Node = PeerNode,
         SnapshotData = std::io::Cursor<Vec<u8>>,
 );
+
+/// Where the store lives.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The node's data dir; the sled database is `dir/sled`.
+    pub dir: PathBuf,
+}
+
+/// An opened store: give `log` and `state_machine` to `openraft::Raft::new`.
+#[derive(Debug)]
+pub struct Opened {
+    pub log: LogStore,
+    pub state_machine: StateMachineStore,
+    pub state: SharedState,
+}
+
+/// Opens (or creates) the store in `options.dir` and loads the applied state.
+pub async fn open(options: &Options) -> Result<Opened, StorageError> {
+    let dir = options.dir.clone();
+    // sled's open and the state load read the whole state tree: blocking IO.
+    let task = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || open_blocking(&dir)
+    });
+    match task.await {
+        Ok(opened) => opened,
+        // sled may panic on some damaged files; report it as the dir's problem.
+        Err(error) => Err(StorageError::Corrupt {
+            dir,
+            detail: format!("opening the store failed: {error}"),
+        }),
+    }
+}
+
+fn open_blocking(dir: &Path) -> Result<Opened, StorageError> {
+    std::fs::create_dir_all(dir).map_err(|source| StorageError::CreateDir {
+        dir: dir.to_owned(),
+        source,
+    })?;
+    let db = sled::Config::new()
+        .path(dir.join("sled"))
+        .open()
+        .map_err(|source| StorageError::Open {
+            dir: dir.to_owned(),
+            source,
+        })?;
+    format::check_or_initialise(&db, dir)?;
+    let log = db.open_tree("log")?;
+    let raft = db.open_tree("raft")?;
+    let state_tree = db.open_tree("state")?;
+    let loaded = rows::load(&state_tree, dir)?;
+    tracing::info!(
+        dir = %dir.display(),
+        last_applied = ?loaded.last_applied,
+        keys = loaded.semaphores.keys().len(),
+        "storage opened"
+    );
+    let state_machine = StateMachineStore::new(dir.to_owned(), db.clone(), state_tree, loaded);
+    Ok(Opened {
+        log: LogStore::new(db, log, raft),
+        state: state_machine.shared(),
+        state_machine,
+    })
+}

@@ -1,0 +1,162 @@
+//! Applying one entry's [`Command`] to the engine and recording the rows it changed.
+//!
+//! Apply is a pure function of (state, entry): time comes from the command's
+//! `now_ms`, ids from [`IdAllocator::new`] on the entry's log index (one allocator
+//! shared by every key of the entry, so ids never repeat within it).
+
+use permitd_core::protocol::SemaphoreRequest;
+use permitd_core::validate::{validate_group, validate_key, validate_request};
+use permitd_core::{Event, IdAllocator, InvalidInput, Semaphores};
+
+use crate::rows::WriteSet;
+use crate::state_machine::Applied;
+use crate::{Command, CommandResult, StorageError};
+
+/// Runs engine calls for one entry and records what each changed.
+struct Applier<'a> {
+    semaphores: &'a mut Semaphores,
+    /// Read only to find the rows of keys the engine dropped.
+    tree: &'a sled::Tree,
+    write: &'a mut WriteSet,
+    applied: Applied,
+}
+
+impl Applier<'_> {
+    /// Records what the last engine call changed. Called after every call, not once
+    /// per entry: a key emptied (dropped) and re-created by two calls of one entry
+    /// would otherwise forget to delete the rows the first call emptied.
+    fn persist(&mut self) -> Result<(), StorageError> {
+        let changes = self.semaphores.take_changes();
+        for (key, _) in &changes.keys {
+            if !self.applied.keys.contains(key) {
+                self.applied.keys.push(key.clone());
+            }
+        }
+        self.write.record(self.tree, self.semaphores, changes)
+    }
+
+    fn push_events(&mut self, key: &str, events: Vec<Event>) {
+        let events = events.into_iter().map(|event| (key.to_owned(), event));
+        self.applied.events.extend(events);
+    }
+}
+
+/// Applies `command` (the entry at `log_index`), adding its rows to `write`.
+/// Returns the answer for the leader and what the node is told about the apply.
+pub(crate) fn apply_command(
+    semaphores: &mut Semaphores,
+    tree: &sled::Tree,
+    write: &mut WriteSet,
+    log_index: u64,
+    command: &Command,
+) -> Result<(CommandResult, Applied), StorageError> {
+    let mut applier = Applier {
+        semaphores,
+        tree,
+        write,
+        applied: Applied {
+            log_index,
+            keys: Vec::new(),
+            events: Vec::new(),
+        },
+    };
+    let result = match check(command) {
+        Ok(()) => run(&mut applier, log_index, command)?,
+        Err(error) => CommandResult::from(error),
+    };
+    Ok((result, applier.applied))
+}
+
+/// The leader validates at the edge; apply checks again, because the engine
+/// assumes valid input (it may panic on, say, a group demanded twice) and one bad
+/// entry must not stop every replica. Every replica rejects alike. The clones cost
+/// what the entry holds.
+fn check(command: &Command) -> Result<(), InvalidInput> {
+    match command {
+        Command::Round { keys, .. } => keys.iter().try_for_each(|round| {
+            validate_key(&round.key)?;
+            round.requests.iter().try_for_each(|request| {
+                validate_request(&SemaphoreRequest::Request(request.clone()))
+            })
+        }),
+        Command::Sync { key, sync, .. } => {
+            validate_key(key)?;
+            validate_request(&SemaphoreRequest::Sync(sync.clone()))
+        }
+        Command::Reclaim { keys, .. } => keys.iter().try_for_each(|key| validate_key(key)),
+        Command::SetKeyConfig { key, .. } | Command::RemoveKey { key } => validate_key(key),
+        Command::SetGroup { key, group, .. } | Command::RemoveGroup { key, group } => {
+            validate_key(key)?;
+            validate_group(group)
+        }
+        Command::SetDefaults { .. } => Ok(()),
+    }
+}
+
+/// The one match over the command enum.
+fn run(
+    applier: &mut Applier<'_>,
+    log_index: u64,
+    command: &Command,
+) -> Result<CommandResult, StorageError> {
+    let result = match command {
+        Command::Round { now_ms, keys } => {
+            let mut ids = IdAllocator::new(log_index);
+            let mut answers = Vec::with_capacity(keys.len());
+            for round in keys {
+                let outcome =
+                    applier
+                        .semaphores
+                        .round(&round.key, &mut ids, *now_ms, &round.requests);
+                applier.persist()?;
+                applier.push_events(&round.key, outcome.events);
+                answers.push(outcome.answers);
+            }
+            CommandResult::Round { answers }
+        }
+        Command::Sync { now_ms, key, sync } => {
+            let outcome = applier.semaphores.sync(key, *now_ms, sync);
+            applier.push_events(key, outcome.events);
+            CommandResult::Synced {
+                answer: outcome.answer,
+            }
+        }
+        Command::Reclaim { now_ms, keys } => {
+            for key in keys {
+                let events = applier.semaphores.reclaim(key, *now_ms);
+                applier.persist()?;
+                applier.push_events(key, events);
+            }
+            CommandResult::Done
+        }
+        Command::SetKeyConfig { key, update } => {
+            match applier.semaphores.set_key_config(key, update) {
+                Ok(config) => CommandResult::KeyConfig { config },
+                Err(error) => error.into(),
+            }
+        }
+        Command::SetGroup { key, group, config } => {
+            match applier.semaphores.set_group(key, group, config.clone()) {
+                Ok(()) => CommandResult::Done,
+                Err(error) => error.into(),
+            }
+        }
+        Command::RemoveGroup { key, group } => {
+            applier.semaphores.remove_group(key, group);
+            CommandResult::Done
+        }
+        Command::SetDefaults { defaults } => {
+            match applier.semaphores.set_defaults(defaults.clone()) {
+                Ok(()) => CommandResult::Done,
+                Err(error) => error.into(),
+            }
+        }
+        Command::RemoveKey { key } => {
+            applier.semaphores.remove_key(key);
+            CommandResult::Done
+        }
+    };
+    // Single-call commands (and a rejected one, which changed nothing) land here.
+    applier.persist()?;
+    Ok(result)
+}

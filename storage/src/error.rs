@@ -1,0 +1,88 @@
+//! The crate's one error enum, and its mapping onto openraft's storage errors.
+
+use std::path::PathBuf;
+
+use openraft::{AnyError, ErrorSubject, ErrorVerb, StorageIOError};
+
+use crate::NodeId;
+
+/// Everything that can go wrong in this crate.
+///
+/// Start-up errors name the data dir so that an operator knows which one to look
+/// at; none of them is a panic.
+#[derive(thiserror::Error, Debug)]
+pub enum StorageError {
+    #[error("cannot open the data dir {dir}: {source}")]
+    Open {
+        dir: PathBuf,
+        #[source]
+        source: sled::Error,
+    },
+    #[error("cannot create the data dir {dir}: {source}")]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the data dir {dir} is not compatible with this build: {detail}")]
+    Incompatible { dir: PathBuf, detail: String },
+    #[error("the data dir {dir} holds corrupt data: {detail}")]
+    Corrupt { dir: PathBuf, detail: String },
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("encoding: {0}")]
+    Codec(#[from] serde_json::Error),
+    #[error("snapshot: {0}")]
+    Snapshot(String),
+}
+
+/// openraft's error type, as its traits return it.
+pub type RaftError = openraft::StorageError<NodeId>;
+
+impl StorageError {
+    /// This error as openraft's storage error about `subject` while doing `verb`.
+    pub(crate) fn into_raft(self, subject: ErrorSubject<NodeId>, verb: ErrorVerb) -> RaftError {
+        StorageIOError::new(subject, verb, AnyError::new(&self)).into()
+    }
+}
+
+/// Shorthands for the subjects openraft's errors name.
+pub(crate) fn read_logs(error: impl Into<StorageError>) -> RaftError {
+    error.into().into_raft(ErrorSubject::Logs, ErrorVerb::Read)
+}
+
+pub(crate) fn write_logs(error: impl Into<StorageError>) -> RaftError {
+    error.into().into_raft(ErrorSubject::Logs, ErrorVerb::Write)
+}
+
+pub(crate) fn read_vote(error: impl Into<StorageError>) -> RaftError {
+    error.into().into_raft(ErrorSubject::Vote, ErrorVerb::Read)
+}
+
+pub(crate) fn write_vote(error: impl Into<StorageError>) -> RaftError {
+    error.into().into_raft(ErrorSubject::Vote, ErrorVerb::Write)
+}
+
+pub(crate) fn read_state_machine(error: impl Into<StorageError>) -> RaftError {
+    error
+        .into()
+        .into_raft(ErrorSubject::StateMachine, ErrorVerb::Read)
+}
+
+pub(crate) fn write_state_machine(error: impl Into<StorageError>) -> RaftError {
+    error
+        .into()
+        .into_raft(ErrorSubject::StateMachine, ErrorVerb::Write)
+}
+
+pub(crate) fn read_snapshot(error: impl Into<StorageError>) -> RaftError {
+    error
+        .into()
+        .into_raft(ErrorSubject::Snapshot(None), ErrorVerb::Read)
+}
+
+pub(crate) fn write_snapshot(error: impl Into<StorageError>) -> RaftError {
+    error
+        .into()
+        .into_raft(ErrorSubject::Snapshot(None), ErrorVerb::Write)
+}

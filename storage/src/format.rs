@@ -1,0 +1,112 @@
+//! The on-disk format version, kept twice: in sled and in a marker file beside it.
+//!
+//! sled treats a data file it cannot read as a torn log and silently opens an
+//! empty database. A store that came back empty would forget its vote and its
+//! log, which Raft cannot survive, so the marker file (`<dir>/format_version`,
+//! written once the sled store is initialised and flushed) says "this dir holds a
+//! store": marker present but nothing in sled means the data was lost.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use crate::{keys, StorageError};
+
+/// The on-disk layout version this build reads and writes (the trees and keys of
+/// [`crate::keys`], the JSON shapes of the rows).
+pub const STORAGE_FORMAT_VERSION: u32 = 1;
+
+const MARKER_FILE: &str = "format_version";
+
+fn incompatible(dir: &Path, detail: String) -> StorageError {
+    StorageError::Incompatible {
+        dir: dir.to_owned(),
+        detail,
+    }
+}
+
+fn check_version(dir: &Path, version: u32, place: &str) -> Result<(), StorageError> {
+    if version == STORAGE_FORMAT_VERSION {
+        return Ok(());
+    }
+    Err(incompatible(
+        dir,
+        format!("{place} says format version {version}, this build reads {STORAGE_FORMAT_VERSION}"),
+    ))
+}
+
+/// The version in the marker file, `None` when there is no marker.
+fn read_marker(dir: &Path) -> Result<Option<u32>, StorageError> {
+    let path = dir.join(MARKER_FILE);
+    match fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().map(Some).map_err(|_| {
+            incompatible(
+                dir,
+                format!("unreadable {}: {:?}", path.display(), text.trim()),
+            )
+        }),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(incompatible(
+            dir,
+            format!("cannot read {}: {error}", path.display()),
+        )),
+    }
+}
+
+/// Writes the marker durably: file, then its directory entry.
+fn write_marker(dir: &Path) -> Result<(), StorageError> {
+    let io = |error: std::io::Error| StorageError::CreateDir {
+        dir: dir.to_owned(),
+        source: error,
+    };
+    let path = dir.join(MARKER_FILE);
+    let mut file = fs::File::create(&path).map_err(io)?;
+    writeln!(file, "{STORAGE_FORMAT_VERSION}").map_err(io)?;
+    file.sync_all().map_err(io)?;
+    fs::File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(io)
+}
+
+/// The version row in sled, `None` when absent.
+fn read_sled_version(db: &sled::Db, dir: &Path) -> Result<Option<u32>, StorageError> {
+    let Some(bytes) = db.get(keys::FORMAT_VERSION)? else {
+        return Ok(None);
+    };
+    let bytes = <[u8; 4]>::try_from(bytes.as_ref())
+        .map_err(|_| incompatible(dir, format!("unreadable format version {bytes:?}")))?;
+    Ok(Some(u32::from_be_bytes(bytes)))
+}
+
+/// Accepts a store of our version, initialises a brand-new one, refuses the rest.
+pub(crate) fn check_or_initialise(db: &sled::Db, dir: &Path) -> Result<(), StorageError> {
+    let marker = read_marker(dir)?;
+    if let Some(version) = marker {
+        check_version(dir, version, "the marker file")?;
+    }
+    match (read_sled_version(db, dir)?, marker) {
+        (Some(version), _) => {
+            check_version(dir, version, "the database")?;
+            if marker.is_none() {
+                // A crash between initialising sled and writing the marker.
+                write_marker(dir)?;
+            }
+            Ok(())
+        }
+        (None, Some(_)) => Err(StorageError::Corrupt {
+            dir: dir.to_owned(),
+            detail: "the store was initialised but sled recovered none of its data".to_owned(),
+        }),
+        // Only a database sled has just created is initialised: a recovered one
+        // without a version belongs to someone else.
+        (None, None) if !db.was_recovered() => {
+            db.insert(keys::FORMAT_VERSION, &STORAGE_FORMAT_VERSION.to_be_bytes())?;
+            db.flush()?;
+            write_marker(dir)
+        }
+        (None, None) => Err(incompatible(
+            dir,
+            "a sled database without a format version: not a permitd store".to_owned(),
+        )),
+    }
+}

@@ -1,0 +1,367 @@
+//! The replicated state machine: the in-memory [`Semaphores`] written through to
+//! the `state` sled tree, and its snapshots.
+//!
+//! Invariants:
+//! - one `apply` call is one `sled::Batch` on the `state` tree: the changed rows of
+//!   every entry in it, the last applied log id and the membership land together
+//!   or not at all, so a restart never sees half an entry or rows without the id
+//!   that produced them;
+//! - the in-memory state equals what the `state` tree holds, except after a failed
+//!   write, which openraft treats as fatal (the node stops and reloads from disk);
+//! - the stored snapshot only moves forward (a slow builder never overwrites a
+//!   newer installed snapshot), and it is on disk before openraft learns of it,
+//!   together with the state it covers, because openraft purges the log behind it.
+
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+    StoredMembership,
+};
+use permitd_core::{Event, Semaphores};
+use tokio::sync::broadcast;
+
+use crate::apply::apply_command;
+use crate::error::{
+    read_snapshot, read_state_machine, write_snapshot, write_state_machine, RaftError,
+};
+use crate::rows::{Loaded, WriteSet};
+use crate::{keys, snapshot, CommandResult, NodeId, PeerNode, StorageError, TypeConfig};
+
+/// Apply notices kept for subscribers that fall behind; a lagging subscriber gets
+/// `RecvError::Lagged` and should re-read the state.
+const APPLIED_CHANNEL_CAPACITY: usize = 4_096;
+
+/// What one applied log entry did, for the node (reclaim timers, events, metrics).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub log_index: u64,
+    /// Keys whose state the entry changed, in apply order. After a snapshot is
+    /// installed: every key held.
+    pub keys: Vec<String>,
+    pub events: Vec<(String, Event)>,
+}
+
+/// The applied state: what readers see.
+#[derive(Debug)]
+pub(crate) struct AppliedState {
+    pub semaphores: Semaphores,
+    pub last_applied: Option<LogId<NodeId>>,
+    pub membership: StoredMembership<NodeId, PeerNode>,
+}
+
+/// Read access to the applied state, shared with the node. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SharedState {
+    /// A std lock, not a tokio one: it is only held for in-memory work (an apply's
+    /// engine calls and batch write, or a reader's closure) and never across an
+    /// await, so readers never wait on IO and no async lock is needed.
+    state: Arc<RwLock<AppliedState>>,
+    /// One notice per applied entry, sent after the entry is written.
+    notices: broadcast::Sender<Arc<Applied>>,
+}
+
+impl SharedState {
+    fn new(loaded: Loaded) -> Self {
+        let state = AppliedState {
+            semaphores: loaded.semaphores,
+            last_applied: loaded.last_applied,
+            membership: loaded.membership,
+        };
+        let (notices, _) = broadcast::channel(APPLIED_CHANNEL_CAPACITY);
+        Self {
+            state: Arc::new(RwLock::new(state)),
+            notices,
+        }
+    }
+
+    /// Runs `f` on the applied semaphores. Keep `f` short: applies wait for it.
+    pub fn read<T>(&self, f: impl FnOnce(&Semaphores) -> T) -> T {
+        f(&self.lock_read().semaphores)
+    }
+
+    pub fn last_applied(&self) -> Option<LogId<NodeId>> {
+        self.lock_read().last_applied
+    }
+
+    /// Notices of entries applied from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Applied>> {
+        self.notices.subscribe()
+    }
+
+    // A poisoned lock means an apply panicked halfway: the state in memory is not
+    // trustworthy and continuing would serve or persist it.
+    fn lock_read(&self) -> RwLockReadGuard<'_, AppliedState> {
+        self.state.read().expect("applied state lock poisoned")
+    }
+
+    fn lock_write(&self) -> RwLockWriteGuard<'_, AppliedState> {
+        self.state.write().expect("applied state lock poisoned")
+    }
+
+    fn publish(&self, notices: Vec<Applied>) {
+        for notice in notices {
+            // No subscriber is fine: the node may not listen (tests, tools).
+            let _ = self.notices.send(Arc::new(notice));
+        }
+    }
+}
+
+/// The openraft state machine over the `state` tree.
+#[derive(Debug)]
+pub struct StateMachineStore {
+    /// Named in errors.
+    dir: PathBuf,
+    /// For `flush_async` (durability covers every tree).
+    db: sled::Db,
+    state_tree: sled::Tree,
+    shared: SharedState,
+    /// Serialises writes of the snapshot rows between snapshot builders (openraft
+    /// runs them in their own tasks, concurrently with applies) and installs.
+    snapshot_lock: Arc<Mutex<()>>,
+}
+
+impl StateMachineStore {
+    pub(crate) fn new(dir: PathBuf, db: sled::Db, state_tree: sled::Tree, loaded: Loaded) -> Self {
+        Self {
+            dir,
+            db,
+            state_tree,
+            shared: SharedState::new(loaded),
+            snapshot_lock: Arc::new(Mutex::new(())),
+        }
+    }
+
+    /// A handle for readers.
+    pub fn shared(&self) -> SharedState {
+        self.shared.clone()
+    }
+
+    /// Applies entries in memory and writes them as one batch, under the write lock
+    /// so that readers never see state that is not on its way to disk.
+    fn apply_entries(
+        &self,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+    ) -> Result<(Vec<CommandResult>, Vec<Applied>), StorageError> {
+        let mut write = WriteSet::default();
+        let mut results = Vec::new();
+        let mut notices = Vec::new();
+        let mut state = self.shared.lock_write();
+        for entry in entries {
+            if let Some(last) = state.last_applied {
+                assert!(
+                    last.index < entry.log_id.index,
+                    "entry {} applied after {last}",
+                    entry.log_id
+                );
+            }
+            state.last_applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => results.push(CommandResult::Done),
+                EntryPayload::Membership(membership) => {
+                    state.membership = StoredMembership::new(Some(entry.log_id), membership);
+                    results.push(CommandResult::Done);
+                }
+                EntryPayload::Normal(command) => {
+                    let (result, notice) = apply_command(
+                        &mut state.semaphores,
+                        &self.state_tree,
+                        &mut write,
+                        entry.log_id.index,
+                        &command,
+                    )?;
+                    results.push(result);
+                    notices.push(notice);
+                }
+            }
+        }
+        if results.is_empty() {
+            return Ok((results, notices));
+        }
+        write.put(keys::LAST_APPLIED, &state.last_applied)?;
+        write.put(keys::MEMBERSHIP, &state.membership)?;
+        self.state_tree.apply_batch(write.into_batch())?;
+        Ok((results, notices))
+    }
+
+    fn read_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let Some(meta) = self.state_tree.get(keys::SNAPSHOT_META)? else {
+            return Ok(None);
+        };
+        let meta: SnapshotMeta<NodeId, PeerNode> = serde_json::from_slice(&meta)?;
+        let data =
+            self.state_tree
+                .get(keys::SNAPSHOT_DATA)?
+                .ok_or_else(|| StorageError::Corrupt {
+                    dir: self.dir.clone(),
+                    detail: "snapshot metadata without snapshot data".to_owned(),
+                })?;
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data.to_vec())),
+        }))
+    }
+
+    /// Replaces the whole state by the snapshot's, on disk (one batch) then in memory.
+    async fn install(
+        &self,
+        meta: &SnapshotMeta<NodeId, PeerNode>,
+        data: Vec<u8>,
+    ) -> Result<(), StorageError> {
+        let image = snapshot::decode(&data)?;
+        if image.last_applied != meta.last_log_id || image.membership != meta.last_membership {
+            return Err(StorageError::Snapshot(format!(
+                "snapshot {} holds state at {:?}, its metadata says {:?}",
+                meta.snapshot_id, image.last_applied, meta.last_log_id
+            )));
+        }
+        let mut write = WriteSet::default();
+        write.delete_all(&self.state_tree)?;
+        write.record_all(&image.semaphores)?;
+        write.put(keys::LAST_APPLIED, &image.last_applied)?;
+        write.put(keys::MEMBERSHIP, &image.membership)?;
+        write.put(keys::SNAPSHOT_META, meta)?;
+        write.put_bytes(keys::SNAPSHOT_DATA, data);
+        let notice = Applied {
+            log_index: image.last_applied.map_or(0, |log_id| log_id.index),
+            keys: image.semaphores.keys().keys().cloned().collect(),
+            events: Vec::new(),
+        };
+        {
+            let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
+            let mut state = self.shared.lock_write();
+            self.state_tree.apply_batch(write.into_batch())?;
+            *state = AppliedState {
+                semaphores: image.semaphores,
+                last_applied: image.last_applied,
+                membership: image.membership,
+            };
+        }
+        self.db.flush_async().await?;
+        self.shared.publish(vec![notice]);
+        Ok(())
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, PeerNode>), RaftError> {
+        let state = self.shared.lock_read();
+        Ok((state.last_applied, state.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandResult>, RaftError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let (results, notices) = self.apply_entries(entries).map_err(write_state_machine)?;
+        self.shared.publish(notices);
+        Ok(results)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            db: self.db.clone(),
+            state_tree: self.state_tree.clone(),
+            shared: self.shared.clone(),
+            snapshot_lock: self.snapshot_lock.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, RaftError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, PeerNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), RaftError> {
+        tracing::info!(snapshot = %meta.snapshot_id, last_log_id = ?meta.last_log_id, "installing snapshot");
+        self.install(meta, snapshot.into_inner())
+            .await
+            .map_err(write_snapshot)
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, RaftError> {
+        self.read_snapshot().map_err(read_snapshot)
+    }
+}
+
+/// Builds a snapshot from a copy of the applied state taken under the read lock.
+#[derive(Debug)]
+pub struct SnapshotBuilder {
+    db: sled::Db,
+    state_tree: sled::Tree,
+    shared: SharedState,
+    snapshot_lock: Arc<Mutex<()>>,
+}
+
+impl SnapshotBuilder {
+    async fn build(&self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        // Encode under the read lock: one consistent view, and applies wait only
+        // for the serialisation (no IO happens under the lock).
+        let (meta, data) = {
+            let state = self.shared.lock_read();
+            let data = snapshot::encode(&state.last_applied, &state.membership, &state.semaphores)?;
+            let meta = SnapshotMeta {
+                last_log_id: state.last_applied,
+                last_membership: state.membership.clone(),
+                snapshot_id: snapshot_id(state.last_applied),
+            };
+            (meta, data)
+        };
+        self.store(&meta, &data)?;
+        // openraft purges the log behind the snapshot: the snapshot and the state
+        // it covers must be durable first.
+        self.db.flush_async().await?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+
+    /// Stores the snapshot unless a newer one (installed meanwhile) is stored.
+    fn store(
+        &self,
+        meta: &SnapshotMeta<NodeId, PeerNode>,
+        data: &[u8],
+    ) -> Result<(), StorageError> {
+        let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
+        if let Some(stored) = self.state_tree.get(keys::SNAPSHOT_META)? {
+            let stored: SnapshotMeta<NodeId, PeerNode> = serde_json::from_slice(&stored)?;
+            if stored.last_log_id > meta.last_log_id {
+                return Ok(());
+            }
+        }
+        let mut write = WriteSet::default();
+        write.put(keys::SNAPSHOT_META, meta)?;
+        write.put_bytes(keys::SNAPSHOT_DATA, data.to_vec());
+        self.state_tree.apply_batch(write.into_batch())?;
+        Ok(())
+    }
+}
+
+/// Unique per build: the log id it covers plus the build time.
+fn snapshot_id(last_applied: Option<LogId<NodeId>>) -> String {
+    let built_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis());
+    match last_applied {
+        Some(log_id) => format!("{log_id}-{built_at_ms}"),
+        None => format!("empty-{built_at_ms}"),
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, RaftError> {
+        self.build().await.map_err(read_state_machine)
+    }
+}
