@@ -1,12 +1,26 @@
-//! The `permitd` node binary.
-//!
-//! Not built yet: the issue "node: a three-node permitd cluster serving the v1 API"
-//! fills this crate in. Until then the binary says so and exits with an error.
+//! The `permitd` binary: parses the command line and hands over to [`permitd_node::cli`].
 
-fn main() -> std::process::ExitCode {
-    eprintln!(
-        "permitd {}: the node is not built yet",
-        env!("CARGO_PKG_VERSION")
-    );
-    std::process::ExitCode::FAILURE
+use std::process::ExitCode;
+
+use clap::Parser;
+use permitd_node::cli::{self, Cli, Command};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Cli::parse();
+    cli::init_tracing(args.log_format);
+    let outcome = match args.command {
+        Command::Serve(serve) => cli::serve::run(serve).await.map_err(|e| e.to_string()),
+        Command::Up { config } => cli::up::run(&config, args.log_format)
+            .await
+            .map_err(|e| e.to_string()),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "permitd failed");
+            eprintln!("permitd: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }

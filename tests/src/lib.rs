@@ -1,3 +1,519 @@
-//! End-to-end and chaos tests that start real `permitd` processes.
+//! End-to-end tests that start real `permitd` processes.
 //!
-//! Not built yet: they arrive with the node, client and chaos issues.
+//! [`Cluster`] writes a `cluster.toml` with ephemeral loopback ports, short Raft
+//! timings and small round timings into a temporary directory, starts one
+//! `permitd serve --config … --id N` process per node, initialises the cluster
+//! and kills every process on `Drop`. Tests talk to it over real HTTP.
+//!
+//! # Which binary runs
+//!
+//! [`permitd_bin`] looks, in order, for:
+//! 1. `PERMITD_BIN`, if set;
+//! 2. `permitd` next to the test executable's `deps/` folder, i.e.
+//!    `$CARGO_TARGET_DIR/debug/permitd` (or `target/debug/permitd`).
+//!
+//! `cargo test --workspace` builds that binary (the `permitd` package has an
+//! integration test, so cargo builds its binary first). With `cargo test -p
+//! permitd-tests` alone, run `cargo build -p permitd` first; if the binary is
+//! missing the harness runs that build itself.
+//!
+//! Set `PERMITD_KEEP_DIRS=1` to keep the temporary directories (node logs are in
+//! `node-N.log` there).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The secret every test cluster uses.
+pub const SECRET: &str = "permitd-test-secret-0123456789";
+/// How long a node may take to answer `/healthz`, or a cluster to elect.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(50);
+
+/// The `permitd` binary to run (see the module docs).
+pub fn permitd_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(locate_or_build).clone()
+}
+
+fn locate_or_build() -> PathBuf {
+    if let Some(path) = std::env::var_os("PERMITD_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("the test knows its own path");
+    // target/debug/deps/<test> → target/debug/permitd
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test runs from target/<profile>/deps");
+    let bin = profile_dir.join(format!("permitd{}", std::env::consts::EXE_SUFFIX));
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "permitd", "--bin", "permitd"])
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "cargo build -p permitd failed");
+    }
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p permitd` or set PERMITD_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// A free loopback port (bound then released; the race is harmless in tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// One node of a test cluster.
+#[derive(Debug)]
+pub struct Node {
+    pub id: u64,
+    pub api_addr: String,
+    pub raft_addr: String,
+    /// The cluster file this node is started with.
+    config: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn spawn(&mut self, dir: &Path) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("node-{}.log", self.id)))
+            .expect("log file");
+        let child = Command::new(permitd_bin())
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            .args(["--id", &self.id.to_string()])
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("permitd starts");
+        self.child = Some(child);
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// `http://api_addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.api_addr)
+    }
+}
+
+/// Cluster-wide settings of a test cluster.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub nodes: usize,
+    /// The `[defaults]` table, in TOML.
+    pub defaults: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            defaults: "limit = 100\nroundWaitMs = 20\nroundPeriodMs = 20\ngrantTimeoutMs = 60000\n"
+                .into(),
+        }
+    }
+}
+
+/// A cluster of real `permitd` processes in a temporary directory.
+#[derive(Debug)]
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub nodes: Vec<Node>,
+    pub http: reqwest::Client,
+    settings: Settings,
+}
+
+impl Cluster {
+    /// Starts `settings.nodes` nodes, initialises them and waits for a leader.
+    pub async fn start(settings: Settings) -> Self {
+        let cluster = Self::spawn(settings);
+        cluster.wait_healthy().await;
+        let init = cluster.post_secret(1, "/cluster/init", &json!({})).await;
+        assert_eq!(init.0, 200, "init failed: {}", init.1);
+        cluster.wait_for_leader().await;
+        cluster
+    }
+
+    /// Writes the cluster file and starts every node, uninitialised.
+    pub fn spawn(settings: Settings) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("permitd-e2e-")
+            .disable_cleanup(std::env::var_os("PERMITD_KEEP_DIRS").is_some())
+            .tempdir()
+            .expect("temp dir");
+        let config = dir.path().join("cluster.toml");
+        let mut nodes: Vec<Node> = (1..=settings.nodes as u64)
+            .map(|id| Node {
+                id,
+                api_addr: format!("127.0.0.1:{}", free_port()),
+                raft_addr: format!("127.0.0.1:{}", free_port()),
+                config: config.clone(),
+                child: None,
+            })
+            .collect();
+        std::fs::write(&config, cluster_toml(&nodes, &settings.defaults)).expect("config");
+        for node in &mut nodes {
+            node.spawn(dir.path());
+        }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("http client");
+        Self {
+            dir,
+            nodes,
+            http,
+            settings,
+        }
+    }
+
+    pub fn node(&self, id: u64) -> &Node {
+        self.nodes
+            .iter()
+            .find(|node| node.id == id)
+            .expect("known node")
+    }
+
+    fn node_mut(&mut self, id: u64) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|node| node.id == id)
+            .expect("known node")
+    }
+
+    /// Waits until every running node answers `/healthz`.
+    pub async fn wait_healthy(&self) {
+        for node in self.nodes.iter().filter(|node| node.is_running()) {
+            let deadline = Instant::now() + START_TIMEOUT;
+            loop {
+                let url = format!("{}/healthz", node.url());
+                if let Ok(answer) = self.http.get(&url).send().await {
+                    if answer.status().is_success() {
+                        break;
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {} never became healthy",
+                    node.id
+                );
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+
+    /// Waits until every running node names the same leader, and returns it.
+    pub async fn wait_for_leader(&self) -> u64 {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let mut leaders = Vec::new();
+            for node in self.nodes.iter().filter(|node| node.is_running()) {
+                let status = self.status(node.id).await;
+                leaders.push(status.as_ref().and_then(|s| s["leader"].as_u64()));
+            }
+            if let Some(Some(leader)) = leaders.first() {
+                let agreed = leaders.iter().all(|seen| *seen == Some(*leader));
+                let running = self.nodes.iter().any(|n| n.id == *leader && n.is_running());
+                if agreed && running {
+                    return *leader;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader agreed: {leaders:?}");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// A running node that is not `leader`.
+    pub fn follower_of(&self, leader: u64) -> u64 {
+        self.nodes
+            .iter()
+            .find(|node| node.id != leader && node.is_running())
+            .expect("a running follower")
+            .id
+    }
+
+    /// `/cluster/status` of a node, or `None` if it does not answer.
+    pub async fn status(&self, id: u64) -> Option<Value> {
+        let url = format!("{}/cluster/status", self.node(id).url());
+        let answer = self
+            .http
+            .get(url)
+            .bearer_auth(SECRET)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        answer.json().await.ok()
+    }
+
+    /// SIGKILL: the node dies without any shutdown.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut child) = self.node_mut(id).child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait: the node's graceful shutdown.
+    pub fn stop(&mut self, id: u64) {
+        if let Some(mut child) = self.node_mut(id).child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    break;
+                }
+                std::thread::sleep(POLL);
+            }
+            let status = child.wait().expect("node exits");
+            assert!(status.success(), "node {id} stopped with {status}");
+        }
+    }
+
+    /// Starts a stopped node again on its data.
+    pub fn restart(&mut self, id: u64) {
+        let dir = self.dir.path().to_owned();
+        let node = self.node_mut(id);
+        assert!(node.child.is_none(), "node {id} is running");
+        node.spawn(&dir);
+    }
+
+    /// Writes a cluster file for `nodes` plus a new node, and starts the new node
+    /// (uninitialised: it waits to be added). Returns its id.
+    pub fn spawn_extra_node(&mut self) -> u64 {
+        let id = self.nodes.len() as u64 + 1;
+        let config = self.dir.path().join(format!("cluster-{id}.toml"));
+        let mut node = Node {
+            id,
+            api_addr: format!("127.0.0.1:{}", free_port()),
+            raft_addr: format!("127.0.0.1:{}", free_port()),
+            config: config.clone(),
+            child: None,
+        };
+        let mut all: Vec<Node> = self.nodes.iter().map(clone_node).collect();
+        all.push(clone_node(&node));
+        std::fs::write(&config, cluster_toml(&all, &self.settings.defaults)).expect("config");
+        node.spawn(self.dir.path());
+        self.nodes.push(node);
+        id
+    }
+
+    /// A JSON call to a node's public API: `(status, body, leader header)`.
+    pub async fn call(
+        &self,
+        id: u64,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Answer {
+        let url = format!("{}{path}", self.node(id).url());
+        let mut request = self.http.request(method, url);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        Answer::from(request.send().await).await
+    }
+
+    pub async fn post(&self, id: u64, path: &str, body: &Value) -> Answer {
+        self.call(id, reqwest::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn put(&self, id: u64, path: &str, body: &Value) -> Answer {
+        self.call(id, reqwest::Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn get(&self, id: u64, path: &str) -> Answer {
+        self.call(id, reqwest::Method::GET, path, None).await
+    }
+
+    /// A `/cluster/*` call with the secret: `(status, body)`.
+    pub async fn post_secret(&self, id: u64, path: &str, body: &Value) -> (u16, Value) {
+        let url = format!("{}{path}", self.node(id).url());
+        let answer = self
+            .http
+            .post(url)
+            .bearer_auth(SECRET)
+            .json(body)
+            .send()
+            .await
+            .expect("node answers");
+        let status = answer.status().as_u16();
+        (status, answer.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `GET /v1/semaphores/{key}/usage` through node `id`, which must succeed.
+    /// A 503 (an election under way, as after a node restart) is retried for a
+    /// while, as every client does; any other failure fails the test.
+    pub async fn usage(&self, id: u64, key: &str) -> Value {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let answer = self.get(id, &format!("/v1/semaphores/{key}/usage")).await;
+            if answer.status == 503 && Instant::now() < deadline {
+                assert!(answer.retry_after.is_some(), "503 without Retry-After");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            assert_eq!(answer.status, 200, "usage via node {id}: {}", answer.body);
+            return answer.body;
+        }
+    }
+}
+
+/// Writes a cluster file of `count` nodes on free loopback ports into `dir`, for
+/// tests that start the nodes some other way (`permitd up`). Returns the file and
+/// the nodes' API URLs.
+pub fn write_cluster_file(dir: &Path, count: u64) -> (PathBuf, Vec<String>) {
+    let path = dir.join("cluster.toml");
+    let nodes: Vec<Node> = (1..=count)
+        .map(|id| Node {
+            id,
+            api_addr: format!("127.0.0.1:{}", free_port()),
+            raft_addr: format!("127.0.0.1:{}", free_port()),
+            config: path.clone(),
+            child: None,
+        })
+        .collect();
+    std::fs::write(&path, cluster_toml(&nodes, &Settings::default().defaults)).expect("config");
+    (path, nodes.iter().map(Node::url).collect())
+}
+
+fn clone_node(node: &Node) -> Node {
+    Node {
+        id: node.id,
+        api_addr: node.api_addr.clone(),
+        raft_addr: node.raft_addr.clone(),
+        config: node.config.clone(),
+        child: None,
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn cluster_toml(nodes: &[Node], defaults: &str) -> String {
+    let mut text = format!(
+        "secret = \"{SECRET}\"\n\n[raft]\nheartbeat_interval_ms = 50\n\
+         election_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n\
+         rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n[defaults]\n{defaults}\n"
+    );
+    for node in nodes {
+        text.push_str(&format!(
+            "[[node]]\nid = {}\napi_addr = \"{}\"\nraft_addr = \"{}\"\ndata_dir = \"data/node-{}\"\n\n",
+            node.id, node.api_addr, node.raft_addr, node.id
+        ));
+    }
+    text
+}
+
+/// One HTTP answer.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+    /// `x-permitd-leader`.
+    pub leader: Option<u64>,
+    pub retry_after: Option<String>,
+}
+
+impl Answer {
+    async fn from(result: reqwest::Result<reqwest::Response>) -> Self {
+        let answer = match result {
+            Ok(answer) => answer,
+            Err(error) => {
+                return Self {
+                    status: 0,
+                    body: json!({"transport": error.to_string()}),
+                    leader: None,
+                    retry_after: None,
+                }
+            }
+        };
+        let header = |name: &str| {
+            answer
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        };
+        let leader = header("x-permitd-leader").and_then(|value| value.parse().ok());
+        let retry_after = header("retry-after");
+        let status = answer.status().as_u16();
+        let body = answer.json().await.unwrap_or(Value::Null);
+        Self {
+            status,
+            body,
+            leader,
+            retry_after,
+        }
+    }
+
+    /// The error code of a JSON error answer.
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+}
+
+/// A `request` message.
+pub fn request(client: &str, demand: &[(&str, u64, u64)]) -> Value {
+    let demand: Vec<Value> = demand
+        .iter()
+        .map(|(group, count, oldest_at)| json!({"group": group, "count": count, "oldestAt": oldest_at}))
+        .collect();
+    json!({"type": "request", "v": 1, "clientId": client, "demand": demand})
+}
+
+/// Sum of the permits granted in a `grant` answer.
+pub fn granted(answer: &Value) -> u64 {
+    answer["grants"]
+        .as_array()
+        .map(|grants| grants.iter().filter_map(|g| g["permits"].as_u64()).sum())
+        .unwrap_or(0)
+}
+
+/// Polls `check` until it holds or `timeout` passes; returns whether it held.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    false
+}

@@ -1,0 +1,223 @@
+//! `/cluster/*`: status, initialisation, membership and the replicated defaults.
+//! Every call needs the cluster secret (checked by the router's auth layer).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::Json;
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use permitd_core::config::{KeyConfig, KeyConfigUpdate};
+use permitd_core::validate::validate_key_config;
+use permitd_storage::{Command, NodeId, PeerNode};
+use serde::{Deserialize, Serialize};
+
+use super::error::ApiError;
+use super::extract::ApiJson;
+use super::semaphores::write;
+use crate::app::App;
+use crate::raft::{bearer, SECRET_HEADER};
+
+/// How long `/cluster/init` waits for the first leader to write the defaults.
+pub const INIT_DEFAULTS_TIMEOUT_MS: u64 = 15_000;
+
+/// One member in `/cluster/status`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Member {
+    pub id: NodeId,
+    pub addr: String,
+    pub raft_addr: String,
+    /// `voter` or `learner`.
+    pub role: String,
+}
+
+/// The answer of `GET /cluster/status`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub id: NodeId,
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    pub last_log_index: Option<u64>,
+    pub last_applied: Option<u64>,
+    pub initialized: bool,
+    pub members: Vec<Member>,
+}
+
+/// `GET /cluster/status`: this node's view.
+pub async fn status(State(app): State<App>) -> Json<Status> {
+    Json(current_status(&app))
+}
+
+pub fn current_status(app: &App) -> Status {
+    let metrics = app.raft.metrics().borrow().clone();
+    let membership = metrics.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let members = membership
+        .nodes()
+        .map(|(id, node)| Member {
+            id: *id,
+            addr: node.api_addr.clone(),
+            raft_addr: node.raft_addr.clone(),
+            role: if voters.contains(id) {
+                "voter"
+            } else {
+                "learner"
+            }
+            .into(),
+        })
+        .collect();
+    Status {
+        id: app.id,
+        leader: metrics.current_leader,
+        term: metrics.current_term,
+        last_log_index: metrics.last_log_index,
+        last_applied: metrics.last_applied.map(|log_id| log_id.index),
+        initialized: metrics.membership_config.log_id().is_some() || metrics.current_term > 0,
+        members,
+    }
+}
+
+/// `POST /cluster/init` with `{}`: every node of the config file becomes a voter,
+/// then the file's `[defaults]` are written once a leader is elected.
+pub async fn init(
+    State(app): State<App>,
+    ApiJson(_): ApiJson<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Json<Status>, ApiError> {
+    initialize(&app).await?;
+    Ok(Json(current_status(&app)))
+}
+
+/// Initialises a new cluster of the configured members and writes the defaults.
+pub async fn initialize(app: &App) -> Result<(), ApiError> {
+    let members = (*app.initial_members).clone();
+    match app.raft.initialize(members).await {
+        Ok(()) => {}
+        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
+            return Err(ApiError::Conflict {
+                code: "already_initialized",
+                message: "this node already belongs to an initialised cluster".into(),
+            })
+        }
+        Err(error) => return Err(ApiError::Internal(error.to_string())),
+    }
+    tracing::info!(members = ?app.initial_members.keys(), "cluster initialised");
+    write_defaults(app, &app.defaults).await
+}
+
+/// Proposes `SetDefaults` through whichever node leads, once one does.
+async fn write_defaults(app: &App, defaults: &KeyConfig) -> Result<(), ApiError> {
+    let deadline = Instant::now() + Duration::from_millis(INIT_DEFAULTS_TIMEOUT_MS);
+    let mut last_error = ApiError::NoQuorum;
+    while Instant::now() < deadline {
+        let leadership = *app.leadership.borrow();
+        let outcome = match leadership.leader {
+            None => Err(ApiError::NoQuorum),
+            Some(_) if leadership.is_leader => {
+                let command = Command::SetDefaults {
+                    defaults: defaults.clone(),
+                };
+                write(app, command).await.map(|_| ())
+            }
+            Some(leader) => defaults_via(app, leader, defaults).await,
+        };
+        match outcome {
+            Ok(()) => return Ok(()),
+            Err(error) => last_error = error,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last_error)
+}
+
+async fn defaults_via(app: &App, leader: NodeId, defaults: &KeyConfig) -> Result<(), ApiError> {
+    let peer = app.peer(leader).ok_or(ApiError::NoQuorum)?;
+    let url = format!("http://{}/cluster/defaults", peer.api_addr);
+    let answer = reqwest::Client::new()
+        .put(url)
+        .header(SECRET_HEADER, bearer(&app.secret))
+        .timeout(Duration::from_secs(5))
+        .json(defaults)
+        .send()
+        .await
+        .map_err(|_| ApiError::NoQuorum)?;
+    if answer.status().is_success() {
+        Ok(())
+    } else {
+        Err(ApiError::NoQuorum)
+    }
+}
+
+/// `PUT /cluster/defaults`: replaces the replicated key defaults (leader only).
+pub async fn put_defaults(
+    State(app): State<App>,
+    ApiJson(update): ApiJson<KeyConfigUpdate>,
+) -> Result<Json<KeyConfig>, ApiError> {
+    let defaults = update.resolve(&KeyConfig::default());
+    validate_key_config(&defaults)?;
+    let command = Command::SetDefaults {
+        defaults: defaults.clone(),
+    };
+    write(&app, command).await?;
+    Ok(Json(defaults))
+}
+
+/// `POST /cluster/members` (leader only).
+#[derive(Debug, Deserialize)]
+#[serde(tag = "action", rename_all = "camelCase", deny_unknown_fields)]
+pub enum MembershipChange {
+    /// Adds a node as a learner and waits until it has caught up.
+    #[serde(rename_all = "camelCase")]
+    AddLearner {
+        id: NodeId,
+        api_addr: String,
+        raft_addr: String,
+    },
+    /// Makes exactly these nodes the voters; every one must already be a member.
+    #[serde(rename_all = "camelCase")]
+    ChangeMembership { voters: BTreeSet<NodeId> },
+}
+
+pub async fn members(
+    State(app): State<App>,
+    ApiJson(change): ApiJson<MembershipChange>,
+) -> Result<Json<Status>, ApiError> {
+    let result = match change {
+        MembershipChange::AddLearner {
+            id,
+            api_addr,
+            raft_addr,
+        } => {
+            let node = PeerNode {
+                api_addr,
+                raft_addr,
+            };
+            app.raft.add_learner(id, node, true).await
+        }
+        MembershipChange::ChangeMembership { voters } => {
+            if voters.is_empty() {
+                return Err(ApiError::BadRequest("voters must not be empty".into()));
+            }
+            app.raft.change_membership(voters, false).await
+        }
+    };
+    match result {
+        Ok(_) => Ok(Json(current_status(&app))),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+            Err(match forward.leader_id {
+                Some(leader) => ApiError::NotLeader {
+                    leader: Some(leader),
+                },
+                None => ApiError::NoQuorum,
+            })
+        }
+        Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(error))) => {
+            Err(ApiError::Conflict {
+                code: "membership_conflict",
+                message: error.to_string(),
+            })
+        }
+        Err(RaftError::Fatal(_)) => Err(ApiError::ShuttingDown),
+    }
+}

@@ -1,0 +1,166 @@
+//! The HTTP surface: the public router (v1, `/cluster`, metrics, health) and the
+//! internal router (`/raft`, `/cluster`) that peers call.
+//!
+//! Layers, outermost first: a trace span per request, the body limit, then per
+//! route group the secret check (`/raft`, `/cluster`) and forwarding to the
+//! leader (v1, membership). Unknown routes and methods answer the JSON error shape.
+
+pub mod cluster;
+pub mod error;
+pub mod extract;
+pub mod forward;
+pub mod semaphores;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use permitd_core::limits::MAX_BODY_BYTES;
+use serde_json::json;
+use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use tracing::Level;
+
+use crate::app::App;
+use error::ApiError;
+
+/// Largest body a peer may send on the internal listener (append entries carry
+/// whole rounds; snapshots come in chunks).
+pub const MAX_RAFT_BODY_BYTES: usize = 128 * 1024 * 1024;
+
+/// The public API, served on `api_addr`.
+pub fn public_router(app: App) -> Router {
+    let v1 = Router::new()
+        .route("/v1/semaphores", get(semaphores::list))
+        .route("/v1/semaphores/{key}", post(semaphores::post))
+        .route("/v1/semaphores/{key}/usage", get(semaphores::usage))
+        .route(
+            "/v1/semaphores/{key}/config",
+            get(semaphores::get_config).put(semaphores::put_config),
+        )
+        .route(
+            "/v1/semaphores/{key}/groups/{group}",
+            put(semaphores::put_group).delete(semaphores::delete_group),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            app.clone(),
+            forward::to_leader,
+        ));
+    Router::new()
+        .merge(v1)
+        .merge(cluster_router(app.clone()))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(trace_layer())
+        .with_state(app)
+}
+
+/// The peer-facing API, served on `raft_addr`; every route needs the secret.
+pub fn internal_router(app: App) -> Router {
+    let raft = crate::raft::inbound::router()
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_secret));
+    Router::new()
+        .merge(raft)
+        .merge(cluster_router(app.clone()))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
+        .layer(trace_layer())
+        .with_state(app)
+}
+
+fn cluster_router(app: App) -> Router<App> {
+    let leader_only = Router::new()
+        .route("/cluster/members", post(cluster::members))
+        .route("/cluster/defaults", put(cluster::put_defaults))
+        .route_layer(middleware::from_fn_with_state(
+            app.clone(),
+            forward::to_leader,
+        ));
+    Router::new()
+        .route("/cluster/status", get(cluster::status))
+        .route("/cluster/init", post(cluster::init))
+        .merge(leader_only)
+        .route_layer(middleware::from_fn_with_state(app, require_secret))
+}
+
+fn trace_layer(
+) -> TraceLayer<tower_http::classify::SharedClassifier<tower_http::classify::ServerErrorsAsFailures>>
+{
+    TraceLayer::new_for_http()
+        .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+        .on_response(DefaultOnResponse::new().level(Level::DEBUG))
+}
+
+/// Rejects calls without the cluster secret (401).
+async fn require_secret(State(app): State<App>, request: Request, next: Next) -> Response {
+    let expected = crate::raft::bearer(&app.secret);
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|value| value.as_bytes())
+        .unwrap_or_default();
+    if !constant_time_eq(given, expected.as_bytes()) {
+        return ApiError::Unauthorized("the cluster secret is missing or wrong").into_response();
+    }
+    next.run(request).await
+}
+
+/// Compares without an early exit, so the time taken does not reveal the prefix.
+fn constant_time_eq(left: &[u8], right: &[u8]) -> bool {
+    left.len() == right.len()
+        && left
+            .iter()
+            .zip(right)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+async fn metrics(State(app): State<App>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.metrics.render(),
+    )
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// Ready when a leader is known: requests can be served or forwarded.
+async fn readyz(State(app): State<App>) -> Response {
+    let leadership = *app.leadership.borrow();
+    match leadership.leader {
+        Some(leader) => Json(json!({"status": "ready", "leader": leader})).into_response(),
+        None => {
+            let mut response = ApiError::NoQuorum.into_response();
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response
+        }
+    }
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::NotFound(format!("no route for {}", request.uri().path()))
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

@@ -1,0 +1,251 @@
+//! `/v1/semaphores`: requests and syncs, usage, key and group configuration.
+//!
+//! These handlers run on the leader (followers forward). Everything is validated
+//! before it is proposed, so a rejected call changes nothing; reads wait for
+//! `ensure_linearizable` so they see every write acknowledged before them.
+
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
+use permitd_core::limits::MAX_KEYS;
+use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
+use permitd_core::validate::{
+    parse_request, validate_group, validate_group_config, validate_key, validate_key_config,
+};
+use permitd_core::Usage;
+use permitd_storage::{Command, CommandResult};
+use serde::{Deserialize, Serialize};
+
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath, JsonBytes};
+use crate::app::App;
+use crate::propose::propose;
+
+/// How long a linearizable read waits for the leader to confirm its leadership.
+pub const LINEARIZABLE_TIMEOUT_MS: u64 = 5_000;
+/// Keys per page of `GET /v1/semaphores` when the caller names no `limit`.
+pub const DEFAULT_LIST_KEYS: usize = 1_000;
+/// Most keys per page of `GET /v1/semaphores`.
+pub const MAX_LIST_KEYS: usize = 10_000;
+
+/// `POST /v1/semaphores/{key}`: a `request` waits for the key's round, a `sync`
+/// is proposed at once.
+pub async fn post(
+    State(app): State<App>,
+    ApiPath(key): ApiPath<String>,
+    JsonBytes(body): JsonBytes,
+) -> Result<Json<SemaphoreResponse>, ApiError> {
+    validate_key(&key)?;
+    let message = parse_request(&body)?;
+    check_room_for(&app, &key)?;
+    match message {
+        SemaphoreRequest::Request(request) => {
+            let answer = app.rounds.request(&key, request).await?;
+            Ok(Json(SemaphoreResponse::Grant(answer)))
+        }
+        SemaphoreRequest::Sync(sync) => {
+            let command = Command::Sync {
+                now_ms: crate::now_ms(),
+                key,
+                sync,
+            };
+            match write(&app, command).await? {
+                CommandResult::Synced { answer } => Ok(Json(SemaphoreResponse::Synced(answer))),
+                other => Err(unexpected(other)),
+            }
+        }
+    }
+}
+
+/// A new key may not push the cluster past `MAX_KEYS`.
+fn check_room_for(app: &App, key: &str) -> Result<(), ApiError> {
+    let full = app
+        .state
+        .read(|semaphores| semaphores.key(key).is_none() && semaphores.keys().len() >= MAX_KEYS);
+    if full {
+        return Err(ApiError::TooMany {
+            code: "too_many_keys",
+            message: format!("the cluster already holds {MAX_KEYS} keys"),
+        });
+    }
+    Ok(())
+}
+
+/// `GET /v1/semaphores/{key}/usage`, linearizable.
+pub async fn usage(
+    State(app): State<App>,
+    ApiPath(key): ApiPath<String>,
+) -> Result<Json<Usage>, ApiError> {
+    validate_key(&key)?;
+    linearizable(&app).await?;
+    let now_ms = crate::now_ms();
+    Ok(Json(
+        app.state.read(|semaphores| semaphores.usage(&key, now_ms)),
+    ))
+}
+
+/// `GET /v1/semaphores/{key}/config`, linearizable.
+pub async fn get_config(
+    State(app): State<App>,
+    ApiPath(key): ApiPath<String>,
+) -> Result<Json<KeyConfig>, ApiError> {
+    validate_key(&key)?;
+    linearizable(&app).await?;
+    Ok(Json(
+        app.state.read(|semaphores| semaphores.config(&key).clone()),
+    ))
+}
+
+/// `PUT /v1/semaphores/{key}/config`: replaces the key's configuration.
+pub async fn put_config(
+    State(app): State<App>,
+    ApiPath(key): ApiPath<String>,
+    ApiJson(update): ApiJson<KeyConfigUpdate>,
+) -> Result<Json<KeyConfig>, ApiError> {
+    validate_key(&key)?;
+    let resolved = app
+        .state
+        .read(|semaphores| update.resolve(semaphores.defaults()));
+    validate_key_config(&resolved)?;
+    check_room_for(&app, &key)?;
+    match write(&app, Command::SetKeyConfig { key, update }).await? {
+        CommandResult::KeyConfig { config } => Ok(Json(config)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `PUT /v1/semaphores/{key}/groups/{group}`: one group's cap and permission.
+pub async fn put_group(
+    State(app): State<App>,
+    ApiPath((key, group)): ApiPath<(String, String)>,
+    ApiJson(config): ApiJson<GroupConfig>,
+) -> Result<Json<GroupConfig>, ApiError> {
+    validate_key(&key)?;
+    validate_group(&group)?;
+    validate_group_config(&config)?;
+    check_room_for(&app, &key)?;
+    let command = Command::SetGroup {
+        key,
+        group,
+        config: config.clone(),
+    };
+    match write(&app, command).await? {
+        CommandResult::Done => Ok(Json(config)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// `DELETE /v1/semaphores/{key}/groups/{group}`: back to no cap, permitted.
+pub async fn delete_group(
+    State(app): State<App>,
+    ApiPath((key, group)): ApiPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    validate_key(&key)?;
+    validate_group(&group)?;
+    match write(&app, Command::RemoveGroup { key, group }).await? {
+        CommandResult::Done => Ok(StatusCode::NO_CONTENT),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Paging of `GET /v1/semaphores`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only keys sorting after this one.
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KeyUsage {
+    key: String,
+    usage: Usage,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KeyList {
+    keys: Vec<KeyUsage>,
+    /// Present when more keys follow: pass it as `after`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
+}
+
+/// `GET /v1/semaphores`: keys in order, with their usage; linearizable.
+pub async fn list(
+    State(app): State<App>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<KeyList>, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let limit = query
+        .limit
+        .unwrap_or(DEFAULT_LIST_KEYS)
+        .clamp(1, MAX_LIST_KEYS);
+    linearizable(&app).await?;
+    let now_ms = crate::now_ms();
+    let list = app.state.read(|semaphores| {
+        let start = query
+            .after
+            .as_deref()
+            .map_or(std::ops::Bound::Unbounded, |after| {
+                std::ops::Bound::Excluded(after.to_owned())
+            });
+        let mut keys: Vec<KeyUsage> = semaphores
+            .keys()
+            .range((start, std::ops::Bound::Unbounded))
+            .take(limit + 1)
+            .map(|(key, _)| KeyUsage {
+                key: key.clone(),
+                usage: semaphores.usage(key, now_ms),
+            })
+            .collect();
+        let next = (keys.len() > limit).then(|| {
+            keys.truncate(limit);
+            keys.last().map(|last| last.key.clone())
+        });
+        KeyList {
+            keys,
+            next: next.flatten(),
+        }
+    });
+    Ok(Json(list))
+}
+
+/// Waits until this node has confirmed it still leads, so a read that follows sees
+/// every entry committed before the call.
+pub async fn linearizable(app: &App) -> Result<(), ApiError> {
+    use openraft::error::{CheckIsLeaderError, RaftError};
+    let timeout = Duration::from_millis(LINEARIZABLE_TIMEOUT_MS);
+    let result = tokio::time::timeout(timeout, app.raft.ensure_linearizable())
+        .await
+        .map_err(|_| ApiError::NoQuorum)?;
+    match result {
+        Ok(_) => Ok(()),
+        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+            Err(match forward.leader_id {
+                Some(leader) => ApiError::NotLeader {
+                    leader: Some(leader),
+                },
+                None => ApiError::NoQuorum,
+            })
+        }
+        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => Err(ApiError::NoQuorum),
+        Err(RaftError::Fatal(_)) => Err(ApiError::ShuttingDown),
+    }
+}
+
+/// Proposes `command`; a rejection inside apply is a 400 (nothing changed).
+pub async fn write(app: &App, command: Command) -> Result<CommandResult, ApiError> {
+    let (result, _) = propose(&app.raft, &app.leadership, command).await?;
+    match result {
+        CommandResult::Rejected { message } => Err(ApiError::BadRequest(message)),
+        result => Ok(result),
+    }
+}
+
+fn unexpected(result: CommandResult) -> ApiError {
+    ApiError::Internal(format!("unexpected apply result {result:?}"))
+}

@@ -1,0 +1,176 @@
+//! One running node: storage opened, Raft started, the leader-side tasks spawned,
+//! both HTTP listeners serving. [`App`] is the state every handler shares.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use permitd_core::KeyConfig;
+use permitd_storage::{NodeId, PeerNode, SharedState};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::api::forward::Forwarder;
+use crate::config::RaftTimings;
+use crate::leadership::{watch_leadership, Leadership};
+use crate::raft::network::Network;
+use crate::raft::Raft;
+use crate::rounds::Rounds;
+
+/// Everything needed to start one node.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    pub id: NodeId,
+    pub api_addr: String,
+    pub raft_addr: String,
+    pub data_dir: PathBuf,
+    pub secret: String,
+    pub timings: RaftTimings,
+    /// Written into the replicated state right after initialisation.
+    pub defaults: KeyConfig,
+    /// The voters `/cluster/init` creates: every node of the config file.
+    pub initial_members: BTreeMap<NodeId, PeerNode>,
+    /// Initialise a new cluster of `initial_members` at start (embedded mode).
+    pub initialize_at_start: bool,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("http client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+/// The state every handler shares; cheap to clone.
+#[derive(Clone)]
+pub struct App {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub state: SharedState,
+    pub leadership: watch::Receiver<Leadership>,
+    pub rounds: Rounds,
+    pub forwarder: Forwarder,
+    pub secret: Arc<str>,
+    pub initial_members: Arc<BTreeMap<NodeId, PeerNode>>,
+    pub defaults: Arc<KeyConfig>,
+    pub metrics: PrometheusHandle,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("id", &self.id)
+            .field("leadership", &*self.leadership.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl App {
+    /// The peer entry of `id` in the current membership.
+    pub fn peer(&self, id: NodeId) -> Option<PeerNode> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .cloned()
+    }
+}
+
+/// A started node and its bound listeners.
+#[derive(Debug)]
+pub struct Started {
+    pub app: App,
+    pub api_listener: TcpListener,
+    pub raft_listener: TcpListener,
+}
+
+/// Opens storage, starts Raft and the leader-side tasks, binds both listeners.
+pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
+    let api_listener = bind(&settings.api_addr).await?;
+    let raft_listener = bind(&settings.raft_addr).await?;
+    let options = permitd_storage::Options {
+        dir: settings.data_dir.clone(),
+    };
+    let opened = permitd_storage::open(&options)
+        .await
+        .map_err(|error| StartError::Storage(error.to_string()))?;
+    let timings = &settings.timings;
+    let network = Network::new(
+        settings.secret.clone(),
+        Duration::from_millis(timings.rpc_timeout_ms),
+    )?;
+    let raft = Raft::new(
+        settings.id,
+        Arc::new(raft_config(timings)?),
+        network,
+        opened.log,
+        opened.state_machine,
+    )
+    .await
+    .map_err(|error| StartError::Raft(error.to_string()))?;
+    let leadership = watch_leadership(&raft);
+    let state = opened.state;
+    let rounds = Rounds::start(raft.clone(), state.clone(), leadership.clone());
+    crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
+    crate::events::start(state.clone());
+    let app = App {
+        id: settings.id,
+        raft,
+        state,
+        leadership,
+        rounds,
+        forwarder: Forwarder::new()?,
+        secret: settings.secret.as_str().into(),
+        initial_members: Arc::new(settings.initial_members.clone()),
+        defaults: Arc::new(settings.defaults.clone()),
+        metrics: crate::metrics::install(),
+    };
+    Ok(Started {
+        app,
+        api_listener,
+        raft_listener,
+    })
+}
+
+fn raft_config(timings: &RaftTimings) -> Result<openraft::Config, StartError> {
+    let config = openraft::Config {
+        cluster_name: "permitd".into(),
+        heartbeat_interval: timings.heartbeat_interval_ms,
+        election_timeout_min: timings.election_timeout_min_ms,
+        election_timeout_max: timings.election_timeout_max_ms,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(timings.snapshot_every_logs),
+        max_in_snapshot_log_to_keep: 1_000,
+        ..Default::default()
+    };
+    config
+        .validate()
+        .map_err(|error| StartError::Raft(error.to_string()))
+}
+
+async fn bind(addr: &str) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })
+}
+
+/// The address a listener actually got (port 0 resolves here).
+pub fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
+    listener.local_addr().ok()
+}

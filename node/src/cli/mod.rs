@@ -1,0 +1,51 @@
+//! The command line: `permitd serve` (one node) and `permitd up` (a whole cluster
+//! of child processes).
+
+pub mod serve;
+pub mod up;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// permitd: a Raft-replicated concurrency-budget service.
+#[derive(Debug, Parser)]
+#[command(name = "permitd", version, about)]
+pub struct Cli {
+    /// Log line format; the filter comes from RUST_LOG (default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one node. Without --config: a single self-initialising node in ./data.
+    Serve(serve::ServeArgs),
+    /// Start every node of a cluster file as a child process; Ctrl+C stops them all.
+    Up {
+        #[arg(long, default_value = "cluster.toml")]
+        config: PathBuf,
+    },
+}
+
+/// Installs the tracing subscriber: `RUST_LOG` filter, text or JSON lines.
+pub fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

@@ -1,0 +1,179 @@
+//! `cluster.toml`: the nodes of a cluster, its secret, Raft timings and key defaults.
+//!
+//! One file describes the whole cluster so that `permitd up` can start every node
+//! and `permitd serve --id N` can find its own addresses and its peers'. Relative
+//! data directories are resolved against the file's folder, so the same file works
+//! from any working directory.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use permitd_core::config::{KeyConfig, KeyConfigUpdate};
+use permitd_core::validate::validate_key_config;
+use permitd_storage::{NodeId, PeerNode};
+use serde::Deserialize;
+
+/// Shortest accepted cluster secret, in bytes: a guessable secret is no secret.
+pub const MIN_SECRET_BYTES: usize = 16;
+
+/// What is wrong with a configuration file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole `cluster.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Shared by every node; required on every `/raft/` and `/cluster/` call.
+    pub secret: String,
+    #[serde(default)]
+    pub raft: RaftTimings,
+    /// Written into the replicated state when the cluster is initialised.
+    #[serde(default)]
+    pub defaults: KeyConfigUpdate,
+    #[serde(rename = "node")]
+    pub nodes: Vec<NodeConfig>,
+}
+
+/// One node's identity and addresses.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    /// `host:port` of the public v1 API.
+    pub api_addr: String,
+    /// `host:port` of the internal `/raft/` and `/cluster/` endpoints.
+    pub raft_addr: String,
+    /// Where the node keeps its sled database.
+    pub data_dir: PathBuf,
+}
+
+/// Raft timings, in milliseconds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RaftTimings {
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Timeout of one Raft RPC to a peer.
+    pub rpc_timeout_ms: u64,
+    /// Log entries between two snapshots.
+    pub snapshot_every_logs: u64,
+}
+
+impl Default for RaftTimings {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            rpc_timeout_ms: 1_000,
+            snapshot_every_logs: 5_000,
+        }
+    }
+}
+
+impl NodeConfig {
+    pub fn peer(&self) -> PeerNode {
+        PeerNode {
+            api_addr: self.api_addr.clone(),
+            raft_addr: self.raft_addr.clone(),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Reads, parses and checks a file; data directories become absolute.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut config: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for node in &mut config.nodes {
+            if node.data_dir.is_relative() {
+                node.data_dir = base.join(&node.data_dir);
+            }
+        }
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
+        if self.secret.len() < MIN_SECRET_BYTES {
+            return invalid(format!("secret must be at least {MIN_SECRET_BYTES} bytes"));
+        }
+        if self.nodes.is_empty() {
+            return invalid("at least one [[node]] is needed".into());
+        }
+        let ids: BTreeSet<NodeId> = self.nodes.iter().map(|node| node.id).collect();
+        if ids.len() != self.nodes.len() {
+            return invalid("node ids must be unique".into());
+        }
+        let raft = &self.raft;
+        if raft.heartbeat_interval_ms == 0
+            || raft.election_timeout_min_ms <= raft.heartbeat_interval_ms
+            || raft.election_timeout_max_ms <= raft.election_timeout_min_ms
+        {
+            return invalid("need 0 < heartbeat < election min < election max".into());
+        }
+        validate_key_config(&self.key_defaults())
+            .or_else(|error| invalid(format!("[defaults]: {error}")))
+    }
+
+    /// The `[defaults]` over the built-in key defaults.
+    pub fn key_defaults(&self) -> KeyConfig {
+        self.defaults.resolve(&KeyConfig::default())
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<&NodeConfig> {
+        self.nodes.iter().find(|node| node.id == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_repository_cluster_toml_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster.toml");
+        let config = ClusterConfig::load(&path).expect("cluster.toml loads");
+        assert_eq!(config.nodes.len(), 3);
+        assert!(config
+            .nodes
+            .iter()
+            .all(|node| node.data_dir.is_absolute()
+                || node.data_dir.starts_with(path.parent().unwrap())));
+    }
+
+    #[test]
+    fn short_secrets_and_duplicate_ids_are_rejected() {
+        let text = r#"secret = "short"
+            [[node]]
+            id = 1
+            api_addr = "127.0.0.1:1"
+            raft_addr = "127.0.0.1:2"
+            data_dir = "d""#;
+        let config: ClusterConfig = toml::from_str(text).unwrap();
+        assert!(config.check().is_err());
+    }
+}

@@ -1,0 +1,97 @@
+//! After-apply side effects on every node: the core's lifecycle events become
+//! tracing events, and the usage gauges of the keys an entry touched are refreshed.
+
+use std::sync::Arc;
+
+use permitd_core::Event;
+use permitd_storage::{Applied, SharedState};
+use tokio::sync::broadcast;
+
+/// Starts the task; it ends when the state machine's broadcast closes.
+pub fn start(state: SharedState) {
+    let applied = state.subscribe();
+    tokio::spawn(run(state, applied));
+}
+
+async fn run(state: SharedState, mut applied: broadcast::Receiver<Arc<Applied>>) {
+    loop {
+        match applied.recv().await {
+            Ok(entry) => {
+                for (key, event) in &entry.events {
+                    emit(entry.log_index, key, event);
+                }
+                refresh_usage(&state, &entry.keys);
+            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "applied-entry events skipped: the node fell behind");
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+fn refresh_usage(state: &SharedState, keys: &[String]) {
+    let now_ms = crate::now_ms();
+    for key in keys {
+        let usage = state.read(|semaphores| semaphores.usage(key, now_ms));
+        crate::metrics::key_usage(key, &usage);
+    }
+}
+
+fn emit(log_index: u64, key: &str, event: &Event) {
+    let name = event.name();
+    match event {
+        Event::Round {
+            requested,
+            granted,
+            usage,
+            ..
+        } => tracing::debug!(
+            event = name,
+            log_index,
+            key,
+            requested,
+            granted,
+            usage_granted = usage.granted,
+            usage_leased = usage.leased,
+            available = usage.available
+        ),
+        Event::Blocked {
+            group,
+            reason,
+            count,
+            ..
+        } => {
+            crate::metrics::blocked(reason.as_str(), *count);
+            tracing::debug!(
+                event = name,
+                log_index,
+                key,
+                group,
+                reason = reason.as_str(),
+                count
+            );
+        }
+        Event::GrantReclaimed {
+            grant_id,
+            client_id,
+            group,
+            permits,
+            ..
+        } => tracing::info!(event = name, log_index, key, %grant_id, client_id, group, permits),
+        Event::LeaseGranted {
+            lease_id,
+            client_id,
+            group,
+            permits,
+            ..
+        }
+        | Event::LeaseRetired {
+            lease_id,
+            client_id,
+            group,
+            permits,
+            ..
+        } => tracing::info!(event = name, log_index, key, %lease_id, client_id, group, permits),
+    }
+}

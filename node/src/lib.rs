@@ -1,0 +1,44 @@
+//! The permitd node: one member of a Raft group serving the v1 API.
+//!
+//! How a request flows through this crate:
+//! - [`api`] receives HTTP (on any node). A follower forwards v1 and membership
+//!   calls to the leader in one hop ([`api::forward`]);
+//! - on the leader, a `request` is parked in its key's pending list by [`rounds`],
+//!   whose per-key timer proposes one `Command::Round` entry for all requests
+//!   that arrived in the round's wait (rounds of several keys that fall due together
+//!   share an entry); a `sync` and configuration changes are proposed at once;
+//! - openraft replicates the entry through [`raft::network`] to the peers'
+//!   [`raft::inbound`] endpoints; every replica's state machine (storage crate)
+//!   applies it; the leader answers each waiting request with its part of the result;
+//! - [`reclaim`] keeps one timer per key at the earliest claim deadline of an
+//!   unclaimed grant and proposes a reclaim entry when it passes;
+//! - [`events`] turns every applied entry's lifecycle events into tracing events and
+//!   [`metrics`].
+//!
+//! Invariants:
+//! - only the leader holds pending requests; when it loses leadership every one of
+//!   them fails at once with `leader_changed`, and nothing is retried for the client;
+//! - rounds of one key never overlap, and start at least `roundPeriodMs` apart;
+//! - the node never touches sled: state is read through `permitd_storage::SharedState`
+//!   and changed only by log entries.
+
+pub mod api;
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod events;
+pub mod leadership;
+pub mod metrics;
+pub mod propose;
+pub mod raft;
+pub mod reclaim;
+pub mod rounds;
+pub mod shutdown;
+
+/// Milliseconds since the Unix epoch by this node's clock: the `now` of entries
+/// this node proposes as leader.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}

@@ -1,0 +1,180 @@
+//! The seed's account-concurrency example end to end over HTTP: one key per
+//! account, workflow caps as group limits, a workflow that is not permitted,
+//! cumulative reports, and the claim-deadline reclaim.
+
+use std::time::Duration;
+
+use permitd_tests::{eventually, granted, request, Cluster, Settings};
+use serde_json::{json, Value};
+
+const KEY: &str = "account-42";
+
+fn grant_of<'a>(answer: &'a Value, group: &str) -> &'a Value {
+    answer["grants"]
+        .as_array()
+        .and_then(|grants| grants.iter().find(|grant| grant["group"] == group))
+        .unwrap_or_else(|| panic!("no grant for {group} in {answer}"))
+}
+
+fn blocked_reason(answer: &Value, group: &str) -> Option<String> {
+    answer["blocked"].as_array().and_then(|blocked| {
+        blocked
+            .iter()
+            .find(|entry| entry["group"] == group)
+            .and_then(|entry| entry["reason"].as_str().map(str::to_owned))
+    })
+}
+
+async fn configure(cluster: &Cluster, leader: u64) {
+    let config =
+        json!({"limit": 10, "roundWaitMs": 300, "roundPeriodMs": 20, "grantTimeoutMs": 2000});
+    let answer = cluster
+        .put(leader, &format!("/v1/semaphores/{KEY}/config"), &config)
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["limit"], 10);
+    let capped = cluster
+        .put(
+            leader,
+            &format!("/v1/semaphores/{KEY}/groups/wf-capped"),
+            &json!({"limit": 3}),
+        )
+        .await;
+    assert_eq!(capped.status, 200, "{}", capped.body);
+    let off = cluster
+        .put(
+            leader,
+            &format!("/v1/semaphores/{KEY}/groups/wf-off"),
+            &json!({"permitted": false}),
+        )
+        .await;
+    assert_eq!(off.status, 200, "{}", off.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn account_limits_workflow_caps_reports_and_reclaim() {
+    let cluster = Cluster::start(Settings::default()).await;
+    let leader = cluster.wait_for_leader().await;
+    let follower = cluster.follower_of(leader);
+    configure(&cluster, leader).await;
+
+    // Two runners ask within one round wait: runner-a's work is older.
+    let path = format!("/v1/semaphores/{KEY}");
+    let runner_a = request(
+        "runner-a",
+        &[("wf-capped", 5, 1_000), ("wf-open", 4, 1_000)],
+    );
+    let runner_b = request("runner-b", &[("wf-open", 10, 2_000), ("wf-off", 1, 2_000)]);
+    let (a, b) = tokio::join!(
+        cluster.post(leader, &path, &runner_a),
+        cluster.post(follower, &path, &runner_b)
+    );
+    assert_eq!((a.status, b.status), (200, 200), "{} {}", a.body, b.body);
+    assert_eq!(b.leader, Some(leader), "the follower names the leader");
+    assert_eq!(grant_of(&a.body, "wf-capped")["permits"], 3);
+    assert_eq!(
+        blocked_reason(&a.body, "wf-capped").as_deref(),
+        Some("group_limit")
+    );
+    assert_eq!(grant_of(&a.body, "wf-open")["permits"], 4);
+    assert_eq!(grant_of(&b.body, "wf-open")["permits"], 3);
+    assert_eq!(blocked_reason(&b.body, "wf-open").as_deref(), Some("limit"));
+    assert_eq!(
+        blocked_reason(&b.body, "wf-off").as_deref(),
+        Some("not_permitted")
+    );
+    assert_eq!(
+        granted(&a.body) + granted(&b.body),
+        10,
+        "exactly the account limit"
+    );
+    let fence = grant_of(&a.body, "wf-open")["fence"].as_u64().unwrap();
+    assert_eq!(
+        grant_of(&b.body, "wf-open")["fence"].as_u64(),
+        Some(fence),
+        "one round"
+    );
+
+    // Usage is the same from every node.
+    for node in [1, 2, 3] {
+        let usage = cluster.usage(node, KEY).await;
+        assert_eq!(usage["granted"], 10, "node {node}: {usage}");
+        assert_eq!(usage["available"], 0);
+        assert_eq!(
+            usage["groups"]["wf-capped"],
+            json!({"granted": 3, "limit": 3})
+        );
+        assert_eq!(usage["groups"]["wf-open"], json!({"granted": 7}));
+    }
+
+    // runner-a reports: the capped work finished, the open work runs.
+    let capped_id = grant_of(&a.body, "wf-capped")["grantId"].clone();
+    let open_id = grant_of(&a.body, "wf-open")["grantId"].clone();
+    let sync = json!({"type": "sync", "v": 1, "clientId": "runner-a", "grants": [
+        {"grantId": capped_id, "claimed": 3, "released": 3},
+        {"grantId": open_id, "claimed": 4, "released": 0}]});
+    let synced = cluster.post(follower, &path, &sync).await;
+    assert_eq!(synced.status, 200, "{}", synced.body);
+    assert_eq!(synced.body["type"], "synced");
+    let statuses: Vec<&str> = synced.body["grantResults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|result| result["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["ok", "ok"]);
+    // The same report again frees nothing twice; another client's report is unknown.
+    assert_eq!(cluster.post(leader, &path, &sync).await.status, 200);
+    let stolen = json!({"type": "sync", "v": 1, "clientId": "runner-b", "grants": [
+        {"grantId": open_id, "claimed": 4, "released": 4}]});
+    let stolen = cluster.post(leader, &path, &stolen).await;
+    assert_eq!(stolen.body["grantResults"][0]["status"], "not_found");
+    assert_eq!(cluster.usage(follower, KEY).await["granted"], 7);
+
+    // runner-b never claims its grant: the reclaim timer returns it, with no
+    // request from anyone (the log grows by a reclaim entry, and a follower's
+    // gauge, refreshed only when an entry touching the key applies, drops).
+    let index_before = cluster.status(leader).await.unwrap()["lastLogIndex"].as_u64();
+    let reclaimed = eventually(Duration::from_secs(10), || async {
+        let metrics = cluster
+            .http
+            .get(format!("{}/metrics", cluster.node(follower).url()))
+            .send()
+            .await;
+        let Ok(metrics) = metrics else { return false };
+        let text = metrics.text().await.unwrap_or_default();
+        text.contains(&format!("permitd_key_granted{{key=\"{KEY}\"}} 4"))
+    })
+    .await;
+    assert!(reclaimed, "the follower saw the reclaim entry apply");
+    let index_after = cluster.status(leader).await.unwrap()["lastLogIndex"].as_u64();
+    assert!(index_after > index_before, "a reclaim entry was appended");
+    assert_eq!(cluster.usage(leader, KEY).await["granted"], 4);
+
+    // A late claim of the reclaimed grant finds nothing: with no permit claimed,
+    // the reclaim removed the grant whole.
+    let late_id = grant_of(&b.body, "wf-open")["grantId"].clone();
+    let late = json!({"type": "sync", "v": 1, "clientId": "runner-b", "grants": [
+        {"grantId": late_id, "claimed": 3, "released": 0}]});
+    let late = cluster.post(follower, &path, &late).await;
+    assert_eq!(
+        late.body["grantResults"][0]["status"], "not_found",
+        "{}",
+        late.body
+    );
+    assert_eq!(late.body["grantResults"][0]["claimed"], 0);
+
+    // The freed room goes to the next runner.
+    let next = cluster
+        .post(
+            follower,
+            &path,
+            &request("runner-c", &[("wf-open", 10, 3_000)]),
+        )
+        .await;
+    assert_eq!(granted(&next.body), 6, "{}", next.body);
+    assert_eq!(
+        blocked_reason(&next.body, "wf-open").as_deref(),
+        Some("limit")
+    );
+}

@@ -1,0 +1,156 @@
+//! The two ways to run permitd without a harness: `permitd up` (a cluster of
+//! child processes) and `permitd serve` with no config (one embedded node).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use permitd_tests::{eventually, free_port, granted, permitd_bin, request, write_cluster_file};
+
+/// Kills the child on drop, whatever the test did.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sigterm(child: &Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal sent");
+}
+
+/// Waits for the child to exit by itself; kills it after `timeout`.
+fn wait_exit(guard: &mut Guard, timeout: Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(status)) = guard.0.try_wait() {
+            return status.success();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Reads `up`'s stdout until the line containing `needle`.
+fn read_until(lines: &mut impl Iterator<Item = std::io::Result<String>>, needle: &str) -> String {
+    for line in lines {
+        let line = line.expect("stdout line");
+        if line.contains(needle) {
+            return line;
+        }
+    }
+    panic!("stdout ended before {needle:?}");
+}
+
+fn up(config: &std::path::Path) -> (Guard, impl Iterator<Item = std::io::Result<String>>) {
+    let mut child = Command::new(permitd_bin())
+        .args(["up", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("permitd up starts");
+    let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    (Guard(child), lines)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_initialises_once_serves_and_stops_every_node() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (config, urls) = write_cluster_file(dir.path(), 3);
+    let http = reqwest::Client::new();
+    let (mut guard, mut lines) = up(&config);
+    read_until(&mut lines, "initialised a new cluster");
+    let leader_line = read_until(&mut lines, "leader is node");
+    assert!(leader_line.contains("term"), "{leader_line}");
+    let answer = http
+        .post(format!("{}/v1/semaphores/up", urls[2]))
+        .json(&request("c", &[("g", 4, 1)]))
+        .send()
+        .await
+        .expect("node 3 answers");
+    let body: serde_json::Value = answer.json().await.expect("json");
+    assert_eq!(granted(&body), 4, "{body}");
+    sigterm(&guard.0);
+    assert!(
+        wait_exit(&mut guard, Duration::from_secs(30)),
+        "up exits cleanly"
+    );
+    for url in &urls {
+        assert!(
+            http.get(format!("{url}/healthz")).send().await.is_err(),
+            "{url} stopped"
+        );
+    }
+
+    // Up again on the same data: resumes, never re-initialises, keeps the grant.
+    let (mut guard, mut lines) = up(&config);
+    read_until(&mut lines, "resuming an existing cluster");
+    read_until(&mut lines, "leader is node");
+    let usage_ok = eventually(Duration::from_secs(10), || async {
+        let Ok(answer) = http
+            .get(format!("{}/v1/semaphores/up/usage", urls[0]))
+            .send()
+            .await
+        else {
+            return false;
+        };
+        let usage: serde_json::Value = answer.json().await.unwrap_or_default();
+        usage["granted"] == 4
+    })
+    .await;
+    assert!(usage_ok, "the grant survived the restart");
+    sigterm(&guard.0);
+    assert!(wait_exit(&mut guard, Duration::from_secs(30)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_without_config_initialises_itself_and_resumes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let api = format!("127.0.0.1:{}", free_port());
+    let raft = format!("127.0.0.1:{}", free_port());
+    let start = || {
+        Guard(
+            Command::new(permitd_bin())
+                .args(["serve", "--api-addr", &api, "--raft-addr", &raft])
+                .current_dir(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("permitd serve starts"),
+        )
+    };
+    let http = reqwest::Client::new();
+    let url = format!("http://{api}/v1/semaphores/solo");
+    let mut guard = start();
+    let served = eventually(Duration::from_secs(15), || async {
+        let Ok(answer) = http
+            .post(&url)
+            .json(&request("c", &[("g", 3, 1)]))
+            .send()
+            .await
+        else {
+            return false;
+        };
+        answer.status() == 200
+    })
+    .await;
+    assert!(served, "the embedded node serves without any setup");
+    assert!(dir.path().join("data").is_dir(), "state lives in ./data");
+    sigterm(&guard.0);
+    assert!(wait_exit(&mut guard, Duration::from_secs(15)));
+
+    let _guard = start();
+    let resumed = eventually(Duration::from_secs(15), || async {
+        let Ok(answer) = http.get(format!("{url}/usage")).send().await else {
+            return false;
+        };
+        let usage: serde_json::Value = answer.json().await.unwrap_or_default();
+        usage["granted"] == 3
+    })
+    .await;
+    assert!(resumed, "the restarted node kept its grant");
+}

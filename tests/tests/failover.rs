@@ -1,0 +1,114 @@
+//! SIGKILL of the leader: the requests waiting for a round fail at once, a new
+//! leader is elected and serves, and every grant acknowledged before the kill is
+//! still counted.
+
+use std::time::Duration;
+
+use permitd_tests::{eventually, granted, request, Cluster, Settings};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_fails_waiting_requests_and_loses_no_grant() {
+    let mut cluster = Cluster::start(Settings::default()).await;
+    let leader = cluster.wait_for_leader().await;
+    let follower = cluster.follower_of(leader);
+    let mut acknowledged = 0;
+    for client in 0..5 {
+        let answer = cluster
+            .post(
+                follower,
+                "/v1/semaphores/ha",
+                &request(&format!("c{client}"), &[("g", 3, 1)]),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        acknowledged += granted(&answer.body);
+    }
+    assert_eq!(acknowledged, 15);
+    // A key whose round waits long: its requests are parked on the leader.
+    let slow = json!({"roundWaitMs": 30000, "roundPeriodMs": 30000});
+    assert_eq!(
+        cluster
+            .put(follower, "/v1/semaphores/slow/config", &slow)
+            .await
+            .status,
+        200
+    );
+    let waiting = {
+        let url = format!("{}/v1/semaphores/slow", cluster.node(follower).url());
+        let http = cluster.http.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let answer = http
+                .post(url)
+                .json(&request("w", &[("g", 1, 1)]))
+                .send()
+                .await;
+            (
+                answer.map(|answer| {
+                    let retry = answer.headers().contains_key("retry-after");
+                    (answer.status().as_u16(), retry)
+                }),
+                started.elapsed(),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.kill(leader);
+    let (answer, waited) = waiting.await.unwrap();
+    let (status, retry_after) = answer.expect("the follower answers");
+    assert_eq!(status, 503, "the waiting request failed");
+    assert!(retry_after, "with Retry-After");
+    assert!(
+        waited < Duration::from_secs(20),
+        "it failed long before its round"
+    );
+
+    let new_leader = cluster.wait_for_leader().await;
+    assert_ne!(new_leader, leader);
+    let served = eventually(Duration::from_secs(10), || async {
+        let answer = cluster
+            .post(
+                follower,
+                "/v1/semaphores/ha",
+                &request("after", &[("g", 1, 1)]),
+            )
+            .await;
+        answer.status == 200 && granted(&answer.body) == 1
+    })
+    .await;
+    assert!(served, "the new leader serves");
+    for node in [new_leader, cluster.follower_of(new_leader)] {
+        let usage = cluster.usage(node, "ha").await;
+        assert_eq!(usage["granted"], acknowledged + 1, "node {node}: {usage}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_quorum_answers_no_quorum_with_retry_after() {
+    let mut cluster = Cluster::start(Settings::default()).await;
+    let leader = cluster.wait_for_leader().await;
+    let survivor = cluster.follower_of(leader);
+    let other = cluster
+        .nodes
+        .iter()
+        .map(|node| node.id)
+        .find(|id| *id != leader && *id != survivor)
+        .unwrap();
+    cluster.kill(leader);
+    cluster.kill(other);
+    // Once its election timeout passes, the survivor knows no leader.
+    let unready = eventually(Duration::from_secs(10), || async {
+        cluster.get(survivor, "/readyz").await.status == 503
+    })
+    .await;
+    assert!(unready, "the survivor stops being ready");
+    let body = request("c", &[("g", 1, 1)]);
+    let answer = cluster.post(survivor, "/v1/semaphores/alone", &body).await;
+    assert_eq!(
+        (answer.status, answer.code()),
+        (503, "no_quorum"),
+        "{answer:?}"
+    );
+    assert!(answer.retry_after.is_some(), "with Retry-After");
+}
