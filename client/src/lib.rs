@@ -1,4 +1,37 @@
-//! The library job runners embed: `SemaphoreClient` and `SemaphoreQueue`.
+//! `permitd-client`: what job runners embed to queue work under permitd's
+//! concurrency budgets, plus the `permitctl` admin tool (`src/bin`).
 //!
-//! Not built yet: the issue "client: SemaphoreClient, SemaphoreQueue and permitctl"
-//! fills this crate in.
+//! Two layers:
+//! - [`SemaphoreClient`] ([`client`]): every v1 call (request, sync, usage, key and
+//!   group configuration, key listing, cluster status) against a list of nodes.
+//!   It remembers the leader ([`leader`]), retries 503/429 answers and connection
+//!   failures with capped, jittered exponential backoff ([`backoff`]) inside a
+//!   per-call deadline, always sends a `requestId` so a retried request gets the
+//!   original answer, and honours each key's `nextRequestAt`.
+//! - [`SemaphoreQueue`] ([`queue`]): the seed's queue. Items `{id, key, group,
+//!   body}` wait for a permit; the queue asks each key's holder with its demand
+//!   and oldest enqueue time, draws lease permits locally (one per item), claims
+//!   grants, admits items through the application's [`Admission`], takes
+//!   `release(id)`, recovers lost releases via `finished`, heartbeats, returns
+//!   and settles leases, and survives restarts through a sled file.
+//!
+//! Data flow of one admission: `enqueue` → [`queue::state::QueueState`] (pure
+//! accounting) → a `request` → the holder's round → grants (claimed by a `sync`)
+//! or a lease (drawn locally) → `Admission::admit` → work → `release` → the
+//! next report returns the permit.
+//!
+//! The crate depends on `permitd-core` for the wire types only, never on the
+//! server crates. Errors: [`ClientError`] for calls, [`QueueError`] for the queue.
+
+pub mod backoff;
+pub mod client;
+pub mod error;
+pub mod leader;
+pub mod queue;
+
+pub use client::{ClientConfig, ClusterMember, ClusterStatus, KeyUsage, SemaphoreClient};
+pub use error::{ClientError, QueueError};
+pub use queue::{
+    Admission, AdmittedItem, EnqueueOutcome, ItemStatus, Permit, QueueConfig, QueueCounts,
+    QueueItem, ReleaseOutcome, SemaphoreQueue, ShutdownReport, StateConfig,
+};

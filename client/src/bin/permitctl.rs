@@ -1,0 +1,401 @@
+//! `permitctl`: inspect and configure a permitd cluster.
+//!
+//! Human tables by default, `--json` for scripts. Endpoints come from
+//! `--endpoints` or `PERMITD_ENDPOINTS` (comma-separated base URLs).
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use permitd_client::{ClientConfig, ClusterStatus, KeyUsage, SemaphoreClient};
+use permitd_core::config::LeasePolicy;
+use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
+use serde::Serialize;
+
+/// Inspect and configure a permitd cluster.
+#[derive(Debug, Parser)]
+#[command(name = "permitctl", version)]
+struct Cli {
+    /// Node API base URLs, comma-separated.
+    #[arg(
+        long,
+        env = "PERMITD_ENDPOINTS",
+        default_value = "http://127.0.0.1:7001"
+    )]
+    endpoints: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Bearer secret for `/cluster/` calls (the cluster file's `secret`).
+    #[arg(long, global = true, env = "PERMITD_SECRET", hide_env_values = true)]
+    secret: Option<String>,
+    /// Deadline of one call, retries included, in ms.
+    #[arg(long, global = true, default_value_t = 10_000)]
+    timeout_ms: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// A key's usage: limit, granted, leased, available, groups.
+    Usage { key: String },
+    /// A key's configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// A group's cap and permission.
+    #[command(subcommand)]
+    Group(GroupCommand),
+    /// Every key with its usage.
+    Keys,
+    /// The cluster: members, leader, term, indexes.
+    Status,
+    /// A key's usage, refreshed in place until interrupted.
+    Watch {
+        key: String,
+        /// Refresh period, in ms.
+        #[arg(long, default_value_t = 1_000)]
+        interval_ms: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    Get {
+        key: String,
+    },
+    /// Replaces the key's configuration; omitted fields take the cluster defaults.
+    Set(ConfigSet),
+}
+
+#[derive(Debug, Args)]
+struct ConfigSet {
+    key: String,
+    #[arg(long)]
+    limit: Option<u64>,
+    #[arg(long)]
+    round_wait_ms: Option<u64>,
+    #[arg(long)]
+    round_period_ms: Option<u64>,
+    #[arg(long)]
+    grant_timeout_ms: Option<u64>,
+    /// Lease policy as JSON (`{"provisioning":{"mode":"strict"},"ttlMs":60000}`),
+    /// or `none` to disable leases. Omitted: the cluster default.
+    #[arg(long)]
+    leases: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum GroupCommand {
+    /// Sets a group's cap (`--limit N` or `--unlimited`) and permission.
+    Set {
+        key: String,
+        group: String,
+        #[arg(
+            long,
+            conflicts_with = "unlimited",
+            required_unless_present = "unlimited"
+        )]
+        limit: Option<u64>,
+        #[arg(long)]
+        unlimited: bool,
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        permitted: bool,
+    },
+    /// Removes a group's settings (no cap, permitted).
+    Delete { key: String, group: String },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("permitctl: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    let mut config = ClientConfig::new([cli.endpoints.clone()]);
+    config.call_timeout = Duration::from_millis(cli.timeout_ms);
+    config.attempt_timeout = config.call_timeout;
+    config.secret = cli.secret.clone();
+    let client = SemaphoreClient::new(config)?;
+    let json = cli.json;
+    match cli.command {
+        Command::Usage { key } => {
+            let usage = client.usage(&key).await?;
+            print(json, &usage, || usage_table(&key, &usage))
+        }
+        Command::Config(ConfigCommand::Get { key }) => {
+            let config = client.key_config(&key).await?;
+            print(json, &config, || config_table(&key, &config))
+        }
+        Command::Config(ConfigCommand::Set(set)) => {
+            let update = KeyConfigUpdate {
+                limit: set.limit,
+                round_wait_ms: set.round_wait_ms,
+                round_period_ms: set.round_period_ms,
+                grant_timeout_ms: set.grant_timeout_ms,
+                leases: parse_leases(set.leases.as_deref())?,
+            };
+            let config = client.set_key_config(&set.key, &update).await?;
+            print(json, &config, || config_table(&set.key, &config))
+        }
+        Command::Group(GroupCommand::Set {
+            key,
+            group,
+            limit,
+            unlimited,
+            permitted,
+        }) => {
+            let config = GroupConfig {
+                limit: if unlimited { None } else { limit },
+                permitted,
+            };
+            let applied = client.set_group(&key, &group, &config).await?;
+            print(json, &applied, || {
+                let limit = applied
+                    .limit
+                    .map_or("none".into(), |limit| limit.to_string());
+                format!(
+                    "{key} / {group}: limit {limit}, permitted {}\n",
+                    applied.permitted
+                )
+            })
+        }
+        Command::Group(GroupCommand::Delete { key, group }) => {
+            client.delete_group(&key, &group).await?;
+            print(json, &serde_json::json!({"deleted": true}), || {
+                format!("{key} / {group}: settings removed\n")
+            })
+        }
+        Command::Keys => {
+            let keys = client.keys().await?;
+            print(json, &keys, || keys_table(&keys))
+        }
+        Command::Status => {
+            let status = client.cluster_status().await?;
+            print(json, &status, || status_table(&status))
+        }
+        Command::Watch { key, interval_ms } => watch(&client, &key, json, interval_ms).await,
+    }
+}
+
+fn parse_leases(text: Option<&str>) -> Result<Option<Option<LeasePolicy>>, serde_json::Error> {
+    match text {
+        None => Ok(None),
+        Some("none" | "null") => Ok(Some(None)),
+        Some(text) => serde_json::from_str(text).map(|policy| Some(Some(policy))),
+    }
+}
+
+fn print<V: Serialize>(
+    json: bool,
+    value: &V,
+    table: impl FnOnce() -> String,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        print!("{}", table());
+    }
+    Ok(())
+}
+
+async fn watch(
+    client: &SemaphoreClient,
+    key: &str,
+    json: bool,
+    interval_ms: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut ticker = tokio::time::interval(Duration::from_millis(interval_ms.max(100)));
+    let mut lines_drawn = 0usize;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+        let text = match client.usage(key).await {
+            Ok(usage) if json => serde_json::to_string(&usage)? + "\n",
+            Ok(usage) => usage_table(key, &usage),
+            Err(error) => format!("{key}: {error}\n"),
+        };
+        let mut out = std::io::stdout().lock();
+        if !json && lines_drawn > 0 {
+            // Move up over the previous table and clear to the end of the screen.
+            write!(out, "\x1b[{lines_drawn}A\x1b[J")?;
+        }
+        write!(out, "{text}")?;
+        out.flush()?;
+        lines_drawn = text.lines().count();
+    }
+}
+
+/// Renders rows as left-aligned columns under a header.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|cell| cell.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    let mut text = String::new();
+    let header: Vec<String> = header.iter().map(|cell| cell.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        text.push_str(cells.join("  ").trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+fn usage_table(key: &str, usage: &Usage) -> String {
+    let mut text = table(
+        &["KEY", "LIMIT", "GRANTED", "LEASED", "AVAILABLE"],
+        &[vec![
+            key.to_string(),
+            usage.limit.to_string(),
+            usage.granted.to_string(),
+            usage.leased.to_string(),
+            usage.available.to_string(),
+        ]],
+    );
+    if !usage.groups.is_empty() {
+        let rows: Vec<Vec<String>> = usage
+            .groups
+            .iter()
+            .map(|(group, usage)| {
+                vec![
+                    group.clone(),
+                    usage.granted.to_string(),
+                    usage.limit.map_or("-".into(), |limit| limit.to_string()),
+                ]
+            })
+            .collect();
+        text.push('\n');
+        text.push_str(&table(&["GROUP", "GRANTED", "LIMIT"], &rows));
+    }
+    text
+}
+
+fn config_table(key: &str, config: &KeyConfig) -> String {
+    let leases = match &config.leases {
+        None => "none".to_string(),
+        Some(policy) => serde_json::to_string(policy).unwrap_or_default(),
+    };
+    table(
+        &[
+            "KEY",
+            "LIMIT",
+            "ROUND WAIT MS",
+            "ROUND PERIOD MS",
+            "GRANT TIMEOUT MS",
+            "LEASES",
+        ],
+        &[vec![
+            key.to_string(),
+            config.limit.to_string(),
+            config.round_wait_ms.to_string(),
+            config.round_period_ms.to_string(),
+            config.grant_timeout_ms.to_string(),
+            leases,
+        ]],
+    )
+}
+
+fn keys_table(keys: &[KeyUsage]) -> String {
+    let rows: Vec<Vec<String>> = keys
+        .iter()
+        .map(|entry| {
+            vec![
+                entry.key.clone(),
+                entry.usage.limit.to_string(),
+                entry.usage.granted.to_string(),
+                entry.usage.leased.to_string(),
+                entry.usage.available.to_string(),
+            ]
+        })
+        .collect();
+    table(&["KEY", "LIMIT", "GRANTED", "LEASED", "AVAILABLE"], &rows)
+}
+
+fn status_table(status: &ClusterStatus) -> String {
+    let optional = |value: Option<u64>| value.map_or("-".into(), |value| value.to_string());
+    let mut text = table(
+        &["NODE", "LEADER", "TERM", "LAST LOG INDEX", "LAST APPLIED"],
+        &[vec![
+            status.id.to_string(),
+            optional(status.leader),
+            status.term.to_string(),
+            optional(status.last_log_index),
+            optional(status.last_applied),
+        ]],
+    );
+    let rows: Vec<Vec<String>> = status
+        .members
+        .iter()
+        .map(|member| {
+            vec![
+                member.id.to_string(),
+                member.addr.clone(),
+                member.role.clone(),
+            ]
+        })
+        .collect();
+    text.push('\n');
+    text.push_str(&table(&["MEMBER", "ADDR", "ROLE"], &rows));
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns() {
+        let text = table(&["A", "LONG"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(text, "A    LONG\nxyz  1\n");
+    }
+
+    #[test]
+    fn leases_flag_parses_none_and_json() {
+        assert_eq!(parse_leases(None).unwrap(), None);
+        assert_eq!(parse_leases(Some("none")).unwrap(), Some(None));
+        let policy = parse_leases(Some(r#"{"provisioning":{"mode":"strict"}}"#)).unwrap();
+        assert_eq!(policy.unwrap().unwrap().permits_per_lease, 64);
+        assert!(parse_leases(Some("{")).is_err());
+    }
+
+    #[test]
+    fn group_set_needs_a_limit_or_unlimited() {
+        assert!(Cli::try_parse_from(["permitctl", "group", "set", "k", "g"]).is_err());
+        let cli = Cli::try_parse_from([
+            "permitctl",
+            "group",
+            "set",
+            "k",
+            "g",
+            "--unlimited",
+            "--permitted",
+            "false",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Group(GroupCommand::Set {
+                unlimited: true,
+                permitted: false,
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,684 @@
+//! [`SemaphoreClient`]: every call of the v1 API against a list of nodes.
+//!
+//! One call is a loop of attempts inside a per-call deadline: pick a node (the
+//! remembered leader first, see [`crate::leader`]), send, and on a retryable
+//! failure (connection error, attempt timeout, 502/503/504, 429) back off with
+//! capped exponential jitter ([`crate::backoff`]), never sooner than the
+//! server's `Retry-After`, and try again. Anything else the server rejects ends
+//! the call with [`ClientError::Rejected`].
+//!
+//! Retries are safe: a `request` always carries a `requestId` (a fresh UUID v4
+//! when the caller set none), kept across the call's attempts, so the holder
+//! answers a retry of a committed round with the original answer; reports are
+//! cumulative and configuration writes replace whole values.
+//!
+//! `request` also honours the key's `nextRequestAt` from the previous answer: it
+//! waits until then before sending (the holder would not run the round sooner).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use permitd_core::protocol::{
+    PermitGrant, PermitRequest, PermitSync, PermitSyncResult, SemaphoreRequest, SemaphoreResponse,
+};
+use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::backoff::{Backoff, DEFAULT_INITIAL_DELAY_MS, DEFAULT_MAX_DELAY_MS};
+use crate::error::ClientError;
+use crate::leader::{parse_endpoints, Endpoint, LeaderHint, LeaderTracker, LEADER_HEADER};
+
+/// Default deadline of one call, retries included.
+pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 30_000;
+/// Default limit of one HTTP attempt. A request waits for its round (`roundWaitMs`,
+/// at least `roundPeriodMs` after the previous round), so this is generous.
+pub const DEFAULT_ATTEMPT_TIMEOUT_MS: u64 = 15_000;
+/// Default limit on opening a connection to one node.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
+/// Least time between two rounds of node-id discovery (`/cluster/status`).
+const NODE_ID_DISCOVERY_INTERVAL_MS: u64 = 30_000;
+/// Keys whose `nextRequestAt` is remembered before past entries are pruned.
+const MAX_REMEMBERED_KEYS: usize = 100_000;
+/// Longest error body kept in an error message, in bytes.
+const MAX_ERROR_BODY_BYTES: usize = 512;
+
+/// How a [`SemaphoreClient`] reaches the cluster.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Node API base URLs, such as `http://127.0.0.1:7001`.
+    pub endpoints: Vec<String>,
+    /// Deadline of one call, retries included.
+    pub call_timeout: Duration,
+    /// Limit of one HTTP attempt.
+    pub attempt_timeout: Duration,
+    /// Limit on opening a connection.
+    pub connect_timeout: Duration,
+    /// First retry delay, in ms.
+    pub backoff_initial_ms: u64,
+    /// Largest retry delay, in ms.
+    pub backoff_max_ms: u64,
+    /// Bearer token for `/cluster/` calls (the cluster's `secret`), if any.
+    pub secret: Option<String>,
+}
+
+impl ClientConfig {
+    /// Defaults for the given endpoints.
+    pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            call_timeout: Duration::from_millis(DEFAULT_CALL_TIMEOUT_MS),
+            attempt_timeout: Duration::from_millis(DEFAULT_ATTEMPT_TIMEOUT_MS),
+            connect_timeout: Duration::from_millis(DEFAULT_CONNECT_TIMEOUT_MS),
+            backoff_initial_ms: DEFAULT_INITIAL_DELAY_MS,
+            backoff_max_ms: DEFAULT_MAX_DELAY_MS,
+            secret: None,
+        }
+    }
+}
+
+/// One key and its usage, as `GET /v1/semaphores` lists them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyUsage {
+    pub key: String,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Deserialize)]
+struct KeysAnswer {
+    keys: Vec<KeyUsage>,
+}
+
+/// `GET /cluster/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// The answering node's id.
+    pub id: u64,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub last_log_index: Option<u64>,
+    pub last_applied: Option<u64>,
+    #[serde(default)]
+    pub members: Vec<ClusterMember>,
+}
+
+/// One member of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMember {
+    pub id: u64,
+    pub addr: String,
+    pub role: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ErrorAnswer {
+    error: ErrorBody,
+}
+
+#[derive(Debug, Deserialize)]
+struct ErrorBody {
+    code: String,
+    message: String,
+}
+
+/// A cheaply cloneable handle on the cluster; clones share the leader and the
+/// per-key `nextRequestAt`.
+#[derive(Debug, Clone)]
+pub struct SemaphoreClient {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    http: reqwest::Client,
+    config: ClientConfig,
+    /// A std mutex: held for a pick or an update, never across an await.
+    tracker: Mutex<LeaderTracker>,
+    /// Per key, ms since the epoch before which a request is not sent.
+    next_request_at_ms: Mutex<HashMap<String, u64>>,
+    /// When node ids were last asked for, to bound discovery.
+    last_discovery: Mutex<Option<Instant>>,
+}
+
+/// What one attempt came to.
+enum Attempt {
+    Done(Result<Vec<u8>, ClientError>),
+    Retry {
+        reason: String,
+        retry_after_ms: Option<u64>,
+    },
+}
+
+impl SemaphoreClient {
+    /// A client for `config`; fails on an empty or unparsable endpoint list.
+    pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
+        let mut endpoints = Vec::new();
+        for text in &config.endpoints {
+            endpoints.extend(parse_endpoints(text)?);
+        }
+        let tracker = LeaderTracker::new(endpoints)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|error| ClientError::Build(error.to_string()))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http,
+                config,
+                tracker: Mutex::new(tracker),
+                next_request_at_ms: Mutex::new(HashMap::new()),
+                last_discovery: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// A client with default settings for `endpoints`.
+    pub fn connect<S: Into<String>>(
+        endpoints: impl IntoIterator<Item = S>,
+    ) -> Result<Self, ClientError> {
+        Self::new(ClientConfig::new(endpoints))
+    }
+
+    /// The node currently asked first.
+    pub fn leader(&self) -> Option<String> {
+        let tracker = self.inner.tracker.lock().expect("tracker lock");
+        tracker
+            .leader()
+            .map(|endpoint| endpoint.as_str().to_string())
+    }
+
+    /// The key's `nextRequestAt` from its last answer, in ms since the epoch.
+    pub fn next_request_at_ms(&self, key: &str) -> Option<u64> {
+        let known = self.inner.next_request_at_ms.lock().expect("schedule lock");
+        known.get(key).copied()
+    }
+
+    /// Sends a `request` for `key` and waits for its round. Sets a `requestId`
+    /// when the caller set none; waits for the key's `nextRequestAt` first.
+    pub async fn request(
+        &self,
+        key: &str,
+        mut request: PermitRequest,
+    ) -> Result<PermitGrant, ClientError> {
+        if request.request_id.is_none() {
+            request.request_id = Some(uuid::Uuid::new_v4().to_string());
+        }
+        if let Some(wait_ms) = self
+            .next_request_at_ms(key)
+            .map(|at| at.saturating_sub(now_ms()))
+            .filter(|wait| *wait > 0)
+        {
+            tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+        }
+        let message = SemaphoreRequest::Request(request);
+        let answer: SemaphoreResponse = self
+            .call(
+                Method::POST,
+                &semaphore_path(key, None),
+                Some(&message),
+                false,
+            )
+            .await?;
+        match answer {
+            SemaphoreResponse::Grant(grant) => {
+                self.remember_next_request_at(key, grant.next_request_at_ms);
+                Ok(grant)
+            }
+            SemaphoreResponse::Synced(_) => {
+                Err(self.unexpected(key, "a synced answer to a request"))
+            }
+        }
+    }
+
+    /// Sends a `sync` (reports only) for `key`; applied without waiting for a round.
+    pub async fn sync(&self, key: &str, sync: PermitSync) -> Result<PermitSyncResult, ClientError> {
+        let message = SemaphoreRequest::Sync(sync);
+        let answer: SemaphoreResponse = self
+            .call(
+                Method::POST,
+                &semaphore_path(key, None),
+                Some(&message),
+                false,
+            )
+            .await?;
+        match answer {
+            SemaphoreResponse::Synced(result) => Ok(result),
+            SemaphoreResponse::Grant(_) => Err(self.unexpected(key, "a grant answer to a sync")),
+        }
+    }
+
+    /// The key's linearizable usage.
+    pub async fn usage(&self, key: &str) -> Result<Usage, ClientError> {
+        self.call::<(), _>(
+            Method::GET,
+            &semaphore_path(key, Some("usage")),
+            None,
+            false,
+        )
+        .await
+    }
+
+    /// The key's effective configuration.
+    pub async fn key_config(&self, key: &str) -> Result<KeyConfig, ClientError> {
+        self.call::<(), _>(
+            Method::GET,
+            &semaphore_path(key, Some("config")),
+            None,
+            false,
+        )
+        .await
+    }
+
+    /// Replaces the key's configuration (omitted fields take the cluster
+    /// defaults); answers the effective configuration once applied.
+    pub async fn set_key_config(
+        &self,
+        key: &str,
+        update: &KeyConfigUpdate,
+    ) -> Result<KeyConfig, ClientError> {
+        self.call(
+            Method::PUT,
+            &semaphore_path(key, Some("config")),
+            Some(update),
+            false,
+        )
+        .await
+    }
+
+    /// Sets one group's cap and permission.
+    pub async fn set_group(
+        &self,
+        key: &str,
+        group: &str,
+        config: &GroupConfig,
+    ) -> Result<GroupConfig, ClientError> {
+        let path = group_path(key, group);
+        let answer: serde_json::Value = self.call(Method::PUT, &path, Some(config), false).await?;
+        // Whatever the node echoes, what it applied is what was sent.
+        Ok(serde_json::from_value(answer).unwrap_or_else(|_| config.clone()))
+    }
+
+    /// Removes one group's settings (no cap, permitted).
+    pub async fn delete_group(&self, key: &str, group: &str) -> Result<(), ClientError> {
+        let path = group_path(key, group);
+        let _: serde_json::Value = self
+            .call::<(), _>(Method::DELETE, &path, None, false)
+            .await?;
+        Ok(())
+    }
+
+    /// Every key with state, with its usage.
+    pub async fn keys(&self) -> Result<Vec<KeyUsage>, ClientError> {
+        let path = ["v1", "semaphores"].map(String::from);
+        let answer: KeysAnswer = self.call::<(), _>(Method::GET, &path, None, false).await?;
+        Ok(answer.keys)
+    }
+
+    /// The cluster's membership, leader, term and indexes, as some node sees them.
+    pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
+        let path = ["cluster", "status"].map(String::from);
+        self.call::<(), _>(Method::GET, &path, None, true).await
+    }
+
+    /// The status of every endpoint, each asked directly (no leader routing);
+    /// a node that does not answer yields its error.
+    pub async fn cluster_status_of_each(
+        &self,
+    ) -> Vec<(String, Result<ClusterStatus, ClientError>)> {
+        let endpoints: Vec<Endpoint> = {
+            let tracker = self.inner.tracker.lock().expect("tracker lock");
+            tracker.endpoints().to_vec()
+        };
+        let mut answers = Vec::with_capacity(endpoints.len());
+        for endpoint in endpoints {
+            let answer = self.status_of(&endpoint).await;
+            if let Ok(status) = &answer {
+                let mut tracker = self.inner.tracker.lock().expect("tracker lock");
+                tracker.learn_node_id(&endpoint, status.id);
+            }
+            answers.push((endpoint.as_str().to_string(), answer));
+        }
+        answers
+    }
+
+    async fn status_of(&self, endpoint: &Endpoint) -> Result<ClusterStatus, ClientError> {
+        let url = endpoint.url(&["cluster", "status"]);
+        let mut builder = self
+            .inner
+            .http
+            .get(url.clone())
+            .timeout(self.inner.config.connect_timeout * 3);
+        if let Some(secret) = &self.inner.config.secret {
+            builder = builder.bearer_auth(secret);
+        }
+        let response = builder
+            .send()
+            .await
+            .map_err(|error| ClientError::DeadlineExceeded {
+                deadline: self.inner.config.connect_timeout * 3,
+                attempts: 1,
+                last: error.to_string(),
+            })?;
+        let status = response.status();
+        let body = response.bytes().await.unwrap_or_default();
+        if !status.is_success() {
+            return Err(rejected(status, &body));
+        }
+        decode(&url, &body)
+    }
+
+    fn remember_next_request_at(&self, key: &str, at_ms: u64) {
+        let mut known = self.inner.next_request_at_ms.lock().expect("schedule lock");
+        if known.len() >= MAX_REMEMBERED_KEYS {
+            let now = now_ms();
+            known.retain(|_, at| *at > now);
+        }
+        if known.len() < MAX_REMEMBERED_KEYS {
+            known.insert(key.to_string(), at_ms);
+        }
+    }
+
+    fn unexpected(&self, key: &str, reason: &str) -> ClientError {
+        ClientError::UnexpectedAnswer {
+            url: format!("/v1/semaphores/{key}"),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// One call: attempts with backoff until success, a final error or the deadline.
+    async fn call<B: Serialize, R: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &[String],
+        body: Option<&B>,
+        authorised: bool,
+    ) -> Result<R, ClientError> {
+        let config = &self.inner.config;
+        let body = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .expect("protocol values always serialise");
+        let started = Instant::now();
+        let deadline = started + config.call_timeout;
+        let mut backoff = Backoff::new(config.backoff_initial_ms, config.backoff_max_ms);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let endpoint = self.inner.tracker.lock().expect("tracker lock").pick();
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let timeout = remaining.min(config.attempt_timeout);
+            let segments: Vec<&str> = path.iter().map(String::as_str).collect();
+            let url = endpoint.url(&segments);
+            let attempt = self
+                .attempt(
+                    &endpoint,
+                    method.clone(),
+                    &url,
+                    body.as_deref(),
+                    authorised,
+                    timeout,
+                )
+                .await;
+            let (reason, retry_after_ms) = match attempt {
+                Attempt::Done(Ok(bytes)) => return decode(&url, &bytes),
+                Attempt::Done(Err(error)) => return Err(error),
+                Attempt::Retry {
+                    reason,
+                    retry_after_ms,
+                } => (reason, retry_after_ms),
+            };
+            let delay_ms = backoff.next_delay_ms(rand::random::<f64>(), retry_after_ms);
+            let wake = Instant::now() + Duration::from_millis(delay_ms);
+            if wake >= deadline {
+                return Err(ClientError::DeadlineExceeded {
+                    deadline: config.call_timeout,
+                    attempts,
+                    last: reason,
+                });
+            }
+            tracing::debug!(%url, attempts, delay_ms, %reason, "retrying");
+            tokio::time::sleep_until(wake.into()).await;
+        }
+    }
+
+    async fn attempt(
+        &self,
+        endpoint: &Endpoint,
+        method: Method,
+        url: &reqwest::Url,
+        body: Option<&[u8]>,
+        authorised: bool,
+        timeout: Duration,
+    ) -> Attempt {
+        let mut builder = self
+            .inner
+            .http
+            .request(method, url.clone())
+            .timeout(timeout);
+        if let Some(body) = body {
+            builder = builder
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_vec());
+        }
+        if authorised {
+            if let Some(secret) = &self.inner.config.secret {
+                builder = builder.bearer_auth(secret);
+            }
+        }
+        let response = match builder.send().await {
+            Ok(response) => response,
+            Err(error) => {
+                self.inner
+                    .tracker
+                    .lock()
+                    .expect("tracker lock")
+                    .failed(endpoint, None);
+                return Attempt::Retry {
+                    reason: format!("{endpoint:?}: {error}", endpoint = endpoint.as_str()),
+                    retry_after_ms: None,
+                };
+            }
+        };
+        let status = response.status();
+        let hint = response
+            .headers()
+            .get(LEADER_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(LeaderHint::parse);
+        let retry_after_ms = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .map(|seconds| seconds.saturating_mul(1_000));
+        let body = match response.bytes().await {
+            Ok(body) => body.to_vec(),
+            Err(error) => {
+                self.inner
+                    .tracker
+                    .lock()
+                    .expect("tracker lock")
+                    .failed(endpoint, hint.as_ref());
+                return Attempt::Retry {
+                    reason: format!("{}: reading the answer: {error}", endpoint.as_str()),
+                    retry_after_ms: None,
+                };
+            }
+        };
+        if is_retryable(status) {
+            if status != StatusCode::TOO_MANY_REQUESTS {
+                self.inner
+                    .tracker
+                    .lock()
+                    .expect("tracker lock")
+                    .failed(endpoint, hint.as_ref());
+            }
+            return Attempt::Retry {
+                reason: rejected(status, &body).to_string(),
+                retry_after_ms,
+            };
+        }
+        if status.is_success() {
+            let wants_ids = {
+                let mut tracker = self.inner.tracker.lock().expect("tracker lock");
+                tracker.answered(endpoint, hint.as_ref());
+                tracker.wants_node_ids()
+            };
+            if wants_ids {
+                self.discover_node_ids();
+            }
+            return Attempt::Done(Ok(body));
+        }
+        Attempt::Done(Err(rejected(status, &body)))
+    }
+
+    /// Learns which endpoint is which node id, in the background and rarely, so
+    /// that a leader named by id can be asked directly.
+    fn discover_node_ids(&self) {
+        {
+            let mut last = self.inner.last_discovery.lock().expect("discovery lock");
+            let interval = Duration::from_millis(NODE_ID_DISCOVERY_INTERVAL_MS);
+            if last.is_some_and(|at| at.elapsed() < interval) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let client = self.clone();
+        tokio::spawn(async move {
+            let answers = client.cluster_status_of_each().await;
+            for (endpoint, answer) in answers {
+                if let Err(error) = answer {
+                    tracing::debug!(%endpoint, %error, "node id discovery");
+                }
+            }
+        });
+    }
+}
+
+fn is_retryable(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
+/// The error of a non-success answer: the server's `{"error": {code, message}}`,
+/// or the status and the start of the body.
+fn rejected(status: StatusCode, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ErrorAnswer>(body) {
+        Ok(answer) => ClientError::Rejected {
+            status: status.as_u16(),
+            code: answer.error.code,
+            message: answer.error.message,
+        },
+        Err(_) => {
+            let text = String::from_utf8_lossy(&body[..body.len().min(MAX_ERROR_BODY_BYTES)]);
+            ClientError::Rejected {
+                status: status.as_u16(),
+                code: status
+                    .canonical_reason()
+                    .unwrap_or("unknown")
+                    .to_lowercase()
+                    .replace(' ', "_"),
+                message: text.into_owned(),
+            }
+        }
+    }
+}
+
+fn decode<R: DeserializeOwned>(url: &reqwest::Url, body: &[u8]) -> Result<R, ClientError> {
+    serde_json::from_slice(body).map_err(|error| ClientError::UnexpectedAnswer {
+        url: url.to_string(),
+        reason: error.to_string(),
+    })
+}
+
+/// Path segments of `/v1/semaphores/{key}[/{tail}]`; each is percent-encoded later.
+pub fn semaphore_path(key: &str, tail: Option<&str>) -> Vec<String> {
+    let mut path = vec!["v1".to_string(), "semaphores".to_string(), key.to_string()];
+    path.extend(tail.map(String::from));
+    path
+}
+
+fn group_path(key: &str, group: &str) -> Vec<String> {
+    let mut path = semaphore_path(key, Some("groups"));
+    path.push(group.to_string());
+    path
+}
+
+/// Milliseconds since the Unix epoch by this machine's clock.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_bodies_map_to_codes() {
+        let body = br#"{"error":{"code":"bad_request","message":"count must be an integer"}}"#;
+        let error = rejected(StatusCode::BAD_REQUEST, body);
+        assert_eq!(error.code(), Some("bad_request"));
+        assert_eq!(
+            error.to_string(),
+            "400 bad_request: count must be an integer"
+        );
+        let plain = rejected(StatusCode::NOT_FOUND, b"nope");
+        assert_eq!(plain.code(), Some("not_found"));
+    }
+
+    #[test]
+    fn retryable_statuses() {
+        for status in [429, 502, 503, 504] {
+            assert!(
+                is_retryable(StatusCode::from_u16(status).unwrap()),
+                "{status}"
+            );
+        }
+        for status in [200, 400, 404, 409, 413, 500] {
+            assert!(
+                !is_retryable(StatusCode::from_u16(status).unwrap()),
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn paths_put_the_key_in_one_segment() {
+        let endpoint = Endpoint::parse("http://n:1").unwrap();
+        let path = group_path("acct/7", "wf 1");
+        let segments: Vec<&str> = path.iter().map(String::as_str).collect();
+        assert_eq!(
+            endpoint.url(&segments).as_str(),
+            "http://n:1/v1/semaphores/acct%2F7/groups/wf%201"
+        );
+    }
+
+    #[test]
+    fn bad_endpoints_fail_construction() {
+        assert!(matches!(
+            SemaphoreClient::new(ClientConfig::new(Vec::<String>::new())),
+            Err(ClientError::NoEndpoints)
+        ));
+        assert!(SemaphoreClient::connect(["ftp://x"]).is_err());
+        assert!(SemaphoreClient::connect(["127.0.0.1:7001,127.0.0.1:7002"]).is_ok());
+    }
+
+    #[test]
+    fn cluster_status_parses_the_design_shape() {
+        let text = r#"{"id":1,"leader":2,"term":3,"lastLogIndex":10,"lastApplied":9,
+            "members":[{"id":1,"addr":"127.0.0.1:7001","role":"follower"}]}"#;
+        let status: ClusterStatus = serde_json::from_str(text).unwrap();
+        assert_eq!((status.leader, status.members.len()), (Some(2), 1));
+    }
+}

@@ -1,0 +1,68 @@
+//! The client crate's errors: one enum for calls to the cluster, one for the queue.
+
+use std::time::Duration;
+
+/// Why a call to the cluster failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The client was built without any node URL.
+    #[error("no endpoints configured")]
+    NoEndpoints,
+    /// A node URL could not be parsed or cannot serve as a base URL.
+    #[error("invalid endpoint {endpoint:?}: {reason}")]
+    InvalidEndpoint { endpoint: String, reason: String },
+    /// The HTTP client could not be built (TLS backend, for instance).
+    #[error("cannot build the HTTP client: {0}")]
+    Build(String),
+    /// The server answered with a non-retryable error (4xx other than 429).
+    #[error("{status} {code}: {message}")]
+    Rejected {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// The per-call deadline passed while the call was still being retried.
+    #[error("no answer within {deadline:?} after {attempts} attempts; last error: {last}")]
+    DeadlineExceeded {
+        deadline: Duration,
+        attempts: u32,
+        last: String,
+    },
+    /// The server answered 2xx with a body that is not the expected shape.
+    #[error("unexpected answer from {url}: {reason}")]
+    UnexpectedAnswer { url: String, reason: String },
+}
+
+impl ClientError {
+    /// The server's error code, when the server rejected the call.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Self::Rejected { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+/// Why a queue operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The local sled file could not be opened, read or written.
+    #[error("queue store: {0}")]
+    Store(#[from] sled::Error),
+    /// A stored record could not be encoded or decoded.
+    #[error("queue store record {record:?}: {source}")]
+    Codec {
+        record: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The sled file belongs to another client id.
+    #[error("the queue file belongs to client {stored:?}, not {configured:?}")]
+    ClientIdMismatch { stored: String, configured: String },
+    /// An enqueued item breaks a limit (empty or overlong id, key or group).
+    #[error("invalid item {id:?}: {reason}")]
+    InvalidItem { id: String, reason: String },
+    /// The queue was shut down.
+    #[error("the queue is shut down")]
+    Shutdown,
+}

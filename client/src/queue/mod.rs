@@ -1,0 +1,405 @@
+//! [`SemaphoreQueue`]: the seed's queue, as one background task per queue.
+//!
+//! The application enqueues items `{id, key, group, body}`; the queue asks the
+//! holder of each key for permits, admits items under confirmed grant claims or
+//! drawn lease permits by calling [`Admission::admit`], and returns each permit
+//! when the application calls [`SemaphoreQueue::release`]. Releases it never gets
+//! are recovered by asking [`Admission::finished`] periodically.
+//!
+//! All accounting lives in the synchronous [`state::QueueState`]; this module only
+//! moves values. One step of the loop:
+//! 1. `poll` the state (draws lease permits, decides each key's next message);
+//! 2. write the changed records to the sled file and flush ([`store`]), before
+//!    anything leaves the process;
+//! 3. hand admitted items to `admit` (a spawned task) and send the messages
+//!    (one spawned task per key, at most one in flight per key);
+//! 4. wait for an answer, an enqueue or release, or the next timer, and feed it
+//!    to the state.
+//!
+//! The application side is the [`Admission`] trait, whose methods return
+//! `impl Future + Send`: implementors write plain `async fn`s, nothing is boxed,
+//! and the loop can spawn the futures on tokio's multi-threaded runtime (a bare
+//! `async fn` in the trait could not promise `Send`). The price is that the trait
+//! is not object-safe, so the queue takes the implementor as a type parameter of
+//! [`SemaphoreQueue::start`] (the handle itself is generic only in `T`).
+
+pub mod state;
+pub mod store;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub use state::{
+    AdmittedItem, EnqueueOutcome, ItemStatus, Permit, QueueCounts, QueueItem, ReleaseOutcome,
+    StateConfig,
+};
+
+use crate::client::{now_ms, SemaphoreClient};
+use crate::error::{ClientError, QueueError};
+use state::{Outgoing, QueueState};
+use store::QueueStore;
+
+/// Default time between two `finished` checks.
+pub const DEFAULT_FINISHED_INTERVAL_MS: u64 = 10_000;
+/// Most ids one `finished` call is asked about.
+pub const MAX_FINISHED_BATCH: usize = 1_024;
+/// Default time `shutdown` spends returning permits before it gives up.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 5_000;
+
+/// The application side of a queue.
+pub trait Admission<T>: Send + Sync + 'static {
+    /// Starts work for admitted items. Must be a no-op for an id it already
+    /// started: after a restart, admitted items are handed over again.
+    fn admit(&self, items: Vec<AdmittedItem<T>>) -> impl Future<Output = ()> + Send;
+
+    /// Of `ids` (admitted items), those whose work reached a terminal state. The
+    /// queue releases them: this recovers releases the application never sent.
+    fn finished(&self, ids: Vec<String>) -> impl Future<Output = Vec<String>> + Send;
+}
+
+/// How a queue runs.
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    /// This runner's id towards the holder; must be stable across restarts of a
+    /// queue file (grants are the client's own).
+    pub client_id: String,
+    /// Keep the queue in a sled file here; `None` keeps it in memory only.
+    pub path: Option<PathBuf>,
+    /// Time between two `finished` checks.
+    pub finished_interval: Duration,
+    /// Time `shutdown` spends returning permits.
+    pub shutdown_timeout: Duration,
+    pub state: StateConfig,
+}
+
+impl QueueConfig {
+    /// Defaults for `client_id`, in memory.
+    pub fn new(client_id: impl Into<String>) -> Self {
+        Self {
+            client_id: client_id.into(),
+            path: None,
+            finished_interval: Duration::from_millis(DEFAULT_FINISHED_INTERVAL_MS),
+            shutdown_timeout: Duration::from_millis(DEFAULT_SHUTDOWN_TIMEOUT_MS),
+            state: StateConfig::default(),
+        }
+    }
+
+    /// Keeps the queue in a sled file at `path`.
+    pub fn with_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+}
+
+/// What `shutdown` leaves behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    pub counts: QueueCounts,
+    /// Keys whose final reports did not reach the holder in time.
+    pub unreported_keys: usize,
+}
+
+/// A handle on a running queue; cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct SemaphoreQueue<T> {
+    shared: Arc<Shared<T>>,
+    task: Mutex<Option<JoinHandle<usize>>>,
+}
+
+#[derive(Debug)]
+struct Shared<T> {
+    /// A std mutex: held for pure state changes and a sled batch, never across
+    /// an await.
+    state: Mutex<QueueState<T>>,
+    store: Option<QueueStore>,
+    /// Wakes the loop after an enqueue or a release.
+    wake: Notify,
+    stopping: AtomicBool,
+}
+
+/// What comes back to the loop from its spawned tasks.
+enum Event {
+    Answer(String, Result<SemaphoreResponse, ClientError>),
+    Finished(Vec<String>),
+}
+
+impl<T> SemaphoreQueue<T>
+where
+    T: Clone + Send + Sync + Serialize + DeserializeOwned + 'static,
+{
+    /// Opens the queue's file (if any), restores its items and permits, and
+    /// starts the loop. Must run inside a tokio runtime.
+    pub fn start<A: Admission<T>>(
+        client: SemaphoreClient,
+        config: QueueConfig,
+        admission: A,
+    ) -> Result<Self, QueueError> {
+        let (state, store) = match &config.path {
+            Some(path) => {
+                let store = QueueStore::open(path, &config.client_id)?;
+                let (items, keys, released) = store.load::<T>()?;
+                let state = QueueState::restore(
+                    config.client_id.clone(),
+                    config.state.clone(),
+                    items,
+                    keys,
+                    released,
+                );
+                (state, Some(store))
+            }
+            None => (
+                QueueState::new(config.client_id.clone(), config.state.clone()),
+                None,
+            ),
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            store,
+            wake: Notify::new(),
+            stopping: AtomicBool::new(false),
+        });
+        let task = tokio::spawn(run(shared.clone(), client, Arc::new(admission), config));
+        Ok(Self {
+            shared,
+            task: Mutex::new(Some(task)),
+        })
+    }
+
+    /// Adds items; known ids are skipped. Durable (flushed) when it returns.
+    pub async fn enqueue(&self, items: Vec<QueueItem<T>>) -> Result<EnqueueOutcome, QueueError> {
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return Err(QueueError::Shutdown);
+        }
+        let outcome = {
+            let mut state = self.shared.lock();
+            let outcome = state.enqueue(items, now_ms())?;
+            self.shared.persist(&mut state)?;
+            outcome
+        };
+        if let Some(store) = &self.shared.store {
+            store.flush().await?;
+        }
+        self.shared.wake.notify_one();
+        Ok(outcome)
+    }
+
+    /// The work of item `id` reached a terminal state (or, if still queued, it
+    /// is dropped). The permit returns to the holder with the next report.
+    pub fn release(&self, id: &str) -> Result<ReleaseOutcome, QueueError> {
+        let outcome = {
+            let mut state = self.shared.lock();
+            let outcome = state.release(id);
+            if self.shared.stopping.load(Ordering::Acquire) {
+                // No loop persists for us any more.
+                self.shared.persist(&mut state)?;
+            }
+            outcome
+        };
+        self.shared.wake.notify_one();
+        Ok(outcome)
+    }
+
+    /// Where item `id` stands.
+    pub fn status(&self, id: &str) -> ItemStatus {
+        self.shared.lock().status(id)
+    }
+
+    /// Items per state and permits held.
+    pub fn counts(&self) -> QueueCounts {
+        self.shared.lock().counts(now_ms())
+    }
+
+    /// Stops asking for permits, returns undrawn lease permits and reports every
+    /// release so far (within the configured timeout), persists, and reports the
+    /// final counts. Admitted work is not waited for: later `release` calls are
+    /// still recorded (and persisted), and reported by the next start.
+    pub async fn shutdown(&self) -> Result<ShutdownReport, QueueError> {
+        self.shared.stopping.store(true, Ordering::Release);
+        self.shared.wake.notify_one();
+        let task = self.task.lock().expect("task lock").take();
+        let unreported_keys = match task {
+            Some(task) => task.await.unwrap_or_else(|error| {
+                tracing::error!(%error, "queue loop ended abnormally");
+                0
+            }),
+            None => 0,
+        };
+        {
+            let mut state = self.shared.lock();
+            self.shared.persist(&mut state)?;
+        }
+        if let Some(store) = &self.shared.store {
+            store.flush().await?;
+        }
+        Ok(ShutdownReport {
+            counts: self.counts(),
+            unreported_keys,
+        })
+    }
+}
+
+impl<T> Drop for SemaphoreQueue<T> {
+    fn drop(&mut self) {
+        // A dropped handle stops the loop at once (no final reports: use
+        // `shutdown` for those); what was persisted is reported by the next start.
+        if let Some(task) = self.task.lock().ok().and_then(|mut task| task.take()) {
+            task.abort();
+        }
+    }
+}
+
+impl<T: Clone + Serialize> Shared<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState<T>> {
+        self.state.lock().expect("queue state lock")
+    }
+
+    /// Writes the state's changed records (not flushed). Without a file, only
+    /// forgets the change set.
+    fn persist(&self, state: &mut QueueState<T>) -> Result<bool, QueueError> {
+        let dirty = state.take_dirty();
+        match &self.store {
+            Some(store) => store.write(state, &dirty),
+            None => Ok(false),
+        }
+    }
+}
+
+/// The loop; returns the number of keys whose final reports were not answered.
+async fn run<T, A>(
+    shared: Arc<Shared<T>>,
+    client: SemaphoreClient,
+    admission: Arc<A>,
+    config: QueueConfig,
+) -> usize
+where
+    T: Clone + Send + Sync + Serialize + DeserializeOwned + 'static,
+    A: Admission<T>,
+{
+    let (events_tx, mut events) = mpsc::unbounded_channel::<Event>();
+    let mut finished_due = Instant::now() + config.finished_interval;
+    let mut finished_in_flight = false;
+    let mut draining: Option<Instant> = None;
+    loop {
+        if draining.is_none() && shared.stopping.load(Ordering::Acquire) {
+            shared.lock().retire_all_leases();
+            draining = Some(Instant::now() + config.shutdown_timeout);
+        }
+        let now = now_ms();
+        let (messages, admits, wake_at_ms, in_flight, wrote) = {
+            let mut state = shared.lock();
+            let messages = if draining.is_some() {
+                state.poll_reports(now)
+            } else {
+                state.poll(now)
+            };
+            let admits = state.take_admits();
+            let wrote = shared.persist(&mut state).unwrap_or_else(|error| {
+                tracing::error!(%error, "cannot write the queue file; continuing in memory");
+                false
+            });
+            let in_flight = state.in_flight() + messages.len();
+            (
+                messages,
+                admits,
+                state.next_wakeup_ms(now),
+                in_flight,
+                wrote,
+            )
+        };
+        if let (Some(store), true) = (&shared.store, wrote) {
+            // Durable before anything it records leaves the process.
+            if let Err(error) = store.flush().await {
+                tracing::error!(%error, "cannot flush the queue file");
+            }
+        }
+        if let Some(deadline) = draining {
+            if in_flight == 0 || Instant::now() >= deadline {
+                return in_flight;
+            }
+        }
+        if !admits.is_empty() {
+            let admission = admission.clone();
+            tokio::spawn(async move { admission.admit(admits).await });
+        }
+        for outgoing in messages {
+            spawn_send(&client, outgoing, events_tx.clone());
+        }
+        if draining.is_none() && !finished_in_flight && Instant::now() >= finished_due {
+            finished_due = Instant::now() + config.finished_interval;
+            let ids = shared.lock().admitted_ids(MAX_FINISHED_BATCH);
+            if !ids.is_empty() {
+                finished_in_flight = true;
+                let admission = admission.clone();
+                let events_tx = events_tx.clone();
+                tokio::spawn(async move {
+                    let done = admission.finished(ids).await;
+                    let _ = events_tx.send(Event::Finished(done));
+                });
+            }
+        }
+        let mut wake = finished_due;
+        if let Some(at_ms) = wake_at_ms {
+            let delay = Duration::from_millis(at_ms.saturating_sub(now_ms()));
+            wake = wake.min(Instant::now() + delay);
+        }
+        if let Some(deadline) = draining {
+            wake = wake.min(deadline);
+        }
+        tokio::select! {
+            _ = shared.wake.notified() => {}
+            event = events.recv() => {
+                if let Some(event) = event {
+                    finished_in_flight &= !matches!(event, Event::Finished(_));
+                    apply_event(&shared, event);
+                }
+            }
+            _ = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}
+
+fn apply_event<T: Clone + Serialize>(shared: &Shared<T>, event: Event) {
+    let mut state = shared.lock();
+    let now = now_ms();
+    match event {
+        Event::Answer(key, Ok(answer)) => state.on_answer(&key, answer, now),
+        Event::Answer(key, Err(error)) => {
+            tracing::warn!(%key, %error, "permit message failed; will retry");
+            state.on_failure(&key, now);
+        }
+        Event::Finished(ids) => {
+            for id in ids {
+                if state.release(&id) == ReleaseOutcome::Released {
+                    tracing::info!(%id, "recovered a release through finished()");
+                }
+            }
+        }
+    }
+}
+
+fn spawn_send(client: &SemaphoreClient, outgoing: Outgoing, events: mpsc::UnboundedSender<Event>) {
+    let client = client.clone();
+    tokio::spawn(async move {
+        let Outgoing { key, message } = outgoing;
+        let answer = match message {
+            SemaphoreRequest::Request(request) => client
+                .request(&key, request)
+                .await
+                .map(SemaphoreResponse::Grant),
+            SemaphoreRequest::Sync(sync) => {
+                client.sync(&key, sync).await.map(SemaphoreResponse::Synced)
+            }
+        };
+        let _ = events.send(Event::Answer(key, answer));
+    });
+}
