@@ -16,7 +16,7 @@
 //! waits until then before sending (the holder would not run the round sooner).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use permitd_core::protocol::{
@@ -185,8 +185,7 @@ impl SemaphoreClient {
 
     /// The node currently asked first.
     pub fn leader(&self) -> Option<String> {
-        let tracker = self.inner.tracker.lock().expect("tracker lock");
-        tracker
+        self.tracker()
             .leader()
             .map(|endpoint| endpoint.as_str().to_string())
     }
@@ -214,16 +213,7 @@ impl SemaphoreClient {
         {
             tokio::time::sleep(Duration::from_millis(wait_ms)).await;
         }
-        let message = SemaphoreRequest::Request(request);
-        let answer: SemaphoreResponse = self
-            .call(
-                Method::POST,
-                &semaphore_path(key, None),
-                Some(&message),
-                false,
-            )
-            .await?;
-        match answer {
+        match self.send(key, SemaphoreRequest::Request(request)).await? {
             SemaphoreResponse::Grant(grant) => {
                 self.remember_next_request_at(key, grant.next_request_at_ms);
                 Ok(grant)
@@ -236,16 +226,7 @@ impl SemaphoreClient {
 
     /// Sends a `sync` (reports only) for `key`; applied without waiting for a round.
     pub async fn sync(&self, key: &str, sync: PermitSync) -> Result<PermitSyncResult, ClientError> {
-        let message = SemaphoreRequest::Sync(sync);
-        let answer: SemaphoreResponse = self
-            .call(
-                Method::POST,
-                &semaphore_path(key, None),
-                Some(&message),
-                false,
-            )
-            .await?;
-        match answer {
+        match self.send(key, SemaphoreRequest::Sync(sync)).await? {
             SemaphoreResponse::Synced(result) => Ok(result),
             SemaphoreResponse::Grant(_) => Err(self.unexpected(key, "a grant answer to a sync")),
         }
@@ -253,24 +234,12 @@ impl SemaphoreClient {
 
     /// The key's linearizable usage.
     pub async fn usage(&self, key: &str) -> Result<Usage, ClientError> {
-        self.call::<(), _>(
-            Method::GET,
-            &semaphore_path(key, Some("usage")),
-            None,
-            false,
-        )
-        .await
+        self.get(&semaphore_path(key, Some("usage"))).await
     }
 
     /// The key's effective configuration.
     pub async fn key_config(&self, key: &str) -> Result<KeyConfig, ClientError> {
-        self.call::<(), _>(
-            Method::GET,
-            &semaphore_path(key, Some("config")),
-            None,
-            false,
-        )
-        .await
+        self.get(&semaphore_path(key, Some("config"))).await
     }
 
     /// Replaces the key's configuration (omitted fields take the cluster
@@ -280,13 +249,7 @@ impl SemaphoreClient {
         key: &str,
         update: &KeyConfigUpdate,
     ) -> Result<KeyConfig, ClientError> {
-        self.call(
-            Method::PUT,
-            &semaphore_path(key, Some("config")),
-            Some(update),
-            false,
-        )
-        .await
+        self.put(&semaphore_path(key, Some("config")), update).await
     }
 
     /// Sets one group's cap and permission.
@@ -296,17 +259,15 @@ impl SemaphoreClient {
         group: &str,
         config: &GroupConfig,
     ) -> Result<GroupConfig, ClientError> {
-        let path = group_path(key, group);
-        let answer: serde_json::Value = self.call(Method::PUT, &path, Some(config), false).await?;
+        let answer: serde_json::Value = self.put(&group_path(key, group), config).await?;
         // Whatever the node echoes, what it applied is what was sent.
         Ok(serde_json::from_value(answer).unwrap_or_else(|_| config.clone()))
     }
 
     /// Removes one group's settings (no cap, permitted).
     pub async fn delete_group(&self, key: &str, group: &str) -> Result<(), ClientError> {
-        let path = group_path(key, group);
         let _: serde_json::Value = self
-            .call::<(), _>(Method::DELETE, &path, None, false)
+            .call::<(), _>(Method::DELETE, &group_path(key, group), None)
             .await?;
         Ok(())
     }
@@ -314,14 +275,14 @@ impl SemaphoreClient {
     /// Every key with state, with its usage.
     pub async fn keys(&self) -> Result<Vec<KeyUsage>, ClientError> {
         let path = ["v1", "semaphores"].map(String::from);
-        let answer: KeysAnswer = self.call::<(), _>(Method::GET, &path, None, false).await?;
+        let answer: KeysAnswer = self.get(&path).await?;
         Ok(answer.keys)
     }
 
     /// The cluster's membership, leader, term and indexes, as some node sees them.
     pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
         let path = ["cluster", "status"].map(String::from);
-        self.call::<(), _>(Method::GET, &path, None, true).await
+        self.get(&path).await
     }
 
     /// The status of every endpoint, each asked directly (no leader routing);
@@ -329,16 +290,12 @@ impl SemaphoreClient {
     pub async fn cluster_status_of_each(
         &self,
     ) -> Vec<(String, Result<ClusterStatus, ClientError>)> {
-        let endpoints: Vec<Endpoint> = {
-            let tracker = self.inner.tracker.lock().expect("tracker lock");
-            tracker.endpoints().to_vec()
-        };
+        let endpoints: Vec<Endpoint> = self.tracker().endpoints().to_vec();
         let mut answers = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
             let answer = self.status_of(&endpoint).await;
             if let Ok(status) = &answer {
-                let mut tracker = self.inner.tracker.lock().expect("tracker lock");
-                tracker.learn_node_id(&endpoint, status.id);
+                self.tracker().learn_node_id(&endpoint, status.id);
             }
             answers.push((endpoint.as_str().to_string(), answer));
         }
@@ -389,14 +346,41 @@ impl SemaphoreClient {
         }
     }
 
+    /// Callers hold the guard for one pick or update, never across an await.
+    fn tracker(&self) -> MutexGuard<'_, LeaderTracker> {
+        self.inner.tracker.lock().expect("tracker lock")
+    }
+
+    /// Posts a `request` or `sync` to the key's semaphore.
+    async fn send(
+        &self,
+        key: &str,
+        message: SemaphoreRequest,
+    ) -> Result<SemaphoreResponse, ClientError> {
+        self.call(Method::POST, &semaphore_path(key, None), Some(&message))
+            .await
+    }
+
+    async fn get<R: DeserializeOwned>(&self, path: &[String]) -> Result<R, ClientError> {
+        self.call::<(), R>(Method::GET, path, None).await
+    }
+
+    async fn put<B: Serialize, R: DeserializeOwned>(
+        &self,
+        path: &[String],
+        body: &B,
+    ) -> Result<R, ClientError> {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
     /// One call: attempts with backoff until success, a final error or the deadline.
     async fn call<B: Serialize, R: DeserializeOwned>(
         &self,
         method: Method,
         path: &[String],
         body: Option<&B>,
-        authorised: bool,
     ) -> Result<R, ClientError> {
+        let authorised = is_cluster_path(path);
         let config = &self.inner.config;
         let body = body
             .map(serde_json::to_vec)
@@ -408,7 +392,7 @@ impl SemaphoreClient {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let endpoint = self.inner.tracker.lock().expect("tracker lock").pick();
+            let endpoint = self.tracker().pick();
             let remaining = deadline.saturating_duration_since(Instant::now());
             let timeout = remaining.min(config.attempt_timeout);
             let segments: Vec<&str> = path.iter().map(String::as_str).collect();
@@ -472,11 +456,7 @@ impl SemaphoreClient {
         let response = match builder.send().await {
             Ok(response) => response,
             Err(error) => {
-                self.inner
-                    .tracker
-                    .lock()
-                    .expect("tracker lock")
-                    .failed(endpoint, None);
+                self.tracker().failed(endpoint, None);
                 return Attempt::Retry {
                     reason: format!("{endpoint:?}: {error}", endpoint = endpoint.as_str()),
                     retry_after_ms: None,
@@ -498,11 +478,7 @@ impl SemaphoreClient {
         let body = match response.bytes().await {
             Ok(body) => body.to_vec(),
             Err(error) => {
-                self.inner
-                    .tracker
-                    .lock()
-                    .expect("tracker lock")
-                    .failed(endpoint, hint.as_ref());
+                self.tracker().failed(endpoint, hint.as_ref());
                 return Attempt::Retry {
                     reason: format!("{}: reading the answer: {error}", endpoint.as_str()),
                     retry_after_ms: None,
@@ -511,11 +487,7 @@ impl SemaphoreClient {
         };
         if is_retryable(status) {
             if status != StatusCode::TOO_MANY_REQUESTS {
-                self.inner
-                    .tracker
-                    .lock()
-                    .expect("tracker lock")
-                    .failed(endpoint, hint.as_ref());
+                self.tracker().failed(endpoint, hint.as_ref());
             }
             return Attempt::Retry {
                 reason: rejected(status, &body).to_string(),
@@ -524,7 +496,7 @@ impl SemaphoreClient {
         }
         if status.is_success() {
             let wants_ids = {
-                let mut tracker = self.inner.tracker.lock().expect("tracker lock");
+                let mut tracker = self.tracker();
                 tracker.answered(endpoint, hint.as_ref());
                 tracker.wants_node_ids()
             };
@@ -557,6 +529,11 @@ impl SemaphoreClient {
             }
         });
     }
+}
+
+/// `/cluster/` calls carry the cluster's secret; `/v1/` calls never do.
+fn is_cluster_path(path: &[String]) -> bool {
+    path.first().is_some_and(|segment| segment == "cluster")
 }
 
 fn is_retryable(status: StatusCode) -> bool {
@@ -662,6 +639,13 @@ mod tests {
             endpoint.url(&segments).as_str(),
             "http://n:1/v1/semaphores/acct%2F7/groups/wf%201"
         );
+    }
+
+    #[test]
+    fn only_cluster_calls_carry_the_secret() {
+        assert!(is_cluster_path(&["cluster", "status"].map(String::from)));
+        assert!(!is_cluster_path(&semaphore_path("cluster", Some("usage"))));
+        assert!(!is_cluster_path(&["v1", "semaphores"].map(String::from)));
     }
 
     #[test]
