@@ -41,6 +41,15 @@ pub enum Event {
         group: String,
         permits: u64,
     },
+    /// A lease its client never acknowledged by its claim deadline was deleted:
+    /// the client cannot have drawn from it, so its permits return to the pool.
+    LeaseReclaimed {
+        timestamp_ms: u64,
+        lease_id: LeaseId,
+        client_id: String,
+        group: String,
+        permits: u64,
+    },
     /// The holder stopped a lease; `permits` is its undrawn headroom as last reported.
     LeaseRetired {
         timestamp_ms: u64,
@@ -60,6 +69,7 @@ impl Event {
             Self::GrantReclaimed { .. } => "grant_reclaimed",
             Self::LeaseGranted { .. } => "lease_granted",
             Self::LeaseRetired { .. } => "lease_retired",
+            Self::LeaseReclaimed { .. } => "lease_reclaimed",
         }
     }
 }

@@ -100,6 +100,12 @@ fn apply_known(
     seen: &mut LeaseReports,
     events: &mut Vec<Event>,
 ) -> LeaseGrant {
+    if !lease.acknowledged && lease.claim_deadline_ms <= now_ms && report.drawn == 0 {
+        // Acknowledged too late: the client has drawn nothing, so the reclaim the
+        // claim deadline called for is safe now. A report with draws keeps the
+        // lease instead (below): its permits may be running.
+        return reclaim_unacknowledged(state, id, now_ms, events);
+    }
     let drawn = lease.drawn.max(report.drawn.min(lease.permits));
     seen.drawn.insert(id, drawn);
     let released = lease.released.max(report.released.min(drawn));
@@ -135,11 +141,38 @@ fn apply_known(
         drawn,
         retired,
         expires_at_ms,
+        acknowledged: true,
         ..lease
     };
     let answer = echo(id, &refreshed, now_ms);
     state.put_lease(id, Some(refreshed));
     answer
+}
+
+/// Deletes a lease its client never acknowledged; returns the echo that tells the
+/// client to drop it (stopped, nothing left).
+pub(crate) fn reclaim_unacknowledged(
+    state: &mut KeyState,
+    id: LeaseId,
+    now_ms: u64,
+    events: &mut Vec<Event>,
+) -> LeaseGrant {
+    let lease = state.leases()[&id].clone();
+    debug_assert!(!lease.acknowledged && lease.drawn == 0);
+    events.push(Event::LeaseReclaimed {
+        timestamp_ms: now_ms,
+        lease_id: id,
+        client_id: lease.client_id.clone(),
+        group: lease.group.clone(),
+        permits: lease.permits,
+    });
+    state.put_lease(id, None);
+    LeaseGrant {
+        lease_id: id.to_string(),
+        group: lease.group,
+        permits: 0,
+        expires_at_ms: now_ms,
+    }
 }
 
 /// A (client, group) with queued demand that may receive a lease.
@@ -158,6 +191,8 @@ pub struct LeaseRound<'a> {
     /// Gross lease capacity; the pass nets out live footprint and unknown debt.
     pub budget: u64,
     pub reports: &'a LeaseReports,
+    /// How long a new lease may go unacknowledged: the key's `grantTimeoutMs`.
+    pub claim_timeout_ms: u64,
     /// In arrival order, then demand order.
     pub candidates: Vec<LeaseCandidate<'a>>,
     pub now_ms: u64,
@@ -410,6 +445,8 @@ fn issue_leases(
             created_at_ms: round.now_ms,
             expires_at_ms: round.now_ms + policy.ttl_ms,
             retired: false,
+            acknowledged: false,
+            claim_deadline_ms: round.now_ms + round.claim_timeout_ms,
         };
         outcome.push(id, &lease, round.now_ms);
         events.push(Event::LeaseGranted {

@@ -3,8 +3,14 @@
 //! Runs at the start of every round and as its own log entry when the leader's
 //! timer for the earliest claim deadline fires (the seed's alarm). Uses the claim
 //! deadline index, so its cost is the number of grants reclaimed, not held.
+//!
+//! Leases have a claim deadline too (beyond the seed): a lease its client never
+//! reported by then is deleted. The client draws from a lease only once a report
+//! of it was answered, so nothing can be running under such a lease; without
+//! this, a lease whose reply was lost would hold its footprint forever.
 
 use crate::events::Event;
+use crate::leases::reclaim_unacknowledged;
 use crate::reports::reclaimed_event;
 use crate::state::{Grant, KeyState};
 
@@ -24,6 +30,12 @@ pub fn reclaim_expired(state: &mut KeyState, now_ms: u64, events: &mut Vec<Event
         };
         let keep = shrunk.released < shrunk.permits;
         state.put_grant(id, keep.then_some(shrunk));
+    }
+    while let Some(&(deadline_ms, id)) = state.tally().lease_claim_deadlines.first() {
+        if deadline_ms > now_ms {
+            break;
+        }
+        reclaim_unacknowledged(state, id, now_ms, events);
     }
     forget_answers(state, now_ms);
 }

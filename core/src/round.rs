@@ -297,6 +297,7 @@ fn lease_pass(
         policy,
         budget,
         reports: lease_reports,
+        claim_timeout_ms: config.grant_timeout_ms,
         candidates,
         now_ms,
     };

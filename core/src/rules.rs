@@ -929,6 +929,7 @@ fn an_expired_lease_is_retired_never_swept_and_settled_by_its_client() {
     let lease_id = leases_of(&log.ask(leasing("a", "g", 0, T0).clone_with_count(1)))[0]
         .lease_id
         .clone();
+    log.sync(lease_sync("a", vec![lease_report(&lease_id, 0, 0, false)]));
     log.advance(60_000);
     let outcome = log.round(&[wants("b", "g", 1, T0)]);
     assert!(outcome
@@ -1101,7 +1102,10 @@ fn under_stays_under_the_limit_after_the_limit_is_lowered() {
         })
     };
     let mut log = Log::with_leases(2, policy);
-    log.ask(leasing("a", "g", 1, T0));
+    let lease_id = leases_of(&log.ask(leasing("a", "g", 1, T0)))[0]
+        .lease_id
+        .clone();
+    log.sync(lease_sync("a", vec![lease_report(&lease_id, 0, 0, false)]));
     assert_eq!((log.usage().granted, log.usage().leased), (1, 1));
     // Limit 1: the reserve shrinks to 0 and grants may use 1, but the lease still
     // holds it. The seed would grant here and pass the limit.
@@ -1163,5 +1167,78 @@ fn removing_a_key_reports_all_its_rows_and_frees_everything() {
     assert_eq!(
         log.semaphores.take_changes().keys,
         vec![(KEY.to_owned(), None)]
+    );
+}
+
+#[test]
+fn an_unacknowledged_lease_is_reclaimed_at_its_claim_deadline() {
+    let mut log = Log::with_leases(10, strict(4));
+    let lease_id = leases_of(&log.ask(leasing("a", "g", 1, T0)))[0]
+        .lease_id
+        .clone();
+    assert_eq!(log.state().next_claim_deadline_ms(), Some(T0 + 10_000));
+    log.advance(10_000);
+    assert_eq!(
+        log.usage().leased,
+        0,
+        "usage counts it as reclaimed already"
+    );
+    let events = log.reclaim();
+    assert!(events
+        .iter()
+        .any(|event| matches!(event, Event::LeaseReclaimed { permits: 4, .. })));
+    assert!(log
+        .semaphores
+        .key(KEY)
+        .is_none_or(|state| state.leases().is_empty()));
+    // The client's late report finds nothing: it drops the lease.
+    let echo = log.sync(lease_sync("a", vec![lease_report(&lease_id, 0, 0, false)]));
+    assert_eq!(echo.answer.leases.unwrap()[0].permits, 0);
+}
+
+#[test]
+fn a_report_before_the_deadline_acknowledges_the_lease() {
+    let mut log = Log::with_leases(10, strict(4));
+    let lease_id = leases_of(&log.ask(leasing("a", "g", 1, T0)))[0]
+        .lease_id
+        .clone();
+    log.advance(5_000);
+    log.sync(lease_sync("a", vec![lease_report(&lease_id, 0, 0, false)]));
+    log.advance(10_000);
+    let events = log.reclaim();
+    assert!(!events.iter().any(|event| event.name() == "lease_reclaimed"));
+    assert_eq!(log.usage().leased, 4);
+}
+
+#[test]
+fn a_late_first_report_with_nothing_drawn_deletes_the_lease() {
+    let mut log = Log::with_leases(10, strict(4));
+    let lease_id = leases_of(&log.ask(leasing("a", "g", 1, T0)))[0]
+        .lease_id
+        .clone();
+    log.advance(10_000);
+    let outcome = log.sync(lease_sync("a", vec![lease_report(&lease_id, 0, 0, false)]));
+    let echo = &outcome.answer.leases.unwrap()[0];
+    assert_eq!((echo.permits, echo.expires_at_ms), (0, log.now_ms));
+    assert!(outcome
+        .events
+        .iter()
+        .any(|event| event.name() == "lease_reclaimed"));
+    assert!(log.state().leases().is_empty());
+}
+
+#[test]
+fn a_late_first_report_with_draws_keeps_the_lease_counted() {
+    let mut log = Log::with_leases(10, strict(4));
+    let lease_id = leases_of(&log.ask(leasing("a", "g", 1, T0)))[0]
+        .lease_id
+        .clone();
+    log.advance(10_000);
+    log.sync(lease_sync("a", vec![lease_report(&lease_id, 2, 0, false)]));
+    log.reclaim();
+    assert_eq!(
+        log.usage().leased,
+        4,
+        "draws may be running: the footprint stays"
     );
 }

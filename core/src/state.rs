@@ -71,6 +71,14 @@ pub struct Lease {
     pub expires_at_ms: u64,
     /// No more permits may be drawn; the footprint stays until the client settles.
     pub retired: bool,
+    /// The client reported the lease at least once. Until then it must not draw
+    /// from it (permitd's rule, beyond the seed): a lease whose answer was lost is
+    /// otherwise never reported and its footprint would stay forever.
+    #[serde(default)]
+    pub acknowledged: bool,
+    /// An unacknowledged lease is reclaimed once `now` reaches this.
+    #[serde(default)]
+    pub claim_deadline_ms: u64,
 }
 
 impl Lease {
@@ -168,6 +176,8 @@ pub struct Tally {
     pub claim_deadlines: BTreeSet<(u64, GrantId)>,
     /// Leases not retired, by expiry.
     pub lease_expiries: BTreeSet<(u64, LeaseId)>,
+    /// Leases not yet acknowledged by their client, by claim deadline.
+    pub lease_claim_deadlines: BTreeSet<(u64, LeaseId)>,
     /// Remembered answers by the time they may be forgotten.
     pub answer_expiries: BTreeSet<(u64, String, String)>,
 }
@@ -313,10 +323,13 @@ impl KeyState {
     /// The earliest claim deadline of a grant with unclaimed permits: when the
     /// leader's reclaim timer for this key should fire.
     pub fn next_claim_deadline_ms(&self) -> Option<u64> {
-        self.tally
-            .claim_deadlines
-            .first()
+        let grant = self.tally.claim_deadlines.first();
+        let lease = self.tally.lease_claim_deadlines.first();
+        grant
+            .into_iter()
             .map(|(deadline, _)| *deadline)
+            .chain(lease.map(|(deadline, _)| *deadline))
+            .min()
     }
 
     /// Replaces (or with `None` deletes) a grant, keeping the tally exact.
@@ -379,6 +392,11 @@ impl KeyState {
         let group = self.tally.groups.entry(lease.group.clone()).or_default();
         group.leased += lease.footprint();
         group.leases += 1;
+        if !lease.acknowledged {
+            self.tally
+                .lease_claim_deadlines
+                .insert((lease.claim_deadline_ms, id));
+        }
         if !lease.retired {
             self.tally.lease_expiries.insert((lease.expires_at_ms, id));
         }
@@ -397,6 +415,8 @@ impl KeyState {
             self.tally.groups.remove(&lease.group);
         }
         self.tally.lease_expiries.remove(&(lease.expires_at_ms, id));
+        let deadline = (lease.claim_deadline_ms, id);
+        self.tally.lease_claim_deadlines.remove(&deadline);
     }
 
     /// Replaces (or with `None` forgets) a remembered answer.

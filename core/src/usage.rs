@@ -33,7 +33,8 @@ pub struct GroupUsage {
 }
 
 /// Usage of `state` at `now_ms`, counting unclaimed permits past their claim
-/// deadline as already reclaimed (as the seed does). Costs the number of groups
+/// deadline as already reclaimed (as the seed does), and unacknowledged leases
+/// past theirs likewise. Costs the number of groups
 /// plus the number of such overdue grants, not the number of grants.
 pub fn usage(state: &KeyState, config: &KeyConfig, now_ms: u64) -> Usage {
     let tally = state.tally();
@@ -64,11 +65,16 @@ pub fn usage(state: &KeyState, config: &KeyConfig, now_ms: u64) -> Usage {
             group.granted -= overdue;
         }
     }
+    let mut leased = tally.leased;
+    let overdue_leases = ..=(now_ms, crate::ids::LeaseId(uuid::Uuid::max()));
+    for (_, id) in tally.lease_claim_deadlines.range(overdue_leases) {
+        leased -= state.leases()[id].footprint();
+    }
     Usage {
         limit: config.limit,
         granted,
-        leased: tally.leased,
-        available: grant_room(config, granted, tally.leased),
+        leased,
+        available: grant_room(config, granted, leased),
         groups,
     }
 }

@@ -92,6 +92,13 @@ fn emit(log_index: u64, key: &str, event: &Event) {
             group,
             permits,
             ..
+        }
+        | Event::LeaseReclaimed {
+            lease_id,
+            client_id,
+            group,
+            permits,
+            ..
         } => tracing::info!(event = name, log_index, key, %lease_id, client_id, group, permits),
     }
 }
