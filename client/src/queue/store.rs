@@ -8,8 +8,12 @@
 //! - `r/{seq, 20 digits}` → a released item id, oldest first.
 //!
 //! The loop writes a step's changes and flushes them before it sends the step's
-//! messages or admits its items, so a claim the holder saw, or a lease permit
-//! drawn, is never lost to a crash (a lost one would leak a permit for good).
+//! messages or admits its items, so a claim the holder saw (of a grant or of a
+//! new lease), or a lease permit drawn, is never lost to a crash (a lost one
+//! would leak a permit for good: the holder reclaims only what was never
+//! claimed). A lease's `confirmed` flag is stored with it; files from before it
+//! existed read `false`, which `QueueState::restore` corrects for leases that
+//! were drawn from.
 
 use std::path::Path;
 

@@ -1,5 +1,14 @@
 //! Leases: permits the holder lent this client to draw from locally.
 //!
+//! A new lease is claimed like a grant: the holder reclaims a lease its client
+//! has not reported by the lease's claim deadline (`grantTimeoutMs` after the
+//! round that lent it), since a lent lease whose answer was lost would otherwise
+//! be held forever. So a lease starts unconfirmed, is reported at once, and is
+//! drawn from only after the holder echoed that report live: a draw before then
+//! could run work under permits the holder is about to hand to someone else.
+//! An unconfirmed lease echoed stopped with `permits: 0` (reclaimed, unknown or
+//! settled) is dropped.
+//!
 //! Each queued item of the lease's group draws one permit, oldest first, while
 //! the lease is live; a drawn permit is one-shot. Every report of a lease is a
 //! heartbeat, sent at the latest at half its lifetime while permits are in use.
@@ -28,6 +37,11 @@ pub struct LeaseHolding {
     pub released: u64,
     /// No more draws: retired by this client or by the holder.
     pub retired: bool,
+    /// The holder echoed a report of this lease live, so it will not reclaim it
+    /// at the claim deadline: only then may permits be drawn. Absent in files
+    /// written before leases were claimed (see `restored`).
+    #[serde(default)]
+    pub confirmed: bool,
     /// The last report the holder acknowledged.
     pub acked: Option<LeaseReport>,
     /// Since when its group has had nothing queued.
@@ -35,8 +49,8 @@ pub struct LeaseHolding {
 }
 
 impl LeaseHolding {
-    /// A lease the holder just lent: it knows nothing was drawn yet, so that
-    /// counts as acknowledged and no report is due until a draw.
+    /// A lease the holder just lent: unconfirmed, and no report of it has been
+    /// acknowledged, so one is due at once (before its claim deadline).
     fn lent(echo: LeaseGrant, now_ms: u64) -> Self {
         Self {
             group: echo.group,
@@ -46,14 +60,20 @@ impl LeaseHolding {
             drawn: 0,
             released: 0,
             retired: false,
-            acked: Some(LeaseReport {
-                lease_id: echo.lease_id,
-                drawn: 0,
-                released: 0,
-                retired: false,
-            }),
+            confirmed: false,
+            acked: None,
             idle_since_ms: None,
         }
+    }
+
+    /// A lease read back from the queue file. A file from before leases were
+    /// claimed has no `confirmed` flag (it reads `false`), but a lease that was
+    /// drawn from was held under the old rules, where the holder never reclaims
+    /// a lease: it must stay drawable, or its undrawn permits would idle until
+    /// it is retired. An undrawn one is claimed like a new lease.
+    pub(super) fn restored(mut self) -> Self {
+        self.confirmed |= self.drawn > 0;
+        self
     }
 
     fn report(&self, lease_id: &str) -> LeaseReport {
@@ -66,7 +86,14 @@ impl LeaseHolding {
     }
 
     pub(super) fn drawable(&self, now_ms: u64) -> bool {
-        !self.retired && self.drawn < self.permits && now_ms < self.expires_at_ms
+        self.confirmed && !self.retired && self.drawn < self.permits && now_ms < self.expires_at_ms
+    }
+
+    /// Draws wait on this lease until the holder confirms it. A retired lease
+    /// is never drawn from again, so there is nothing to wait for: it is
+    /// reported until settled like any retired lease.
+    pub(super) fn awaits_confirmation(&self) -> bool {
+        !self.confirmed && !self.retired
     }
 
     /// When a lease with permits in use must be heartbeated: half its lifetime.
@@ -75,8 +102,12 @@ impl LeaseHolding {
             .then(|| self.expires_at_ms.saturating_sub(self.ttl_ms / 2))
     }
 
-    /// Whether the lease changed since the holder last acknowledged a report of it.
+    /// Whether the lease awaits confirmation, or changed since the holder last
+    /// acknowledged a report of it.
     pub(super) fn needs_report(&self) -> bool {
+        if self.awaits_confirmation() {
+            return true;
+        }
         match &self.acked {
             None => true,
             Some(acked) => {
@@ -107,21 +138,28 @@ impl<T: Clone> QueueState<T> {
     }
 
     /// Lease reports: every lease (each report is a heartbeat), capped.
+    /// Unconfirmed leases go first: one left out of every report until its claim
+    /// deadline is reclaimed, while a confirmed one left out only misses a
+    /// heartbeat.
     pub(super) fn lease_reports(&self, key: &str) -> Vec<LeaseReport> {
         let Some(record) = self.keys.get(key) else {
             return Vec::new();
         };
-        record
+        let (unconfirmed, confirmed): (Vec<_>, Vec<_>) = record
             .leases
             .iter()
+            .partition(|(_, lease)| !lease.confirmed);
+        unconfirmed
+            .into_iter()
+            .chain(confirmed)
             .take(MAX_LEASE_REPORTS)
             .map(|(lease_id, lease)| lease.report(lease_id))
             .collect()
     }
 
-    /// Takes in the holder's view of the key's leases: new leases are held,
-    /// settled ones forgotten, acknowledged reports noted, and leases the holder
-    /// cut short retired.
+    /// Takes in the holder's view of the key's leases: new leases are held
+    /// (unconfirmed), settled ones forgotten, acknowledged reports noted, leases
+    /// echoed live to a report confirmed, and leases the holder cut short retired.
     pub(super) fn apply_lease_echoes(
         &mut self,
         key: &str,
@@ -155,6 +193,16 @@ impl<T: Clone> QueueState<T> {
             if let Some(report) = report {
                 lease.acked = Some(report.clone());
             }
+            let live = echo.permits > 0 && !echo.group.is_empty() && echo.expires_at_ms > now_ms;
+            // Only an echo of this client's own report acknowledges the lease: an
+            // unsolicited echo (a lease the holder retired this round) does not.
+            if live && report.is_some() {
+                lease.confirmed = true;
+            }
+            // An unconfirmed lease echoed stopped with permits left (retired by
+            // the holder, who saw the report, so will not reclaim it) is not
+            // dropped here: the holder keeps its footprint until this client's
+            // own retired report, which the retirement below sends.
             let retired_by_holder = echo.group.is_empty()
                 || echo.expires_at_ms <= now_ms
                 || echo.expires_at_ms < lease.expires_at_ms;
@@ -259,6 +307,100 @@ mod tests {
             released,
             retired,
         }
+    }
+
+    #[test]
+    fn a_new_lease_is_claimed_at_once_and_not_drawn_from_before_confirmation() {
+        let mut state = queue();
+        state
+            .enqueue(
+                vec![item("a", "wf"), item("b", "wf"), item("x", "other")],
+                100,
+            )
+            .unwrap();
+        as_request(only(state.poll(100)));
+        // nextRequestAt has already come (x is still queued), yet the claim goes first.
+        state.on_answer(
+            KEY,
+            grant_answer(vec![], vec![lease("L", "wf", 2, 60_100)], 100),
+            100,
+        );
+        assert!(
+            admitted_ids(&mut state).is_empty(),
+            "no draw before confirmation"
+        );
+        assert_eq!(state.status("a"), ItemStatus::Queued);
+        assert_eq!(state.counts(100).drawable, 0);
+        assert!(!state.key_record(KEY).unwrap().leases["L"].confirmed);
+        assert_eq!(state.next_wakeup_ms(100), Some(100), "the claim is due now");
+        let claim = as_sync(only(state.poll(100)));
+        assert_eq!(claim.leases.unwrap(), [lease_report(0, 0, false)]);
+        assert!(admitted_ids(&mut state).is_empty());
+        // A lost claim is sent again after the failure wait, still undrawn.
+        state.on_failure(KEY, 200);
+        assert!(state.poll(1_199).is_empty());
+        let claim = as_sync(only(state.poll(1_200)));
+        assert_eq!(claim.leases.unwrap(), [lease_report(0, 0, false)]);
+        assert!(admitted_ids(&mut state).is_empty());
+    }
+
+    #[test]
+    fn a_live_echo_of_the_claim_confirms_the_lease_and_draws_start() {
+        let mut state = queue();
+        lent(&mut state, &["a", "b", "c"], 2, 60_100, 100);
+        as_sync(only(state.poll(100)));
+        answer_lease(&mut state, 2, 60_300, 300);
+        assert_eq!(admitted_ids(&mut state), ["a", "b"]);
+        let lease = &state.key_record(KEY).unwrap().leases["L"];
+        assert!(lease.confirmed && lease.drawn == 2);
+        assert_eq!(lease.expires_at_ms, 60_300, "the echo refreshed it");
+        // The draws are reported next, as for any confirmed lease.
+        let sync = as_sync(only(state.poll(300)));
+        assert_eq!(sync.leases.unwrap(), [lease_report(2, 0, false)]);
+    }
+
+    #[test]
+    fn an_unconfirmed_lease_echoed_stopped_is_dropped_and_its_items_wait() {
+        let mut state = queue();
+        lent(&mut state, &["a", "b"], 2, 60_100, 100);
+        as_sync(only(state.poll(100)));
+        // Reclaimed at its claim deadline (or unknown): permits 0, expiresAt now.
+        state.on_answer(
+            KEY,
+            synced(vec![], vec![lease("L", "", 0, 20_000)], false),
+            20_000,
+        );
+        assert!(admitted_ids(&mut state).is_empty());
+        assert_eq!(state.counts(20_000).leases, 0);
+        assert_eq!(state.status("a"), ItemStatus::Queued);
+        // The items are asked for again; the dropped lease is not reported.
+        let request = as_request(only(state.poll(20_000)));
+        assert_eq!(request.demand[0].count, 2);
+        assert_eq!(request.leases, Some(vec![]));
+    }
+
+    #[test]
+    fn an_unconfirmed_lease_the_holder_retired_is_returned_undrawn_until_settled() {
+        let mut state = queue();
+        lent(&mut state, &["a"], 2, 60_100, 100);
+        as_sync(only(state.poll(100)));
+        // The holder saw the claim but retired the lease (expiresAt = its now):
+        // it keeps the footprint until this client's retired report.
+        answer_lease(&mut state, 2, 200, 200);
+        assert!(admitted_ids(&mut state).is_empty());
+        let lease = &state.key_record(KEY).unwrap().leases["L"];
+        assert!(lease.retired && !lease.confirmed);
+        let sync = as_sync(only(state.poll(200)));
+        assert_eq!(sync.leases.unwrap(), [lease_report(0, 0, true)]);
+        assert!(admitted_ids(&mut state).is_empty());
+        // Shrunk to nothing drawn and deleted: settled.
+        answer_lease(&mut state, 0, 300, 300);
+        assert_eq!(state.counts(300).leases, 0);
+        assert!(
+            state.poll(300).is_empty(),
+            "next request waits for nextRequestAt"
+        );
+        assert_eq!(as_request(only(state.poll(2_100))).demand[0].count, 1);
     }
 
     #[test]

@@ -200,11 +200,17 @@ impl<T: Clone> QueueState<T> {
         if runtime.in_flight.is_some() || now_ms < runtime.retry_at_ms {
             return None;
         }
+        // Claims first: a sync is not held back by nextRequestAt, and the holder
+        // reclaims grants and leases not confirmed by their claim deadline.
         let claims_waiting = self.keys.get(key).is_some_and(|record| {
             record
                 .grants
                 .values()
                 .any(|grant| grant.awaits_confirmation())
+                || record
+                    .leases
+                    .values()
+                    .any(|lease| lease.awaits_confirmation())
         });
         let request_due = self.has_queued(key) && self.next_request_at_ms(key) <= now_ms;
         if !claims_waiting && request_due {

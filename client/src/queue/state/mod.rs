@@ -6,19 +6,21 @@
 //! The async loop in [`crate::queue`] only carries values between this, the
 //! network, the application and the sled store.
 //!
-//! One item's life: `Queued` → (a lease permit is drawn: `Admitted`) or (a
+//! One item's life: `Queued` → (a permit of a confirmed lease is drawn:
+//! `Admitted`) or (a
 //! grant arrives: `Claiming` → the claim is confirmed: `Admitted`, or came back
 //! `expired`/`not_found`: `Queued` again) → `release(id)` → `Released`.
 //!
 //! Per key, at most one message is in flight. What is due is sent in this order:
-//! a `sync` while grant claims wait for confirmation (admission waits on it); a
+//! a `sync` while grant claims or new leases wait for confirmation (admission
+//! waits on it, and the holder reclaims what is not confirmed in time); a
 //! `request` when items are queued and the key's `nextRequestAt` has come; a
 //! `sync` when a report changed or a lease in use is at half its lifetime.
 //!
 //! Invariants:
-//! - an item is admitted only under a confirmed grant claim or a drawn lease
-//!   permit, and each permit admits at most one item (a drawn permit is one-shot:
-//!   releasing returns footprint, never drawability);
+//! - an item is admitted only under a confirmed grant claim or a permit drawn
+//!   from a confirmed lease, and each permit admits at most one item (a drawn
+//!   permit is one-shot: releasing returns footprint, never drawability);
 //! - a grant's `claimed` is fixed when it arrives (clamped down by an `expired`
 //!   claim), `released <= claimed`; a lease's `released <= drawn <= permits`;
 //! - reports are cumulative high-water marks: resending one is harmless;
@@ -32,8 +34,9 @@
 //!   memory of released ids;
 //! - `grants`: claiming a new grant, confirming or requeueing its claim, and
 //!   reporting its releases until the holder acknowledged them;
-//! - `leases`: drawing permits locally, heartbeats, retiring on `contended`,
-//!   expiry or idleness, and reporting until the holder settled the lease;
+//! - `leases`: confirming a new lease, drawing permits locally, heartbeats,
+//!   retiring on `contended`, expiry or idleness, and reporting until the holder
+//!   settled the lease;
 //! - `messages`: per key, which message is due, what it reports, and applying
 //!   the holder's answer to it.
 
@@ -159,8 +162,9 @@ impl<T: Clone> QueueState<T> {
     }
 
     /// A queue rebuilt from stored records. Items that were admitted are handed
-    /// to `admit` again (the application's admit is a no-op for a known id) and
-    /// every held grant and lease is reported once.
+    /// to `admit` again (the application's admit is a no-op for a known id),
+    /// every held grant and lease is reported once, and leases from older files
+    /// get their `confirmed` flag (`LeaseHolding::restored`).
     pub fn restore(
         client_id: impl Into<String>,
         config: StateConfig,
@@ -174,7 +178,11 @@ impl<T: Clone> QueueState<T> {
             state.released.insert(id.clone(), seq);
             state.released_by_seq.insert(seq, id);
         }
-        for (key, record) in keys {
+        for (key, mut record) in keys {
+            record.leases = std::mem::take(&mut record.leases)
+                .into_iter()
+                .map(|(lease_id, lease)| (lease_id, lease.restored()))
+                .collect();
             if !record.is_empty() {
                 state.runtime.entry(key.clone()).or_default().force_report = true;
             }
@@ -251,5 +259,68 @@ mod tests {
         assert!(restored.poll(2_000).is_empty());
         let request = as_request(only(restored.poll(2_100)));
         assert_eq!(request.demand[0].count, 1);
+    }
+
+    /// A key record as files from before leases were claimed hold it: leases
+    /// without `confirmed`.
+    fn key_record_of_an_older_file(drawn: u64) -> KeyRecord {
+        serde_json::from_value(serde_json::json!({
+            "grants": {},
+            "leases": {"L": {
+                "group": "wf", "permits": 4, "expiresAtMs": 60_000, "ttlMs": 60_000,
+                "drawn": drawn, "released": 0, "retired": false,
+                "acked": {"leaseId": "L", "drawn": drawn, "released": 0, "retired": false},
+                "idleSinceMs": null
+            }},
+            "nextRequestAtMs": 0
+        }))
+        .expect("older key records still decode")
+    }
+
+    fn restored_with_queued_item(record: KeyRecord) -> QueueState<u32> {
+        let mut state = queue();
+        state.enqueue(vec![item("q", "wf")], 50).unwrap();
+        let items: Vec<ItemRecord<u32>> = state.items.values().cloned().collect();
+        QueueState::restore(
+            "runner-1",
+            StateConfig::default(),
+            items,
+            vec![(KEY.to_string(), record)],
+            vec![],
+        )
+    }
+
+    #[test]
+    fn a_restored_lease_that_was_drawn_from_stays_drawable() {
+        let record = key_record_of_an_older_file(1);
+        assert!(!record.leases["L"].confirmed, "the flag defaults to false");
+        let mut restored = restored_with_queued_item(record);
+        assert!(restored.key_record(KEY).unwrap().leases["L"].confirmed);
+        let sync = as_sync(only(restored.poll(100)));
+        assert_eq!(admitted_ids(&mut restored), ["q"], "drawn without a claim");
+        assert_eq!(sync.leases.unwrap()[0].drawn, 2);
+    }
+
+    #[test]
+    fn a_restored_undrawn_lease_is_claimed_before_it_is_drawn_from() {
+        let mut restored = restored_with_queued_item(key_record_of_an_older_file(0));
+        let claim = as_sync(only(restored.poll(100)));
+        assert!(admitted_ids(&mut restored).is_empty());
+        let report = &claim.leases.unwrap()[0];
+        assert_eq!(
+            (report.drawn, report.released, report.retired),
+            (0, 0, false)
+        );
+        // An answer without a live echo of it leaves it unconfirmed (though its
+        // stored `acked` matches): the claim is sent again.
+        restored.on_answer(KEY, synced(vec![], vec![], false), 200);
+        let claim = as_sync(only(restored.poll(200)));
+        assert_eq!(claim.leases.unwrap()[0].lease_id, "L");
+        assert!(admitted_ids(&mut restored).is_empty());
+        answer_lease(&mut restored, 4, 60_200, 200);
+        assert_eq!(admitted_ids(&mut restored), ["q"]);
+        // The confirmed flag is stored from now on.
+        let stored = serde_json::to_value(restored.key_record(KEY).unwrap()).unwrap();
+        assert_eq!(stored["leases"]["L"]["confirmed"], true);
     }
 }

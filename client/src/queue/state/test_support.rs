@@ -136,8 +136,8 @@ pub fn answer_claim(state: &mut QueueState<u32>, claimed: u64, status: GrantStat
 }
 
 /// Enqueues `ids` in group `wf` at `now_ms` and answers the first request at
-/// once with lease `L` of `permits`; the answer draws from it for them.
-pub fn leased(
+/// once with lease `L` of `permits`, which is then unconfirmed.
+pub fn lent(
     state: &mut QueueState<u32>,
     ids: &[&str],
     permits: u64,
@@ -154,6 +154,27 @@ pub fn leased(
         grant_answer(vec![], vec![lent], next_request_at_ms),
         now_ms,
     );
+}
+
+/// [`lent`], then the claim sync of `L` is answered live at once (same
+/// `expiresAt`), which confirms the lease and draws from it for the items.
+pub fn leased(
+    state: &mut QueueState<u32>,
+    ids: &[&str],
+    permits: u64,
+    expires_at_ms: u64,
+    now_ms: u64,
+) {
+    lent(state, ids, permits, expires_at_ms, now_ms);
+    let claim = as_sync(only(state.poll(now_ms)));
+    let reported: Vec<(&str, u64, u64)> = claim
+        .leases
+        .iter()
+        .flatten()
+        .map(|report| (report.lease_id.as_str(), report.drawn, report.released))
+        .collect();
+    assert_eq!(reported, [("L", 0, 0)], "the claim of a new lease");
+    answer_lease(state, permits, expires_at_ms, now_ms);
 }
 
 /// Answers the sync in flight with the holder's echo of lease `L`, not contended.
