@@ -110,6 +110,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         .map_err(|error| StartError::Storage(error.to_string()))?;
     let timings = &settings.timings;
     let network = Network::new(
+        settings.id,
         settings.secret.clone(),
         Duration::from_millis(timings.rpc_timeout_ms),
     )?;

@@ -57,6 +57,11 @@ pub struct NodeConfig {
     pub api_addr: String,
     /// `host:port` of the internal `/raft/` and `/cluster/` endpoints.
     pub raft_addr: String,
+    /// `host:port` peers use to reach `raft_addr`, as stored in the Raft
+    /// membership, when it differs from the bind address (a proxy, NAT, a
+    /// container port mapping). Defaults to `raft_addr`.
+    #[serde(default)]
+    pub advertise_raft_addr: Option<String>,
     /// Where the node keeps its sled database.
     pub data_dir: PathBuf,
 }
@@ -90,7 +95,10 @@ impl NodeConfig {
     pub fn peer(&self) -> PeerNode {
         PeerNode {
             api_addr: self.api_addr.clone(),
-            raft_addr: self.raft_addr.clone(),
+            raft_addr: self
+                .advertise_raft_addr
+                .clone()
+                .unwrap_or_else(|| self.raft_addr.clone()),
         }
     }
 }
@@ -163,6 +171,26 @@ mod tests {
             .iter()
             .all(|node| node.data_dir.is_absolute()
                 || node.data_dir.starts_with(path.parent().unwrap())));
+    }
+
+    #[test]
+    fn peers_reach_the_advertised_raft_address() {
+        let text = r#"secret = "0123456789abcdef"
+            [[node]]
+            id = 1
+            api_addr = "127.0.0.1:1"
+            raft_addr = "127.0.0.1:2"
+            advertise_raft_addr = "127.0.0.1:3"
+            data_dir = "d"
+            [[node]]
+            id = 2
+            api_addr = "127.0.0.1:4"
+            raft_addr = "127.0.0.1:5"
+            data_dir = "d2""#;
+        let config: ClusterConfig = toml::from_str(text).unwrap();
+        assert_eq!(config.nodes[0].peer().raft_addr, "127.0.0.1:3");
+        assert_eq!(config.nodes[0].raft_addr, "127.0.0.1:2");
+        assert_eq!(config.nodes[1].peer().raft_addr, "127.0.0.1:5");
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! `now_ms`, ids from [`IdAllocator::new`] on the entry's log index (one allocator
 //! shared by every key of the entry, so ids never repeat within it).
 
-use permitd_core::protocol::SemaphoreRequest;
-use permitd_core::validate::{validate_group, validate_key, validate_request};
+use permitd_core::validate::{
+    validate_group, validate_key, validate_permit_request, validate_sync,
+};
 use permitd_core::{Event, IdAllocator, InvalidInput, Semaphores};
 
 use crate::rows::WriteSet;
@@ -69,19 +70,17 @@ pub(crate) fn apply_command(
 
 /// The leader validates at the edge; apply checks again, because the engine
 /// assumes valid input (it may panic on, say, a group demanded twice) and one bad
-/// entry must not stop every replica. Every replica rejects alike. The clones cost
-/// what the entry holds.
+/// entry must not stop every replica. Every replica rejects alike. Checked by
+/// reference: no copy of the entry's requests.
 fn check(command: &Command) -> Result<(), InvalidInput> {
     match command {
         Command::Round { keys, .. } => keys.iter().try_for_each(|round| {
             validate_key(&round.key)?;
-            round.requests.iter().try_for_each(|request| {
-                validate_request(&SemaphoreRequest::Request(request.clone()))
-            })
+            round.requests.iter().try_for_each(validate_permit_request)
         }),
         Command::Sync { key, sync, .. } => {
             validate_key(key)?;
-            validate_request(&SemaphoreRequest::Sync(sync.clone()))
+            validate_sync(sync)
         }
         Command::Reclaim { keys, .. } => keys.iter().try_for_each(|key| validate_key(key)),
         Command::SetKeyConfig { key, .. } | Command::RemoveKey { key } => validate_key(key),

@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod bench;
+pub mod chaos;
+
 /// The secret every test cluster uses.
 pub const SECRET: &str = "permitd-test-secret-0123456789";
 /// How long a node may take to answer `/healthz`, or a cluster to elect.
@@ -80,6 +83,8 @@ pub struct Node {
     pub id: u64,
     pub api_addr: String,
     pub raft_addr: String,
+    /// The Raft address peers are told to use, if not `raft_addr` (a proxy).
+    pub advertise_raft_addr: Option<String>,
     /// The cluster file this node is started with.
     config: PathBuf,
     child: Option<Child>,
@@ -110,6 +115,11 @@ impl Node {
 
     pub fn is_running(&self) -> bool {
         self.child.is_some()
+    }
+
+    /// The process id of the running node.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// `http://api_addr`.
@@ -156,8 +166,32 @@ impl Cluster {
         cluster
     }
 
+    /// Like [`Cluster::start`], but node `id` advertises `advertise(id, raft_addr)`
+    /// (when `Some`) as its Raft address in the membership, e.g. a proxy in front
+    /// of its real Raft listener at `raft_addr`.
+    pub async fn start_advertising(
+        settings: Settings,
+        advertise: impl FnMut(u64, &str) -> Option<String>,
+    ) -> Self {
+        let cluster = Self::spawn_advertising(settings, advertise);
+        cluster.wait_healthy().await;
+        let init = cluster.post_secret(1, "/cluster/init", &json!({})).await;
+        assert_eq!(init.0, 200, "init failed: {}", init.1);
+        cluster.wait_for_leader().await;
+        cluster
+    }
+
     /// Writes the cluster file and starts every node, uninitialised.
     pub fn spawn(settings: Settings) -> Self {
+        Self::spawn_advertising(settings, |_, _| None)
+    }
+
+    /// [`Cluster::spawn`] with advertised Raft addresses (see
+    /// [`Cluster::start_advertising`]).
+    pub fn spawn_advertising(
+        settings: Settings,
+        mut advertise: impl FnMut(u64, &str) -> Option<String>,
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("permitd-e2e-")
             .disable_cleanup(std::env::var_os("PERMITD_KEEP_DIRS").is_some())
@@ -165,12 +199,16 @@ impl Cluster {
             .expect("temp dir");
         let config = dir.path().join("cluster.toml");
         let mut nodes: Vec<Node> = (1..=settings.nodes as u64)
-            .map(|id| Node {
-                id,
-                api_addr: format!("127.0.0.1:{}", free_port()),
-                raft_addr: format!("127.0.0.1:{}", free_port()),
-                config: config.clone(),
-                child: None,
+            .map(|id| {
+                let raft_addr = format!("127.0.0.1:{}", free_port());
+                Node {
+                    id,
+                    api_addr: format!("127.0.0.1:{}", free_port()),
+                    advertise_raft_addr: advertise(id, &raft_addr),
+                    raft_addr,
+                    config: config.clone(),
+                    child: None,
+                }
             })
             .collect();
         std::fs::write(&config, cluster_toml(&nodes, &settings.defaults)).expect("config");
@@ -311,6 +349,7 @@ impl Cluster {
             id,
             api_addr: format!("127.0.0.1:{}", free_port()),
             raft_addr: format!("127.0.0.1:{}", free_port()),
+            advertise_raft_addr: None,
             config: config.clone(),
             child: None,
         };
@@ -393,6 +432,7 @@ pub fn write_cluster_file(dir: &Path, count: u64) -> (PathBuf, Vec<String>) {
             id,
             api_addr: format!("127.0.0.1:{}", free_port()),
             raft_addr: format!("127.0.0.1:{}", free_port()),
+            advertise_raft_addr: None,
             config: path.clone(),
             child: None,
         })
@@ -406,6 +446,7 @@ fn clone_node(node: &Node) -> Node {
         id: node.id,
         api_addr: node.api_addr.clone(),
         raft_addr: node.raft_addr.clone(),
+        advertise_raft_addr: node.advertise_raft_addr.clone(),
         config: node.config.clone(),
         child: None,
     }
@@ -430,9 +471,13 @@ fn cluster_toml(nodes: &[Node], defaults: &str) -> String {
     );
     for node in nodes {
         text.push_str(&format!(
-            "[[node]]\nid = {}\napi_addr = \"{}\"\nraft_addr = \"{}\"\ndata_dir = \"data/node-{}\"\n\n",
+            "[[node]]\nid = {}\napi_addr = \"{}\"\nraft_addr = \"{}\"\ndata_dir = \"data/node-{}\"\n",
             node.id, node.api_addr, node.raft_addr, node.id
         ));
+        if let Some(addr) = &node.advertise_raft_addr {
+            text.push_str(&format!("advertise_raft_addr = \"{addr}\"\n"));
+        }
+        text.push('\n');
     }
     text
 }

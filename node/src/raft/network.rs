@@ -18,18 +18,20 @@ use permitd_storage::{NodeId, PeerNode, TypeConfig};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{bearer, SECRET_HEADER};
+use super::{bearer, FROM_HEADER, SECRET_HEADER};
 
 /// Creates connections to peers; they share one client, hence one connection pool.
 #[derive(Debug, Clone)]
 pub struct Network {
     client: reqwest::Client,
+    /// This node, named in [`FROM_HEADER`].
+    id: NodeId,
     secret: String,
     rpc_timeout: Duration,
 }
 
 impl Network {
-    pub fn new(secret: String, rpc_timeout: Duration) -> Result<Self, reqwest::Error> {
+    pub fn new(id: NodeId, secret: String, rpc_timeout: Duration) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .connect_timeout(rpc_timeout)
             .pool_idle_timeout(Duration::from_secs(30))
@@ -37,6 +39,7 @@ impl Network {
             .build()?;
         Ok(Self {
             client,
+            id,
             secret,
             rpc_timeout,
         })
@@ -84,6 +87,7 @@ impl Connection {
             .client
             .post(url)
             .header(SECRET_HEADER, bearer(&self.network.secret))
+            .header(FROM_HEADER, self.network.id)
             .timeout(timeout)
             .json(request)
             .send()

@@ -1,0 +1,221 @@
+//! The grant path: clients that ask for one permit per request and report it
+//! claimed and released in their next request (no leases), straight to the
+//! leader, as fast as answers come back.
+//!
+//! Every client is one tokio task with its own request loop. Only answers that
+//! arrive inside the measurement window (after a warm-up) count; the window's
+//! log entries come from the leader's `lastLogIndex`. Round overhead is the
+//! client's request latency minus `roundWaitMs`: with one client that is the
+//! round itself (queueing, proposal, replication, fsync, apply, HTTP).
+
+use std::time::{Duration, Instant};
+
+use permitd_core::protocol::{
+    Demand, GrantReport, PermitRequest, PermitSync, SemaphoreRequest, SemaphoreResponse, V1,
+};
+use serde_json::json;
+
+use super::stats::{last_log_index, ms, quantile, set_defaults};
+use crate::Cluster;
+
+/// Most requests one client sends in one run, whatever the time.
+const MAX_REQUESTS_PER_CLIENT: u64 = 10_000_000;
+/// Limit of one HTTP call.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One grant-path run.
+#[derive(Debug, Clone)]
+pub struct GrantRun {
+    pub clients: usize,
+    pub keys: usize,
+    pub round_wait_ms: u64,
+    pub limit: u64,
+    pub grant_timeout_ms: u64,
+    /// Each request also sends a `sync` with its reports (messages section).
+    pub with_syncs: bool,
+    pub warmup: Duration,
+    pub measure: Duration,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct GrantResult {
+    pub permits_per_s: f64,
+    pub messages_per_s: f64,
+    pub requests_per_s: f64,
+    pub syncs_per_s: f64,
+    pub entries_per_s: f64,
+    pub latency_ms_p50: f64,
+    pub latency_ms_p99: f64,
+    pub overhead_ms_p50: f64,
+    pub overhead_ms_p99: f64,
+    pub errors: u64,
+}
+
+/// What one client saw inside the window.
+#[derive(Debug, Default)]
+struct ClientTally {
+    permits: u64,
+    requests: u64,
+    syncs: u64,
+    errors: u64,
+    latencies_ms: Vec<f64>,
+}
+
+/// Runs `run` against `cluster`'s `leader`; `tag` keeps its keys apart.
+pub async fn run(cluster: &Cluster, leader: u64, run: &GrantRun, tag: &str) -> GrantResult {
+    let wait = run.round_wait_ms;
+    set_defaults(
+        cluster,
+        leader,
+        &json!({"limit": run.limit, "roundWaitMs": wait, "roundPeriodMs": wait,
+                "grantTimeoutMs": run.grant_timeout_ms}),
+    )
+    .await;
+    let http = bench_http();
+    let url = cluster.node(leader).url();
+    let started = Instant::now();
+    let window_start = started + run.warmup;
+    let window_end = window_start + run.measure;
+    let mut tasks = Vec::with_capacity(run.clients);
+    for client in 0..run.clients {
+        let endpoint = format!("{url}/v1/semaphores/{tag}-{}", client % run.keys);
+        tasks.push(tokio::spawn(client_loop(
+            http.clone(),
+            endpoint,
+            format!("{tag}-client-{client}"),
+            run.with_syncs,
+            (window_start, window_end),
+        )));
+    }
+    tokio::time::sleep_until(window_start.into()).await;
+    let first_index = last_log_index(cluster, leader).await;
+    tokio::time::sleep_until(window_end.into()).await;
+    let last_index = last_log_index(cluster, leader).await;
+    let mut total = ClientTally::default();
+    for task in tasks {
+        let tally = task.await.expect("client task");
+        total.permits += tally.permits;
+        total.requests += tally.requests;
+        total.syncs += tally.syncs;
+        total.errors += tally.errors;
+        total.latencies_ms.extend(tally.latencies_ms);
+    }
+    summarise(total, run, last_index.saturating_sub(first_index))
+}
+
+fn summarise(mut total: ClientTally, run: &GrantRun, entries: u64) -> GrantResult {
+    let seconds = run.measure.as_secs_f64();
+    let latency_ms_p50 = quantile(&mut total.latencies_ms, 0.5);
+    let latency_ms_p99 = quantile(&mut total.latencies_ms, 0.99);
+    let wait = run.round_wait_ms as f64;
+    GrantResult {
+        permits_per_s: total.permits as f64 / seconds,
+        messages_per_s: (total.requests + total.syncs) as f64 / seconds,
+        requests_per_s: total.requests as f64 / seconds,
+        syncs_per_s: total.syncs as f64 / seconds,
+        entries_per_s: entries as f64 / seconds,
+        latency_ms_p50,
+        latency_ms_p99,
+        overhead_ms_p50: latency_ms_p50 - wait,
+        overhead_ms_p99: latency_ms_p99 - wait,
+        errors: total.errors,
+    }
+}
+
+/// The bench's own HTTP client: pooled keep-alive connections, no Nagle.
+pub fn bench_http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .timeout(CALL_TIMEOUT)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build()
+        .expect("http client")
+}
+
+/// One client: request one permit, report the previous ones claimed and released.
+async fn client_loop(
+    http: reqwest::Client,
+    endpoint: String,
+    client_id: String,
+    with_syncs: bool,
+    (window_start, window_end): (Instant, Instant),
+) -> ClientTally {
+    let mut tally = ClientTally::default();
+    let mut held: Vec<GrantReport> = Vec::new();
+    for _ in 0..MAX_REQUESTS_PER_CLIENT {
+        if Instant::now() >= window_end {
+            break;
+        }
+        let request = SemaphoreRequest::Request(PermitRequest {
+            v: V1,
+            client_id: client_id.clone(),
+            request_id: None,
+            demand: vec![Demand {
+                group: "g".into(),
+                count: 1,
+                oldest_at_ms: 1,
+            }],
+            grants: std::mem::take(&mut held),
+            leases: None,
+        });
+        let sent = Instant::now();
+        let answer = send(&http, &endpoint, &request).await;
+        let done = Instant::now();
+        let counted = done >= window_start && done <= window_end;
+        let Some(SemaphoreResponse::Grant(grant)) = answer else {
+            tally.errors += u64::from(counted);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        held = grant
+            .grants
+            .iter()
+            .map(|granted| GrantReport {
+                grant_id: granted.grant_id.to_string(),
+                claimed: granted.permits,
+                released: granted.permits,
+            })
+            .collect();
+        if counted {
+            tally.requests += 1;
+            tally.permits += held.iter().map(|report| report.claimed).sum::<u64>();
+            tally.latencies_ms.push(ms(done - sent));
+        }
+        if with_syncs && !held.is_empty() {
+            let sync = SemaphoreRequest::Sync(PermitSync {
+                v: V1,
+                client_id: client_id.clone(),
+                grants: held.clone(),
+                leases: None,
+            });
+            let synced = send(&http, &endpoint, &sync).await;
+            let in_window = Instant::now() <= window_end && done >= window_start;
+            match synced {
+                Some(SemaphoreResponse::Synced(_)) => tally.syncs += u64::from(in_window),
+                _ => tally.errors += u64::from(in_window),
+            }
+        }
+    }
+    tally
+}
+
+async fn send(
+    http: &reqwest::Client,
+    endpoint: &str,
+    message: &SemaphoreRequest,
+) -> Option<SemaphoreResponse> {
+    let body = serde_json::to_vec(message).expect("protocol values serialise");
+    let answer = http
+        .post(endpoint)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await
+        .ok()?;
+    if !answer.status().is_success() {
+        return None;
+    }
+    let bytes = answer.bytes().await.ok()?;
+    serde_json::from_slice(&bytes).ok()
+}

@@ -1,0 +1,150 @@
+//! The lease path: `SemaphoreQueue` runners (in memory, strict leases) whose
+//! application releases every admitted item at once, so each admission is one
+//! whole permit cycle: enqueue → permit (a drawn lease permit, or a claimed
+//! grant) → admit → release → reported back to the holder.
+//!
+//! A feeder per runner keeps a backlog queued; cycles are counted in `admit`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use permitd_client::{
+    Admission, AdmittedItem, ClientConfig, QueueConfig, QueueItem, SemaphoreClient, SemaphoreQueue,
+};
+use serde_json::json;
+
+use super::stats::{last_log_index, set_key_config};
+use crate::{Cluster, SECRET};
+
+/// Items kept queued per runner.
+const BACKLOG: usize = 4_096;
+/// Items per `enqueue` call.
+const ENQUEUE_BATCH: usize = 1_024;
+/// Pause of a feeder whose backlog is full.
+const FEED_PAUSE: Duration = Duration::from_millis(2);
+
+/// One lease-path run.
+#[derive(Debug, Clone)]
+pub struct LeaseRun {
+    pub runners: usize,
+    pub limit: u64,
+    pub permits_per_lease: u64,
+    pub round_wait_ms: u64,
+    pub warmup: Duration,
+    pub measure: Duration,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseResult {
+    pub cycles_per_s: f64,
+    pub entries_per_s: f64,
+}
+
+/// The application side: counts and releases every admitted item.
+#[derive(Debug, Clone)]
+struct Releaser {
+    cycles: Arc<AtomicU64>,
+    queue: Arc<Mutex<Weak<SemaphoreQueue<u8>>>>,
+}
+
+impl Admission<u8> for Releaser {
+    async fn admit(&self, items: Vec<AdmittedItem<u8>>) {
+        let queue = self.queue.lock().expect("queue slot").upgrade();
+        let Some(queue) = queue else { return };
+        for item in &items {
+            let _ = queue.release(&item.id);
+        }
+        self.cycles.fetch_add(items.len() as u64, Ordering::Relaxed);
+    }
+
+    async fn finished(&self, _ids: Vec<String>) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// Runs `run` on key `key`.
+pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> LeaseResult {
+    let wait = run.round_wait_ms;
+    let config = json!({"limit": run.limit, "roundWaitMs": wait, "roundPeriodMs": wait,
+        "grantTimeoutMs": 60_000,
+        "leases": {"provisioning": {"mode": "strict"}, "permitsPerLease": run.permits_per_lease}});
+    set_key_config(cluster, leader, key, &config).await;
+    let mut client_config = ClientConfig::new(cluster.nodes.iter().map(|node| node.url()));
+    client_config.secret = Some(SECRET.to_string());
+    let client = SemaphoreClient::new(client_config).expect("client");
+    let cycles = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let window_start = started + run.warmup;
+    let window_end = window_start + run.measure;
+    let mut runners = Vec::new();
+    for runner in 0..run.runners {
+        let slot = Arc::new(Mutex::new(Weak::new()));
+        let releaser = Releaser {
+            cycles: cycles.clone(),
+            queue: slot.clone(),
+        };
+        let mut config = QueueConfig::new(format!("{key}-runner-{runner}"));
+        config.shutdown_timeout = Duration::from_secs(2);
+        let queue =
+            Arc::new(SemaphoreQueue::start(client.clone(), config, releaser).expect("queue"));
+        *slot.lock().expect("queue slot") = Arc::downgrade(&queue);
+        runners.push(tokio::spawn(feed(
+            queue,
+            key.to_owned(),
+            runner,
+            window_end,
+        )));
+    }
+    tokio::time::sleep_until(window_start.into()).await;
+    let (first_cycles, first_index) = (
+        cycles.load(Ordering::Relaxed),
+        last_log_index(cluster, leader).await,
+    );
+    tokio::time::sleep_until(window_end.into()).await;
+    let (last_cycles, last_index) = (
+        cycles.load(Ordering::Relaxed),
+        last_log_index(cluster, leader).await,
+    );
+    for runner in runners {
+        let queue = runner.await.expect("feeder");
+        let _ = queue.shutdown().await;
+    }
+    let seconds = run.measure.as_secs_f64();
+    LeaseResult {
+        cycles_per_s: (last_cycles - first_cycles) as f64 / seconds,
+        entries_per_s: last_index.saturating_sub(first_index) as f64 / seconds,
+    }
+}
+
+/// Keeps `BACKLOG` items queued until `until`; hands the queue back.
+async fn feed(
+    queue: Arc<SemaphoreQueue<u8>>,
+    key: String,
+    runner: usize,
+    until: Instant,
+) -> Arc<SemaphoreQueue<u8>> {
+    let mut next = 0u64;
+    while Instant::now() < until {
+        if queue.counts().queued >= BACKLOG {
+            tokio::time::sleep(FEED_PAUSE).await;
+            continue;
+        }
+        let items = (0..ENQUEUE_BATCH)
+            .map(|_| {
+                next += 1;
+                QueueItem {
+                    id: format!("{runner}-{next}"),
+                    key: key.clone(),
+                    group: "g".into(),
+                    body: 0,
+                }
+            })
+            .collect();
+        if queue.enqueue(items).await.is_err() {
+            break;
+        }
+    }
+    queue
+}

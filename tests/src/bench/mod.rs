@@ -1,0 +1,198 @@
+//! `bench`: throughput, latency, failover and scale of a real three-node
+//! cluster on loopback (the `permitd` binary the harness finds, real sled with
+//! fsync, real HTTP), printed as one markdown table and saved as JSON.
+//!
+//! Sections, in the order they run:
+//! 1. the physical floor: median fsync of a 4 KiB append on the data disk;
+//! 2. the grant path ([`grant`]): 1–256 clients on 1 or 100 keys, at
+//!    `roundWaitMs` 1 and 5, no leases, limit 32 per key;
+//! 3. messages per second at saturation: the grant loop plus a `sync` per grant;
+//! 4. the lease path ([`lease`]): `SemaphoreQueue` runners with strict leases;
+//! 5. failover ([`failover`]): SIGKILL of the leader to the first grant;
+//! 6. scale ([`scale`]): round overhead and leader RSS with 1 to 100,000 keys,
+//!    on a fresh cluster.
+//!
+//! Every loop is bounded in count and time; all traffic goes to 127.0.0.1.
+//! Targets are reported against, never asserted.
+
+pub mod failover;
+pub mod floor;
+pub mod grant;
+pub mod lease;
+mod report;
+pub mod scale;
+pub mod stats;
+
+use std::time::{Duration, Instant};
+
+pub use report::{target_dir, Report};
+
+use crate::{Cluster, Settings};
+
+/// Which sections run, and how long.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    pub name: &'static str,
+    pub fsync_samples: usize,
+    pub grant_clients: Vec<usize>,
+    pub grant_keys: Vec<usize>,
+    pub round_waits_ms: Vec<u64>,
+    pub warmup: Duration,
+    pub measure: Duration,
+    pub saturation_clients: usize,
+    /// `(runners, limit)` of each lease-path run.
+    pub lease_runs: Vec<(usize, u64)>,
+    pub lease_measure: Duration,
+    pub failover_kills: usize,
+    pub scale_sizes: Vec<usize>,
+    pub scale_probe: Duration,
+    /// Sections to run (all when empty): floor, grant, messages, lease,
+    /// failover, scale.
+    pub only: Vec<String>,
+}
+
+/// Limit of every grant-path key (the target's "limit 32").
+pub const GRANT_LIMIT: u64 = 32;
+/// Permits per lease on the lease path (the seed's default).
+pub const PERMITS_PER_LEASE: u64 = 64;
+
+impl Profile {
+    /// Everything the issue asks for; a few minutes.
+    pub fn full() -> Self {
+        Self {
+            name: "full",
+            fsync_samples: 200,
+            grant_clients: vec![1, 16, 64, 256],
+            grant_keys: vec![1, 100],
+            round_waits_ms: vec![1, 5],
+            warmup: Duration::from_secs(1),
+            measure: Duration::from_secs(4),
+            saturation_clients: 256,
+            lease_runs: vec![(16, 1_000), (64, 32)],
+            lease_measure: Duration::from_secs(5),
+            failover_kills: 10,
+            scale_sizes: vec![1, 1_000, 100_000],
+            scale_probe: Duration::from_secs(3),
+            only: Vec::new(),
+        }
+    }
+
+    /// Every section, shortened to well under a minute (CI).
+    pub fn quick() -> Self {
+        Self {
+            name: "quick",
+            fsync_samples: 50,
+            grant_clients: vec![1, 64],
+            grant_keys: vec![1],
+            round_waits_ms: vec![1, 5],
+            warmup: Duration::from_millis(300),
+            measure: Duration::from_millis(1_200),
+            saturation_clients: 64,
+            lease_runs: vec![(16, 1_000), (64, 32)],
+            lease_measure: Duration::from_millis(1_500),
+            failover_kills: 2,
+            scale_sizes: vec![1, 1_000],
+            scale_probe: Duration::from_secs(1),
+            only: Vec::new(),
+        }
+    }
+
+    fn runs(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|only| only == section)
+    }
+}
+
+/// The cluster settings of every bench cluster.
+fn settings() -> Settings {
+    Settings {
+        nodes: 3,
+        defaults: "limit = 32\nroundWaitMs = 1\nroundPeriodMs = 1\ngrantTimeoutMs = 60000\n".into(),
+    }
+}
+
+/// Runs `profile` and returns the report (not yet printed or saved).
+pub async fn run(profile: &Profile) -> Report {
+    let started = Instant::now();
+    let mut report = Report::new(profile.name);
+    let mut cluster = Cluster::start(settings()).await;
+    if profile.runs("floor") {
+        eprintln!("bench: floor");
+        let floor = floor::measure(cluster.dir.path(), profile.fsync_samples);
+        report.floor(&floor);
+    }
+    if profile.runs("grant") {
+        for &wait in &profile.round_waits_ms {
+            for &keys in &profile.grant_keys {
+                for &clients in &profile.grant_clients {
+                    let run = grant_run(profile, clients, keys, wait, false);
+                    let tag = format!("g{wait}-{keys}-{clients}");
+                    let leader = leader_for(&cluster, &tag).await;
+                    let result = grant::run(&cluster, leader, &run, &tag).await;
+                    report.grant(&run, &result);
+                }
+            }
+        }
+    }
+    if profile.runs("messages") {
+        let run = grant_run(profile, profile.saturation_clients, 100, 1, true);
+        let leader = leader_for(&cluster, "messages").await;
+        let result = grant::run(&cluster, leader, &run, "messages").await;
+        report.messages(&run, &result);
+    }
+    if profile.runs("lease") {
+        for (index, &(runners, limit)) in profile.lease_runs.iter().enumerate() {
+            let run = lease::LeaseRun {
+                runners,
+                limit,
+                permits_per_lease: PERMITS_PER_LEASE,
+                round_wait_ms: 1,
+                warmup: profile.warmup * 2,
+                measure: profile.lease_measure,
+            };
+            let key = format!("lease-{index}");
+            let leader = leader_for(&cluster, &key).await;
+            let result = lease::run(&cluster, leader, &run, &key).await;
+            report.lease(&run, &result);
+        }
+    }
+    if profile.runs("failover") {
+        eprintln!("bench: failover");
+        let result = failover::run(&mut cluster, profile.failover_kills).await;
+        report.failover(&result);
+    }
+    drop(cluster);
+    if profile.runs("scale") {
+        eprintln!("bench: scale");
+        let cluster = Cluster::start(settings()).await;
+        let points = scale::run(&cluster, &profile.scale_sizes, profile.scale_probe).await;
+        report.scale(&points);
+    }
+    report.finish(started.elapsed());
+    report
+}
+
+/// The current leader (runs may have moved it), announcing run `name`.
+async fn leader_for(cluster: &Cluster, name: &str) -> u64 {
+    let leader = cluster.wait_for_leader().await;
+    eprintln!("bench: {name} (leader {leader})");
+    leader
+}
+
+fn grant_run(
+    profile: &Profile,
+    clients: usize,
+    keys: usize,
+    round_wait_ms: u64,
+    with_syncs: bool,
+) -> grant::GrantRun {
+    grant::GrantRun {
+        clients,
+        keys,
+        round_wait_ms,
+        limit: GRANT_LIMIT,
+        grant_timeout_ms: 60_000,
+        with_syncs,
+        warmup: profile.warmup,
+        measure: profile.measure,
+    }
+}

@@ -1,0 +1,89 @@
+//! Small helpers: quantiles of samples, HTTP calls with the cluster secret,
+//! the leader's log index and a process's resident memory.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::{Cluster, SECRET};
+
+/// The `q` quantile (0..=1) of `samples` by nearest rank; `NaN` when empty.
+pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.sort_by(f64::total_cmp);
+    let rank = ((samples.len() as f64 - 1.0) * q).round() as usize;
+    samples[rank.min(samples.len() - 1)]
+}
+
+/// How long a configuration write retries a cluster that is electing.
+const CONFIG_RETRY_FOR: Duration = Duration::from_secs(20);
+
+/// `PUT` with the cluster secret through any node (followers forward); retries
+/// 503 (an election) for a while, then panics unless it answers 200.
+pub async fn put_secret(cluster: &Cluster, id: u64, path: &str, body: &Value) {
+    let url = format!("{}{path}", cluster.node(id).url());
+    let deadline = Instant::now() + CONFIG_RETRY_FOR;
+    loop {
+        let answer = cluster
+            .http
+            .put(&url)
+            .bearer_auth(SECRET)
+            .json(body)
+            .send()
+            .await
+            .expect("node answers");
+        let status = answer.status();
+        let text = answer.text().await.unwrap_or_default();
+        if status.as_u16() == 503 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        assert!(status.is_success(), "PUT {path}: {status} {text}");
+        return;
+    }
+}
+
+/// `PUT /cluster/defaults` (every key without a config of its own).
+pub async fn set_defaults(cluster: &Cluster, leader: u64, defaults: &Value) {
+    put_secret(cluster, leader, "/cluster/defaults", defaults).await;
+}
+
+/// `PUT /v1/semaphores/{key}/config`; retries 503 for a while, then panics
+/// unless it answers 200.
+pub async fn set_key_config(cluster: &Cluster, leader: u64, key: &str, config: &Value) {
+    let path = format!("/v1/semaphores/{key}/config");
+    let deadline = Instant::now() + CONFIG_RETRY_FOR;
+    loop {
+        let answer = cluster.put(leader, &path, config).await;
+        if answer.status == 503 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        assert_eq!(answer.status, 200, "config of {key}: {}", answer.body);
+        return;
+    }
+}
+
+/// The leader's last log index (0 when it does not answer).
+pub async fn last_log_index(cluster: &Cluster, leader: u64) -> u64 {
+    cluster
+        .status(leader)
+        .await
+        .and_then(|status| status["lastLogIndex"].as_u64())
+        .unwrap_or(0)
+}
+
+/// `VmRSS` of a process, in bytes, from `/proc/<pid>/status`.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Milliseconds in a duration, as a float.
+pub fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}

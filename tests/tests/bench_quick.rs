@@ -1,0 +1,24 @@
+//! The bench's quick profile completes against real processes and prints its
+//! table. No performance assertions: CI machines vary.
+
+use permitd_tests::bench::{self, Profile};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_bench_completes_and_prints_its_table() {
+    let started = std::time::Instant::now();
+    let report = bench::run(&Profile::quick()).await;
+    let table = report.markdown();
+    println!("{table}");
+    for section in [
+        "6 floor",
+        "1 grant",
+        "3 messages",
+        "2 lease",
+        "4 failover",
+        "5 scale",
+    ] {
+        assert!(table.contains(section), "no {section} row in:\n{table}");
+    }
+    assert!(table.lines().filter(|line| line.starts_with("| ")).count() > 8);
+    eprintln!("quick bench took {:?}", started.elapsed());
+}
