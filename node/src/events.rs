@@ -1,11 +1,14 @@
 //! After-apply side effects on every node: the core's lifecycle events become
-//! tracing events, and the usage gauges of the keys an entry touched are refreshed.
+//! tracing events, and the usage gauges of the keys an entry touched are refreshed
+//! (the bounded per-key series and the all-keys totals: see `metrics.rs`).
 
 use std::sync::Arc;
 
-use permitd_core::Event;
+use permitd_core::{Event, Usage};
 use permitd_storage::{Applied, SharedState};
 use tokio::sync::broadcast;
+
+use crate::metrics::UsageGauges;
 
 /// Starts the task; it ends when the state machine's broadcast closes.
 pub fn start(state: SharedState) {
@@ -14,13 +17,14 @@ pub fn start(state: SharedState) {
 }
 
 async fn run(state: SharedState, mut applied: broadcast::Receiver<Arc<Applied>>) {
+    let mut gauges = crate::metrics::UsageGauges::default();
     loop {
         match applied.recv().await {
             Ok(entry) => {
                 for (key, event) in &entry.events {
                     emit(entry.log_index, key, event);
                 }
-                refresh_usage(&state, &entry.keys);
+                refresh_usage(&state, &mut gauges, &entry.keys);
             }
             Err(broadcast::error::RecvError::Lagged(missed)) => {
                 tracing::warn!(missed, "applied-entry events skipped: the node fell behind");
@@ -30,12 +34,17 @@ async fn run(state: SharedState, mut applied: broadcast::Receiver<Arc<Applied>>)
     }
 }
 
-fn refresh_usage(state: &SharedState, keys: &[String]) {
+fn refresh_usage(state: &SharedState, gauges: &mut UsageGauges, keys: &[String]) {
     let now_ms = crate::now_ms();
-    for key in keys {
-        let usage = state.read(|semaphores| semaphores.usage(key, now_ms));
-        crate::metrics::key_usage(key, &usage);
+    let usages: Vec<(bool, Usage)> = state.read(|semaphores| {
+        keys.iter()
+            .map(|key| (semaphores.key(key).is_some(), semaphores.usage(key, now_ms)))
+            .collect()
+    });
+    for (key, (held, usage)) in keys.iter().zip(&usages) {
+        gauges.update(key, *held, usage);
     }
+    gauges.publish();
 }
 
 fn emit(log_index: u64, key: &str, event: &Event) {

@@ -3,12 +3,29 @@
 //! Names, in one place:
 //! - `permitd_rounds_total`, `permitd_round_duration_seconds` (histogram): rounds
 //!   this node ran as leader, from proposal to apply;
+//! - `permitd_keys_held`, `permitd_keys_granted`, `permitd_keys_leased`,
+//!   `permitd_keys_available` (gauges, no label): the number of keys the state
+//!   holds and the sums of their usage, each key counted as of its last applied
+//!   entry, on every node;
 //! - `permitd_key_granted`, `permitd_key_leased`, `permitd_key_available`
-//!   (gauges, label `key`): usage after the key's last applied entry, on every node;
+//!   (gauges, label `key`): usage after the key's last applied entry, on every
+//!   node, for the first [`MAX_KEYS_WITH_GAUGES`] keys this process sees only;
 //! - `permitd_blocked_total` (label `reason`): permits left queued, by reason;
 //! - `permitd_leader_changes_total`: leaders this node has seen come and go;
 //! - `permitd_pending_requests`: requests parked for a round on this node.
+//!
+//! # Cardinality
+//!
+//! A Prometheus series costs memory in the exporter, in every scrape and in the
+//! server that stores it, so a series per key does not scale to 100,000 keys.
+//! Per-key gauges are kept for at most [`MAX_KEYS_WITH_GAUGES`] keys, first come:
+//! a key gets its series the first time an entry touching it applies, and keeps
+//! them for the life of the process (a removed key reads as empty), so slots are
+//! never recycled and the series stay bounded whatever the churn. Every key
+//! counts in the `permitd_keys_*` totals; the usage of any one key is in the
+//! `/v1/semaphores` listing.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -20,9 +37,16 @@ pub const ROUND_DURATION: &str = "permitd_round_duration_seconds";
 pub const KEY_GRANTED: &str = "permitd_key_granted";
 pub const KEY_LEASED: &str = "permitd_key_leased";
 pub const KEY_AVAILABLE: &str = "permitd_key_available";
+pub const KEYS_HELD: &str = "permitd_keys_held";
+pub const KEYS_GRANTED: &str = "permitd_keys_granted";
+pub const KEYS_LEASED: &str = "permitd_keys_leased";
+pub const KEYS_AVAILABLE: &str = "permitd_keys_available";
 pub const BLOCKED: &str = "permitd_blocked_total";
 pub const LEADER_CHANGES: &str = "permitd_leader_changes_total";
 pub const PENDING: &str = "permitd_pending_requests";
+
+/// Most keys with per-key gauges (three series each) in one process.
+pub const MAX_KEYS_WITH_GAUGES: usize = 1_000;
 
 /// Round latency buckets, in seconds: 1 ms to 10 s.
 const ROUND_BUCKETS_SECONDS: &[f64] = &[
@@ -61,6 +85,13 @@ fn describe() {
     metrics::describe_gauge!(KEY_GRANTED, "Permits granted and not released, per key.");
     metrics::describe_gauge!(KEY_LEASED, "Live lease footprint, per key.");
     metrics::describe_gauge!(KEY_AVAILABLE, "Permits grants may still receive, per key.");
+    metrics::describe_gauge!(KEYS_HELD, "Keys the replicated state holds.");
+    metrics::describe_gauge!(KEYS_GRANTED, "Permits granted and not released, all keys.");
+    metrics::describe_gauge!(KEYS_LEASED, "Live lease footprint, all keys.");
+    metrics::describe_gauge!(
+        KEYS_AVAILABLE,
+        "Permits grants may still receive, all keys."
+    );
     metrics::describe_counter!(BLOCKED, "Permits left queued by a round, by reason.");
     metrics::describe_counter!(LEADER_CHANGES, "Leader changes seen by this node.");
     metrics::describe_gauge!(PENDING, "Requests waiting for a round on this node.");
@@ -84,9 +115,122 @@ pub fn blocked(reason: &'static str, count: u64) {
     metrics::counter!(BLOCKED, "reason" => reason).increment(count);
 }
 
-pub fn key_usage(key: &str, usage: &Usage) {
+/// The usage gauges: the cluster-wide totals and the bounded per-key series.
+///
+/// Invariants:
+/// - `totals` is the sum of `usage`'s values, and `usage` holds exactly the keys
+///   held after the last entry that touched each;
+/// - `labelled` never exceeds [`MAX_KEYS_WITH_GAUGES`] and never shrinks.
+#[derive(Debug, Default)]
+pub struct UsageGauges {
+    /// Each held key's usage as last exported, to adjust the totals by difference
+    /// rather than summing every key after every entry.
+    usage: HashMap<String, KeyUsage>,
+    totals: KeyUsage,
+    /// Keys given per-key series, first come.
+    labelled: HashSet<String>,
+}
+
+/// The exported part of a key's [`Usage`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct KeyUsage {
+    granted: u64,
+    leased: u64,
+    available: u64,
+}
+
+impl UsageGauges {
+    /// Records `key`'s usage after an applied entry; `held` is false once the
+    /// state no longer holds the key.
+    pub fn update(&mut self, key: &str, held: bool, usage: &Usage) {
+        let new = KeyUsage {
+            granted: usage.granted,
+            leased: usage.leased,
+            available: usage.available,
+        };
+        let old = if held {
+            self.usage.insert(key.to_owned(), new)
+        } else {
+            self.usage.remove(key)
+        }
+        .unwrap_or_default();
+        let new = if held { new } else { KeyUsage::default() };
+        let totals = &mut self.totals;
+        totals.granted = totals.granted - old.granted + new.granted;
+        totals.leased = totals.leased - old.leased + new.leased;
+        totals.available = totals.available - old.available + new.available;
+        if self.labelled.contains(key) || self.labelled.len() < MAX_KEYS_WITH_GAUGES {
+            self.labelled.insert(key.to_owned());
+            key_usage(key, usage);
+        }
+    }
+
+    /// Exports the totals; call once after a batch of [`Self::update`]s.
+    pub fn publish(&self) {
+        metrics::gauge!(KEYS_HELD).set(self.usage.len() as f64);
+        metrics::gauge!(KEYS_GRANTED).set(self.totals.granted as f64);
+        metrics::gauge!(KEYS_LEASED).set(self.totals.leased as f64);
+        metrics::gauge!(KEYS_AVAILABLE).set(self.totals.available as f64);
+    }
+}
+
+fn key_usage(key: &str, usage: &Usage) {
     let key = key.to_owned();
     metrics::gauge!(KEY_GRANTED, "key" => key.clone()).set(usage.granted as f64);
     metrics::gauge!(KEY_LEASED, "key" => key.clone()).set(usage.leased as f64);
     metrics::gauge!(KEY_AVAILABLE, "key" => key).set(usage.available as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(granted: u64, leased: u64, available: u64) -> Usage {
+        Usage {
+            granted,
+            leased,
+            available,
+            ..Usage::default()
+        }
+    }
+
+    #[test]
+    fn totals_follow_each_keys_latest_usage() {
+        let mut gauges = UsageGauges::default();
+        gauges.update("a", true, &usage(3, 1, 28));
+        gauges.update("b", true, &usage(2, 0, 30));
+        gauges.update("a", true, &usage(1, 0, 31));
+        assert_eq!(
+            gauges.totals,
+            KeyUsage {
+                granted: 3,
+                leased: 0,
+                available: 61
+            }
+        );
+        gauges.update("b", false, &usage(0, 0, 32));
+        assert_eq!(
+            gauges.totals,
+            KeyUsage {
+                granted: 1,
+                leased: 0,
+                available: 31
+            }
+        );
+        assert_eq!(gauges.usage.len(), 1, "a removed key leaves the totals");
+    }
+
+    #[test]
+    fn per_key_series_are_capped_first_come() {
+        let mut gauges = UsageGauges::default();
+        for index in 0..MAX_KEYS_WITH_GAUGES + 10 {
+            gauges.update(&format!("key-{index}"), true, &usage(1, 0, 0));
+        }
+        assert_eq!(gauges.labelled.len(), MAX_KEYS_WITH_GAUGES);
+        assert!(
+            gauges.labelled.contains("key-0"),
+            "the first keys keep their series"
+        );
+        assert_eq!(gauges.totals.granted, (MAX_KEYS_WITH_GAUGES + 10) as u64);
+    }
 }

@@ -1,20 +1,33 @@
 //! Claim-deadline timers: the seed's alarm, kept by the leader.
 //!
-//! A grant's unclaimed permits return to the pool at its claim deadline. Rounds
-//! reclaim as they run, but a key nobody asks about has no round, so the leader
-//! keeps one timer per key at `Semaphores::next_claim_deadline_ms` and proposes a
-//! `Command::Reclaim` when it passes.
+//! A grant's (or a lease's) unclaimed permits return to the pool at its claim
+//! deadline. Rounds reclaim as they run, but a key nobody asks about has no round,
+//! so the leader watches `Semaphores::next_claim_deadline_ms` of every key and
+//! proposes a `Command::Reclaim` when it passes.
 //!
-//! The timers are derived state: after every applied entry the timers of the keys
-//! it touched are re-aimed, and a new leader rebuilds all of them from the state.
-//! A follower keeps none.
+//! One task per node keeps every deadline, whatever the number of keys:
+//! - `deadlines`, a `BTreeSet<(deadline_ms, key)>`, orders the armed keys by when
+//!   they fall due, and `armed` maps each key to its entry there;
+//! - the task sleeps until the earliest deadline, then proposes one
+//!   `Command::Reclaim` for up to [`MAX_RECLAIM_KEYS_PER_ENTRY`] keys due, with at
+//!   most [`MAX_RECLAIMS_IN_FLIGHT`] such proposals outstanding;
+//! - a key being reclaimed leaves the set; once its proposal ends it is re-aimed
+//!   from the state, like every key an applied entry touched;
+//! - a proposal that fails while this node still leads is retried after
+//!   [`RETRY_DELAY_MS`]; one that fails because leadership moved is dropped.
+//!
+//! The timers are derived state: after every applied entry the keys it touched
+//! are re-aimed, and a new leader rebuilds all of them from the state. A follower
+//! keeps none, and losing leadership cancels every timer and proposal.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
-use permitd_storage::{Command, SharedState};
+use permitd_storage::{Applied, Command, SharedState};
 use tokio::sync::{broadcast, watch};
-use tokio::task::AbortHandle;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::leadership::Leadership;
 use crate::propose::propose;
@@ -22,26 +35,39 @@ use crate::raft::Raft;
 
 /// Pause before retrying a reclaim proposal that failed while still leading.
 const RETRY_DELAY_MS: u64 = 200;
+/// Most keys one `Command::Reclaim` entry names: bounds the entry's size and the
+/// time its apply holds the state lock.
+const MAX_RECLAIM_KEYS_PER_ENTRY: usize = 256;
+/// Most reclaim proposals outstanding at once; further due keys wait their turn.
+const MAX_RECLAIMS_IN_FLIGHT: usize = 4;
 
-/// One armed timer.
-#[derive(Debug)]
-struct Timer {
-    deadline_ms: u64,
-    task: AbortHandle,
-}
-
-/// The leader's claim-deadline timers.
+/// The leader's claim-deadline timers, kept by one task.
+///
+/// Invariants:
+/// - `armed[key] == deadline_ms` exactly when `(deadline_ms, key)` is in `deadlines`;
+/// - a key whose reclaim is in flight is in neither;
+/// - both are empty and nothing is in flight while this node does not lead.
 pub struct Reclaimer {
     raft: Raft,
     state: SharedState,
     leadership: watch::Receiver<Leadership>,
-    timers: HashMap<String, Timer>,
+    /// Armed keys by deadline: the first is the next to fall due.
+    deadlines: BTreeSet<(u64, String)>,
+    /// Each armed key's deadline, to find and replace its `deadlines` entry.
+    armed: HashMap<String, u64>,
+    /// Reclaim proposals under way; each yields the keys it named.
+    in_flight: JoinSet<Vec<String>>,
 }
 
 impl std::fmt::Debug for Reclaimer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reclaimer")
-            .field("timers", &self.timers)
+            .field("armed", &self.armed.len())
+            .field(
+                "next_deadline_ms",
+                &self.deadlines.first().map(|(at, _)| at),
+            )
+            .field("in_flight", &self.in_flight.len())
             .finish_non_exhaustive()
     }
 }
@@ -54,18 +80,19 @@ impl Reclaimer {
             raft,
             state,
             leadership,
-            timers: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            armed: HashMap::new(),
+            in_flight: JoinSet::new(),
         };
         tokio::spawn(reclaimer.run(applied));
     }
 
-    async fn run(
-        mut self,
-        mut applied: broadcast::Receiver<std::sync::Arc<permitd_storage::Applied>>,
-    ) {
+    async fn run(mut self, mut applied: broadcast::Receiver<Arc<Applied>>) {
         let mut leadership = self.leadership.clone();
         let mut leading = false;
         loop {
+            let wake = self.next_wake().filter(|_| leading);
+            let sleep = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now));
             tokio::select! {
                 changed = leadership.changed() => {
                     if changed.is_err() {
@@ -91,75 +118,136 @@ impl Reclaimer {
                         return;
                     }
                 },
+                Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
+                    // A panicked proposal names no keys: they wait for the next rebuild.
+                    if let Ok(keys) = done {
+                        if leading {
+                            self.aim(&keys);
+                        }
+                    }
+                }
+                () = sleep, if wake.is_some() => self.fire(),
             }
         }
     }
 
-    /// Arms a timer for every key with an unclaimed grant.
+    /// When to wake for the earliest deadline; `None` with nothing armed or no
+    /// room for another proposal.
+    fn next_wake(&self) -> Option<Instant> {
+        if self.in_flight.len() >= MAX_RECLAIMS_IN_FLIGHT {
+            return None;
+        }
+        let &(deadline_ms, _) = self.deadlines.first()?;
+        let wait_ms = deadline_ms.saturating_sub(crate::now_ms());
+        Some(Instant::now() + Duration::from_millis(wait_ms))
+    }
+
+    /// Arms a timer for every key with an unclaimed grant or lease.
     fn rebuild(&mut self) {
         self.cancel_all();
-        let keys: Vec<String> = self
-            .state
-            .read(|semaphores| semaphores.keys().keys().cloned().collect());
-        tracing::info!(keys = keys.len(), "rebuilding reclaim timers");
-        self.aim(&keys);
+        let due: Vec<(String, u64)> = self.state.read(|semaphores| {
+            semaphores
+                .keys()
+                .iter()
+                .filter_map(|(key, state)| {
+                    state
+                        .next_claim_deadline_ms()
+                        .map(|deadline_ms| (key.clone(), deadline_ms))
+                })
+                .collect()
+        });
+        tracing::info!(keys = due.len(), "rebuilding reclaim timers");
+        for (key, deadline_ms) in due {
+            self.arm(key, Some(deadline_ms));
+        }
     }
 
     /// Re-aims the timers of `keys` at their current earliest claim deadline.
     fn aim(&mut self, keys: &[String]) {
-        for key in keys {
-            let deadline = self
-                .state
-                .read(|semaphores| semaphores.next_claim_deadline_ms(key));
-            match (deadline, self.timers.get(key)) {
-                (Some(deadline_ms), Some(timer)) if timer.deadline_ms == deadline_ms => {}
-                (Some(deadline_ms), _) => self.arm(key, deadline_ms),
-                (None, _) => {
-                    if let Some(timer) = self.timers.remove(key) {
-                        timer.task.abort();
-                    }
-                }
+        let deadlines: Vec<Option<u64>> = self.state.read(|semaphores| {
+            keys.iter()
+                .map(|key| semaphores.next_claim_deadline_ms(key))
+                .collect()
+        });
+        for (key, deadline_ms) in keys.iter().zip(deadlines) {
+            if self.armed.get(key) != deadline_ms.as_ref() {
+                self.arm(key.clone(), deadline_ms);
             }
         }
     }
 
-    fn arm(&mut self, key: &str, deadline_ms: u64) {
+    /// Sets `key`'s timer to `deadline_ms`, or disarms it with `None`.
+    fn arm(&mut self, key: String, deadline_ms: Option<u64>) {
+        if let Some(old_ms) = self.armed.remove(&key) {
+            self.deadlines.remove(&(old_ms, key.clone()));
+        }
+        if let Some(deadline_ms) = deadline_ms {
+            self.deadlines.insert((deadline_ms, key.clone()));
+            self.armed.insert(key, deadline_ms);
+        }
+        debug_assert_eq!(
+            self.armed.len(),
+            self.deadlines.len(),
+            "timer indexes agree"
+        );
+    }
+
+    /// Takes the keys due now (at most one entry's worth) out of the timers and
+    /// proposes their reclaim.
+    fn fire(&mut self) {
+        let now_ms = crate::now_ms();
+        let mut keys = Vec::new();
+        let mut latest_ms = 0;
+        while keys.len() < MAX_RECLAIM_KEYS_PER_ENTRY {
+            match self.deadlines.first() {
+                Some(&(deadline_ms, _)) if deadline_ms <= now_ms => {}
+                _ => break,
+            }
+            let (deadline_ms, key) = self.deadlines.pop_first().expect("checked above");
+            self.armed.remove(&key);
+            latest_ms = latest_ms.max(deadline_ms);
+            keys.push(key);
+        }
+        if keys.is_empty() {
+            // Woke early (the wall clock lagged the monotonic one): sleep again.
+            return;
+        }
+        tracing::debug!(keys = keys.len(), "reclaim timers fired");
         let raft = self.raft.clone();
         let leadership = self.leadership.clone();
-        let owned_key = key.to_owned();
-        let task = tokio::spawn(async move {
-            loop {
-                let wait_ms = deadline_ms.saturating_sub(crate::now_ms());
-                tokio::time::sleep(Duration::from_millis(wait_ms)).await;
-                let command = Command::Reclaim {
-                    now_ms: crate::now_ms().max(deadline_ms),
-                    keys: vec![owned_key.clone()],
-                };
-                match propose(&raft, &leadership, command).await {
-                    Ok(_) => return,
-                    Err(error) if leadership.borrow().is_leader => {
-                        tracing::warn!(key = %owned_key, %error, "reclaim failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(RETRY_DELAY_MS)).await;
-                    }
-                    // No longer leading: the next leader rebuilds its own timers.
-                    Err(_) => return,
-                }
-            }
-        });
-        if let Some(old) = self.timers.insert(
-            key.to_owned(),
-            Timer {
-                deadline_ms,
-                task: task.abort_handle(),
-            },
-        ) {
-            old.task.abort();
-        }
+        self.in_flight
+            .spawn(propose_reclaim(raft, leadership, keys, latest_ms));
     }
 
     fn cancel_all(&mut self) {
-        for (_, timer) in self.timers.drain() {
-            timer.task.abort();
+        // Dropping a `JoinSet` aborts its tasks.
+        self.in_flight = JoinSet::new();
+        self.deadlines.clear();
+        self.armed.clear();
+    }
+}
+
+/// Proposes the reclaim of `keys`, retrying while this node leads; returns the
+/// keys so that the timer task re-aims them.
+async fn propose_reclaim(
+    raft: Raft,
+    leadership: watch::Receiver<Leadership>,
+    keys: Vec<String>,
+    latest_deadline_ms: u64,
+) -> Vec<String> {
+    loop {
+        let command = Command::Reclaim {
+            now_ms: crate::now_ms().max(latest_deadline_ms),
+            keys: keys.clone(),
+        };
+        match propose(&raft, &leadership, command).await {
+            Ok(_) => return keys,
+            Err(error) if leadership.borrow().is_leader => {
+                tracing::warn!(keys = keys.len(), first = %keys[0], %error, "reclaim failed; retrying");
+                tokio::time::sleep(Duration::from_millis(RETRY_DELAY_MS)).await;
+            }
+            // No longer leading: the next leader rebuilds its own timers.
+            Err(_) => return keys,
         }
     }
 }
