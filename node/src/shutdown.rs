@@ -1,7 +1,7 @@
 //! Graceful shutdown: wait for Ctrl+C or SIGTERM, then stop in an order that
 //! loses nothing acknowledged: stop accepting, fail the waiting requests (their
 //! clients retry elsewhere), let in-flight answers drain, shut Raft down (which
-//! stops the storage tasks), and drop the stores so sled flushes.
+//! stops the storage tasks), and flush sled.
 
 use tokio::sync::watch;
 

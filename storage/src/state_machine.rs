@@ -62,10 +62,12 @@ pub struct SharedState {
     state: Arc<RwLock<AppliedState>>,
     /// One notice per applied entry, sent after the entry is written.
     notices: broadcast::Sender<Arc<Applied>>,
+    /// For [`SharedState::flush`] at shutdown.
+    db: sled::Db,
 }
 
 impl SharedState {
-    fn new(loaded: Loaded) -> Self {
+    fn new(loaded: Loaded, db: sled::Db) -> Self {
         let state = AppliedState {
             semaphores: loaded.semaphores,
             last_applied: loaded.last_applied,
@@ -75,7 +77,16 @@ impl SharedState {
         Self {
             state: Arc::new(RwLock::new(state)),
             notices,
+            db,
         }
+    }
+
+    /// Writes everything sled still buffers to disk. The log is flushed before
+    /// every acknowledgement anyway; this makes a clean stop leave the applied
+    /// state on disk too, so the next start replays nothing.
+    pub async fn flush(&self) -> Result<(), StorageError> {
+        self.db.flush_async().await?;
+        Ok(())
     }
 
     /// Runs `f` on the applied semaphores. Keep `f` short: applies wait for it.
@@ -128,9 +139,9 @@ impl StateMachineStore {
     pub(crate) fn new(dir: PathBuf, db: sled::Db, state_tree: sled::Tree, loaded: Loaded) -> Self {
         Self {
             dir,
+            shared: SharedState::new(loaded, db.clone()),
             db,
             state_tree,
-            shared: SharedState::new(loaded),
             snapshot_lock: Arc::new(Mutex::new(())),
         }
     }

@@ -200,6 +200,9 @@ async fn serve_until_signal(started: Started) -> Result<(), ServeError> {
     }
     stop_raft.trigger();
     let _ = tokio::time::timeout(stop_timeout, raft_task).await;
+    if let Err(error) = app.state.flush().await {
+        tracing::error!(%error, "flushing the store failed");
+    }
     tracing::info!("stopped");
     match api_result {
         Ok(Ok(Err(error))) => Err(ServeError::Server(error)),
