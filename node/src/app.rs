@@ -35,6 +35,8 @@ pub struct NodeSettings {
     pub initial_members: BTreeMap<NodeId, PeerNode>,
     /// Initialise a new cluster of `initial_members` at start (embedded mode).
     pub initialize_at_start: bool,
+    /// Requests that may wait for one key's round; 429 beyond.
+    pub max_pending_per_key: usize,
 }
 
 /// Why a node could not start.
@@ -125,7 +127,12 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     .map_err(|error| StartError::Raft(error.to_string()))?;
     let leadership = watch_leadership(&raft);
     let state = opened.state;
-    let rounds = Rounds::start(raft.clone(), state.clone(), leadership.clone());
+    let rounds = Rounds::start(
+        raft.clone(),
+        state.clone(),
+        leadership.clone(),
+        settings.max_pending_per_key,
+    );
     crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
     crate::events::start(state.clone());
     let app = App {

@@ -5,6 +5,7 @@
 //! data directories are resolved against the file's folder, so the same file works
 //! from any working directory.
 
+use permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -44,6 +45,8 @@ pub struct ClusterConfig {
     /// Written into the replicated state when the cluster is initialised.
     #[serde(default)]
     pub defaults: KeyConfigUpdate,
+    #[serde(default)]
+    pub limits: NodeLimits,
     #[serde(rename = "node")]
     pub nodes: Vec<NodeConfig>,
 }
@@ -64,6 +67,23 @@ pub struct NodeConfig {
     pub advertise_raft_addr: Option<String>,
     /// Where the node keeps its sled database.
     pub data_dir: PathBuf,
+}
+
+/// Per-node bounds on what clients may park, tighter than the built-in maxima
+/// where an operator wants it (and tests need a small one).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeLimits {
+    /// Requests that may wait for one key's round on the leader; 429 beyond.
+    pub max_pending_per_key: usize,
+}
+
+impl Default for NodeLimits {
+    fn default() -> Self {
+        Self {
+            max_pending_per_key: MAX_PENDING_REQUESTS_PER_KEY,
+        }
+    }
 }
 
 /// Raft timings, in milliseconds.
@@ -143,6 +163,12 @@ impl ClusterConfig {
         {
             return invalid("need 0 < heartbeat < election min < election max".into());
         }
+        let pending = self.limits.max_pending_per_key;
+        if !(1..=MAX_PENDING_REQUESTS_PER_KEY).contains(&pending) {
+            return invalid(format!(
+                "[limits] max_pending_per_key must be 1 to {MAX_PENDING_REQUESTS_PER_KEY}"
+            ));
+        }
         validate_key_config(&self.key_defaults())
             .or_else(|error| invalid(format!("[defaults]: {error}")))
     }
@@ -203,5 +229,31 @@ mod tests {
             data_dir = "d""#;
         let config: ClusterConfig = toml::from_str(text).unwrap();
         assert!(config.check().is_err());
+    }
+
+    #[test]
+    fn the_pending_bound_defaults_to_the_maximum_and_is_checked() {
+        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
+        let plain = format!("secret = \"0123456789abcdef\"\n{node}");
+        let config: ClusterConfig = toml::from_str(&plain).unwrap();
+        assert_eq!(
+            config.limits.max_pending_per_key,
+            MAX_PENDING_REQUESTS_PER_KEY
+        );
+        for (pending, valid) in [
+            (0, false),
+            (1, true),
+            (MAX_PENDING_REQUESTS_PER_KEY + 1, false),
+        ] {
+            let text = format!(
+                "secret = \"0123456789abcdef\"\n[limits]\nmax_pending_per_key = {pending}\n{node}"
+            );
+            let config: ClusterConfig = toml::from_str(&text).unwrap();
+            assert_eq!(
+                config.check().is_ok(),
+                valid,
+                "max_pending_per_key = {pending}"
+            );
+        }
     }
 }

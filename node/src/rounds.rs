@@ -89,6 +89,9 @@ struct Inner {
     keys: Mutex<HashMap<String, KeyQueue>>,
     /// Keys whose round fell due, to the batcher task.
     due: mpsc::UnboundedSender<String>,
+    /// Requests that may wait for one key's round (at most
+    /// `MAX_PENDING_REQUESTS_PER_KEY`); 429 beyond.
+    max_pending_per_key: usize,
 }
 
 impl Rounds {
@@ -97,6 +100,7 @@ impl Rounds {
         raft: Raft,
         state: permitd_storage::SharedState,
         leadership: watch::Receiver<Leadership>,
+        max_pending_per_key: usize,
     ) -> Self {
         let (due, due_receiver) = mpsc::unbounded_channel();
         let rounds = Self {
@@ -106,6 +110,7 @@ impl Rounds {
                 leadership,
                 keys: Mutex::new(HashMap::new()),
                 due,
+                max_pending_per_key: max_pending_per_key.min(MAX_PENDING_REQUESTS_PER_KEY),
             }),
         };
         tokio::spawn(rounds.clone().batch_due_keys(due_receiver));
@@ -146,7 +151,7 @@ impl Rounds {
         let timings = self.timings(key);
         let mut keys = self.keys();
         let queue = keys.entry(key.to_owned()).or_default();
-        if queue.pending.len() >= MAX_PENDING_REQUESTS_PER_KEY {
+        if queue.pending.len() >= self.inner.max_pending_per_key {
             return Err(RoundError::TooManyPending {
                 pending: queue.pending.len(),
             });

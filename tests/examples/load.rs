@@ -24,6 +24,7 @@ async fn main() {
         nodes: 3,
         defaults: "limit = 100000\nroundWaitMs = 5\nroundPeriodMs = 5\ngrantTimeoutMs = 60000\n"
             .into(),
+        ..Settings::default()
     };
     let cluster = Cluster::start(settings).await;
     let leader = cluster.wait_for_leader().await;

@@ -134,6 +134,8 @@ pub struct Settings {
     pub nodes: usize,
     /// The `[defaults]` table, in TOML.
     pub defaults: String,
+    /// More tables for the cluster file (e.g. `[limits]`), in TOML.
+    pub extra_toml: String,
 }
 
 impl Default for Settings {
@@ -142,6 +144,7 @@ impl Default for Settings {
             nodes: 3,
             defaults: "limit = 100\nroundWaitMs = 20\nroundPeriodMs = 20\ngrantTimeoutMs = 60000\n"
                 .into(),
+            extra_toml: String::new(),
         }
     }
 }
@@ -211,7 +214,11 @@ impl Cluster {
                 }
             })
             .collect();
-        std::fs::write(&config, cluster_toml(&nodes, &settings.defaults)).expect("config");
+        std::fs::write(
+            &config,
+            cluster_toml(&nodes, &settings.defaults, &settings.extra_toml),
+        )
+        .expect("config");
         for node in &mut nodes {
             node.spawn(dir.path());
         }
@@ -355,7 +362,11 @@ impl Cluster {
         };
         let mut all: Vec<Node> = self.nodes.iter().map(clone_node).collect();
         all.push(clone_node(&node));
-        std::fs::write(&config, cluster_toml(&all, &self.settings.defaults)).expect("config");
+        std::fs::write(
+            &config,
+            cluster_toml(&all, &self.settings.defaults, &self.settings.extra_toml),
+        )
+        .expect("config");
         node.spawn(self.dir.path());
         self.nodes.push(node);
         id
@@ -437,7 +448,9 @@ pub fn write_cluster_file(dir: &Path, count: u64) -> (PathBuf, Vec<String>) {
             child: None,
         })
         .collect();
-    std::fs::write(&path, cluster_toml(&nodes, &Settings::default().defaults)).expect("config");
+    let settings = Settings::default();
+    let text = cluster_toml(&nodes, &settings.defaults, &settings.extra_toml);
+    std::fs::write(&path, text).expect("config");
     (path, nodes.iter().map(Node::url).collect())
 }
 
@@ -463,11 +476,11 @@ impl Drop for Cluster {
     }
 }
 
-fn cluster_toml(nodes: &[Node], defaults: &str) -> String {
+fn cluster_toml(nodes: &[Node], defaults: &str, extra_toml: &str) -> String {
     let mut text = format!(
         "secret = \"{SECRET}\"\n\n[raft]\nheartbeat_interval_ms = 50\n\
          election_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n\
-         rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n[defaults]\n{defaults}\n"
+         rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n[defaults]\n{defaults}\n{extra_toml}\n"
     );
     for node in nodes {
         text.push_str(&format!(

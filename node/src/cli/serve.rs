@@ -98,6 +98,7 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         defaults: config.key_defaults(),
         initial_members: members,
         initialize_at_start: false,
+        max_pending_per_key: config.limits.max_pending_per_key,
     })
 }
 
@@ -117,6 +118,7 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         defaults: KeyConfig::default(),
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: true,
+        max_pending_per_key: permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY,
     })
 }
 

@@ -107,6 +107,7 @@ fn settings() -> Settings {
     Settings {
         nodes: 3,
         defaults: "limit = 32\nroundWaitMs = 1\nroundPeriodMs = 1\ngrantTimeoutMs = 60000\n".into(),
+        ..Settings::default()
     }
 }
 

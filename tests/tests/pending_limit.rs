@@ -1,0 +1,81 @@
+//! Requests parked for one key's round are bounded: beyond the node's
+//! `[limits] max_pending_per_key`, a request gets 429 `too_many_pending` with
+//! `Retry-After`, and the ones already parked are not disturbed.
+
+use std::time::{Duration, Instant};
+
+use permitd_tests::{Cluster, Settings};
+use serde_json::{json, Value};
+
+fn request(client: &str) -> Value {
+    json!({"type": "request", "v": 1, "clientId": client,
+           "demand": [{"group": "g", "count": 1, "oldestAt": 1}]})
+}
+
+/// Waits until the node's `permitd_pending_requests` gauge reads `expected`.
+async fn wait_for_pending(cluster: &Cluster, id: u64, expected: u64) {
+    let url = format!("{}/metrics", cluster.node(id).url());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = match cluster.http.get(&url).send().await {
+            Ok(response) => response.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let pending = text
+            .lines()
+            .find_map(|line| line.strip_prefix("permitd_pending_requests "))
+            .and_then(|value| value.trim().parse::<f64>().ok());
+        if pending == Some(expected as f64) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pending never reached {expected}: {pending:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_the_pending_bound_get_429_with_retry_after() {
+    let settings = Settings {
+        extra_toml: "[limits]\nmax_pending_per_key = 2\n".into(),
+        ..Settings::default()
+    };
+    let cluster = Cluster::start(settings).await;
+    let leader = cluster.wait_for_leader().await;
+    // A long round wait keeps the first requests parked while the test runs.
+    let slow = json!({"limit": 10, "roundWaitMs": 60000, "roundPeriodMs": 60000});
+    let answer = cluster
+        .put(leader, "/v1/semaphores/slow/config", &slow)
+        .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+
+    let url = format!("{}/v1/semaphores/slow", cluster.node(leader).url());
+    let parked: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|client| {
+            let http = cluster.http.clone();
+            let (url, body) = (url.clone(), request(client));
+            tokio::spawn(async move { http.post(url).json(&body).send().await })
+        })
+        .collect();
+    wait_for_pending(&cluster, leader, 2).await;
+
+    let refused = cluster
+        .post(leader, "/v1/semaphores/slow", &request("c"))
+        .await;
+    assert_eq!(refused.status, 429, "{:?}", refused.body);
+    assert_eq!(refused.body["error"]["code"], "too_many_pending");
+    assert!(refused.retry_after.is_some(), "429 carries Retry-After");
+    // The refusal changed nothing: both parked requests still wait, and another
+    // key is not affected by this key's bound.
+    wait_for_pending(&cluster, leader, 2).await;
+    let other = cluster
+        .post(leader, "/v1/semaphores/fast", &request("c"))
+        .await;
+    assert_eq!(other.status, 200, "{:?}", other.body);
+    for task in parked {
+        task.abort();
+    }
+}
