@@ -112,3 +112,69 @@ async fn a_node_without_quorum_answers_no_quorum_with_retry_after() {
     );
     assert!(answer.retry_after.is_some(), "with Retry-After");
 }
+
+/// A leader that is paused past the election timeout and comes back finds a newer
+/// term and steps down: the request parked on it fails at once with 503
+/// `leader_changed` and `Retry-After` (a live leader losing leadership, not a kill).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_loses_leadership_fails_its_waiting_requests_with_leader_changed() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+
+    let cluster = Cluster::start(Settings::default()).await;
+    let leader = cluster.wait_for_leader().await;
+    let slow = json!({"roundWaitMs": 60000, "roundPeriodMs": 60000});
+    assert_eq!(
+        cluster
+            .put(leader, "/v1/semaphores/slow/config", &slow)
+            .await
+            .status,
+        200
+    );
+    // Parked on the leader itself, so the answer comes from the old leader.
+    let waiting = {
+        let url = format!("{}/v1/semaphores/slow", cluster.node(leader).url());
+        let http = cluster.http.clone();
+        tokio::spawn(async move {
+            let answer = http
+                .post(url)
+                .json(&request("w", &[("g", 1, 1)]))
+                .timeout(Duration::from_secs(40))
+                .send()
+                .await
+                .expect("the old leader answers");
+            let retry_after = answer.headers().contains_key("retry-after");
+            let status = answer.status().as_u16();
+            let body: serde_json::Value = answer.json().await.unwrap_or_default();
+            (status, retry_after, body)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = Pid::from_raw(cluster.node(leader).pid().expect("running") as i32);
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+    // The others elect a new leader while this one is frozen.
+    let others: Vec<u64> = cluster
+        .nodes
+        .iter()
+        .map(|node| node.id)
+        .filter(|id| *id != leader)
+        .collect();
+    let elected = eventually(Duration::from_secs(15), || async {
+        for id in &others {
+            if let Some(status) = cluster.status(*id).await {
+                let new_leader = status["leader"].as_u64();
+                if new_leader.is_some() && new_leader != Some(leader) {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await;
+    kill(pid, Signal::SIGCONT).expect("SIGCONT");
+    assert!(elected, "the other two elected a new leader");
+    let (status, retry_after, body) = waiting.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "leader_changed", "{body}");
+    assert!(retry_after, "with Retry-After");
+}
