@@ -36,6 +36,13 @@ impl Log {
         }
     }
 
+    fn with_limit(limit: u64) -> Self {
+        Self::new(KeyConfig {
+            limit,
+            ..KeyConfig::default()
+        })
+    }
+
     fn with_leases(limit: u64, policy: LeasePolicy) -> Self {
         Self::new(KeyConfig {
             limit,
@@ -135,6 +142,14 @@ fn leasing(client: &str, group: &str, count: u64, oldest_at_ms: u64) -> PermitRe
     }
 }
 
+/// `request` tagged with a requestId, as a client that may retry sends it.
+fn retry_of(request_id: &str, request: PermitRequest) -> PermitRequest {
+    PermitRequest {
+        request_id: Some(request_id.to_owned()),
+        ..request
+    }
+}
+
 fn report(grant_id: &str, claimed: u64, released: u64) -> GrantReport {
     GrantReport {
         grant_id: grant_id.to_owned(),
@@ -193,10 +208,7 @@ fn strict(permits_per_lease: u64) -> LeasePolicy {
 
 #[test]
 fn reports_are_cumulative_clamped_and_monotone() {
-    let mut log = Log::new(KeyConfig {
-        limit: 10,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(10);
     let id = grant_id(&log.ask(wants("a", "g", 5, T0)));
     // Claims beyond the grant clamp to it; releases beyond the claims clamp to them.
     let result = log
@@ -216,10 +228,7 @@ fn reports_are_cumulative_clamped_and_monotone() {
         "released past the claims clamps to all"
     );
     // A stale, lower report moves nothing back.
-    let mut log = Log::new(KeyConfig {
-        limit: 10,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(10);
     let id = grant_id(&log.ask(wants("a", "g", 5, T0)));
     log.sync(reports("a", vec![report(&id, 4, 2)]));
     log.sync(reports("a", vec![report(&id, 1, 0)]));
@@ -309,10 +318,7 @@ fn reclaim_deletes_grant_when_all_claimed_are_released() {
 
 #[test]
 fn reclaim_runs_at_the_start_of_every_round() {
-    let mut log = Log::new(KeyConfig {
-        limit: 5,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(5);
     log.ask(wants("a", "g", 5, T0));
     log.advance(10_000);
     let outcome = log.round(&[wants("b", "g", 5, T0 + 1)]);
@@ -351,10 +357,7 @@ fn late_claim_is_clamped_with_status_expired() {
 
 #[test]
 fn usage_counts_overdue_unclaimed_grants_as_reclaimed() {
-    let mut log = Log::new(KeyConfig {
-        limit: 10,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(10);
     log.ask(wants("a", "g", 4, T0));
     assert_eq!((log.usage().granted, log.usage().available), (4, 6));
     log.advance(10_000);
@@ -367,10 +370,7 @@ fn usage_counts_overdue_unclaimed_grants_as_reclaimed() {
 
 #[test]
 fn demand_is_granted_oldest_first_then_by_client_id() {
-    let mut log = Log::new(KeyConfig {
-        limit: 3,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(3);
     let outcome = log.round(&[
         wants("c", "g", 1, T0 + 5),
         wants("b", "g", 1, T0),
@@ -391,10 +391,7 @@ fn demand_is_granted_oldest_first_then_by_client_id() {
 
 #[test]
 fn client_ids_compare_as_bytes() {
-    let mut log = Log::new(KeyConfig {
-        limit: 1,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(1);
     // 'B' (0x42) sorts before 'a' (0x61) as bytes, unlike a locale compare.
     let outcome = log.round(&[wants("a", "g", 1, T0), wants("B", "g", 1, T0)]);
     assert_eq!(
@@ -405,20 +402,14 @@ fn client_ids_compare_as_bytes() {
 
 #[test]
 fn group_gate_is_checked_before_the_key_gate_in_blocked_attribution() {
-    let mut log = Log::new(KeyConfig {
-        limit: 4,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(4);
     log.set_group("wf", Some(4), true);
     // Group room and key room tie at 4: attribution names the group.
     let answer = log.ask(wants("a", "wf", 6, T0));
     assert_eq!(granted(&answer), 4);
     assert_eq!(answer.blocked[0].reason, BlockedReason::GroupLimit);
     // A tighter key gate is named as the limit.
-    let mut log = Log::new(KeyConfig {
-        limit: 2,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(2);
     log.set_group("wf", Some(5), true);
     assert_eq!(
         log.ask(wants("a", "wf", 6, T0)).blocked[0].reason,
@@ -428,10 +419,7 @@ fn group_gate_is_checked_before_the_key_gate_in_blocked_attribution() {
 
 #[test]
 fn group_limit_caps_a_group_under_the_key_limit() {
-    let mut log = Log::new(KeyConfig {
-        limit: 50,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(50);
     log.set_group("wf-1", Some(5), true);
     let outcome = log.round(&[
         wants("a", "wf-1", 8, T0),
@@ -493,10 +481,7 @@ fn stored_group_config_that_cannot_be_resolved_fails_closed() {
 
 #[test]
 fn lowering_the_limit_never_evicts() {
-    let mut log = Log::new(KeyConfig {
-        limit: 10,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(10);
     let id = grant_id(&log.ask(wants("a", "g", 8, T0)));
     log.sync(reports("a", vec![report(&id, 8, 0)]));
     log.set_limit(4);
@@ -556,19 +541,10 @@ fn fence_is_the_log_index_of_the_creating_round_and_grows_per_key() {
 
 #[test]
 fn a_retried_request_id_gets_the_same_answer() {
-    let mut log = Log::new(KeyConfig {
-        limit: 10,
-        ..KeyConfig::default()
-    });
-    let first = log.ask(PermitRequest {
-        request_id: Some("r-1".into()),
-        ..wants("a", "g", 4, T0)
-    });
+    let mut log = Log::with_limit(10);
+    let first = log.ask(retry_of("r-1", wants("a", "g", 4, T0)));
     // The retry's body differs; the answer does not, and nothing new is granted.
-    let retry = log.ask(PermitRequest {
-        request_id: Some("r-1".into()),
-        ..wants("a", "g", 9, T0)
-    });
+    let retry = log.ask(retry_of("r-1", wants("a", "g", 9, T0)));
     assert_eq!(
         serde_json::to_vec(&retry).unwrap(),
         serde_json::to_vec(&first).unwrap()
@@ -576,24 +552,15 @@ fn a_retried_request_id_gets_the_same_answer() {
     assert_eq!(log.usage().granted, 4);
     // A new requestId is a new request.
     assert_eq!(
-        granted(&log.ask(PermitRequest {
-            request_id: Some("r-2".into()),
-            ..wants("a", "g", 1, T0)
-        })),
+        granted(&log.ask(retry_of("r-2", wants("a", "g", 1, T0)))),
         1
     );
 }
 
 #[test]
 fn duplicate_request_ids_in_one_round_share_one_answer() {
-    let mut log = Log::new(KeyConfig {
-        limit: 10,
-        ..KeyConfig::default()
-    });
-    let tagged = PermitRequest {
-        request_id: Some("r".into()),
-        ..wants("a", "g", 3, T0)
-    };
+    let mut log = Log::with_limit(10);
+    let tagged = retry_of("r", wants("a", "g", 3, T0));
     let outcome = log.round(&[tagged.clone(), tagged]);
     assert_eq!(outcome.answers[0], outcome.answers[1]);
     assert_eq!(log.usage().granted, 3);
@@ -601,14 +568,8 @@ fn duplicate_request_ids_in_one_round_share_one_answer() {
 
 #[test]
 fn remembered_answers_are_forgotten_after_the_claim_deadline() {
-    let mut log = Log::new(KeyConfig {
-        limit: 10,
-        ..KeyConfig::default()
-    });
-    let tagged = PermitRequest {
-        request_id: Some("r".into()),
-        ..wants("a", "g", 3, T0)
-    };
+    let mut log = Log::with_limit(10);
+    let tagged = retry_of("r", wants("a", "g", 3, T0));
     log.ask(tagged.clone());
     log.advance(10_000);
     assert_eq!(
@@ -631,10 +592,7 @@ fn the_clock_never_runs_backwards() {
 
 #[test]
 fn rounds_emit_round_and_blocked_events() {
-    let mut log = Log::new(KeyConfig {
-        limit: 2,
-        ..KeyConfig::default()
-    });
+    let mut log = Log::with_limit(2);
     let outcome = log.round(&[wants("a", "g", 3, T0), wants("b", "g", 4, T0 + 1)]);
     let round = outcome.events.iter().find_map(|event| match event {
         Event::Round {

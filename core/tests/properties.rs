@@ -732,16 +732,9 @@ impl Harness {
                     });
                 }
                 Noise::OthersGrant(index, claimed, released) => {
-                    let others: Vec<String> = state
-                        .map(|state| {
-                            state
-                                .grants()
-                                .iter()
-                                .filter(|(_, grant)| grant.client_id != CLIENTS[client])
-                                .map(|(id, _)| id.to_string())
-                                .collect()
-                        })
-                        .unwrap_or_default();
+                    let others = state.map_or_else(Vec::new, |state| {
+                        foreign_ids(state.grants(), |grant| &grant.client_id, CLIENTS[client])
+                    });
                     if let Some(i) = pick(index, others.len()) {
                         reports.grants.push(GrantReport {
                             grant_id: others[i].clone(),
@@ -751,16 +744,9 @@ impl Harness {
                     }
                 }
                 Noise::OthersLease(index, drawn, released) => {
-                    let others: Vec<String> = state
-                        .map(|state| {
-                            state
-                                .leases()
-                                .iter()
-                                .filter(|(_, lease)| lease.client_id != CLIENTS[client])
-                                .map(|(id, _)| id.to_string())
-                                .collect()
-                        })
-                        .unwrap_or_default();
+                    let others = state.map_or_else(Vec::new, |state| {
+                        foreign_ids(state.leases(), |lease| &lease.client_id, CLIENTS[client])
+                    });
                     if let Some(i) = pick(index, others.len()) {
                         reports.leases.push(LeaseReport {
                             lease_id: others[i].clone(),
@@ -1343,4 +1329,16 @@ proptest! {
             }
         }
     }
+}
+
+/// Ids of the rows (grants or leases) another client than `client` holds.
+fn foreign_ids<K: ToString, V>(
+    rows: &BTreeMap<K, V>,
+    owner: impl Fn(&V) -> &String,
+    client: &str,
+) -> Vec<String> {
+    rows.iter()
+        .filter(|(_, row)| owner(row) != client)
+        .map(|(id, _)| id.to_string())
+        .collect()
 }
