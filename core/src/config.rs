@@ -25,6 +25,14 @@ pub struct KeyConfig {
     pub leases: Option<LeasePolicy>,
 }
 
+impl KeyConfig {
+    /// How this key's limit splits between grants and leases.
+    pub fn budgets(&self) -> Budgets {
+        let provisioning = self.leases.as_ref().map(|policy| &policy.provisioning);
+        Budgets::new(provisioning, self.limit)
+    }
+}
+
 impl Default for KeyConfig {
     /// The seed's defaults, with a limit of 100 (the seed has no default limit).
     fn default() -> Self {

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use crate::answers::{dispositions, remember, Disposition};
-use crate::config::{Budgets, KeyConfig};
+use crate::config::KeyConfig;
 use crate::events::Event;
 use crate::ids::IdAllocator;
 use crate::leases::{
@@ -88,7 +88,7 @@ pub fn run_round(
             &lease_reports,
             &mut allocations,
             &mut events,
-        ) || (config.leases.is_some() && grants_pass.blocked_by_limit && shares_limit(config));
+        ) || (config.leases.is_some() && grants_pass.blocked_by_limit && config.budgets().shared);
     if state.meta().contended != contended {
         state.meta_mut().contended = contended;
     }
@@ -118,14 +118,6 @@ pub fn run_round(
         usage,
         contended,
     }
-}
-
-fn shares_limit(config: &KeyConfig) -> bool {
-    Budgets::new(
-        config.leases.as_ref().map(|policy| &policy.provisioning),
-        config.limit,
-    )
-    .shared
 }
 
 fn apply_reports(
@@ -175,11 +167,9 @@ fn allocate_grants(
     requests: &[PermitRequest],
     allocations: &mut BTreeMap<usize, Allocation>,
 ) -> GrantsPass {
-    let budgets = Budgets::new(
-        config.leases.as_ref().map(|policy| &policy.provisioning),
-        config.limit,
-    );
-    let mut room = budgets.grant_room(state.tally().granted, state.tally().leased);
+    let mut room = config
+        .budgets()
+        .grant_room(state.tally().granted, state.tally().leased);
 
     let mut demands: Vec<(usize, &PermitRequest, &crate::protocol::Demand)> = allocations
         .keys()
@@ -275,8 +265,7 @@ fn lease_pass(
     if policy.is_none() && state.leases().is_empty() {
         return false;
     }
-    let budgets = Budgets::new(policy.map(|policy| &policy.provisioning), config.limit);
-    let budget = budgets.lease_budget(state.tally().granted);
+    let budget = config.budgets().lease_budget(state.tally().granted);
     let candidates = allocations
         .keys()
         .map(|&position| &requests[position])

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Budgets, KeyConfig};
+use crate::config::KeyConfig;
 use crate::state::KeyState;
 
 /// A key's limit, outstanding permits, lease footprint and room left for grants.
@@ -81,8 +81,5 @@ pub fn usage(state: &KeyState, config: &KeyConfig, now_ms: u64) -> Usage {
 
 /// Permits grants may still receive given what is granted and leased.
 pub fn grant_room(config: &KeyConfig, granted: u64, leased: u64) -> u64 {
-    let provisioning = config.leases.as_ref().map(|policy| &policy.provisioning);
-    Budgets::new(provisioning, config.limit)
-        .grant_room(granted, leased)
-        .max(0) as u64
+    config.budgets().grant_room(granted, leased).max(0) as u64
 }

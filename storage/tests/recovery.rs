@@ -172,6 +172,17 @@ async fn open_error(dir: &std::path::Path) -> StorageError {
     }
 }
 
+/// The store refused to open `dir` with an error of `kind` that names the dir.
+fn assert_refused_as(error: &StorageError, kind: &str, dir: &std::path::Path) {
+    let matches_kind = match kind {
+        "incompatible" => matches!(error, StorageError::Incompatible { .. }),
+        "corrupt" => matches!(error, StorageError::Corrupt { .. }),
+        other => panic!("unknown kind {other}"),
+    };
+    assert!(matches_kind, "expected {kind}: {error}");
+    assert_names_dir(error, dir);
+}
+
 fn assert_names_dir(error: &StorageError, dir: &std::path::Path) {
     let message = error.to_string();
     assert!(message.contains(&dir.display().to_string()), "{message}");
@@ -202,8 +213,7 @@ async fn a_store_whose_data_file_is_overwritten_fails_to_open() {
     let garbage: Vec<u8> = (0..256 * 1024).map(|_| rng.next() as u8).collect();
     std::fs::write(dir.path().join("sled").join("db"), garbage).unwrap();
     let error = open_error(dir.path()).await;
-    assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
-    assert_names_dir(&error, dir.path());
+    assert_refused_as(&error, "corrupt", dir.path());
 }
 
 #[tokio::test]
@@ -244,11 +254,7 @@ async fn another_format_version_in_the_marker_file_is_refused() {
     assert!(error.to_string().contains("format version 2"), "{error}");
     std::fs::write(dir.path().join("format_version"), "\x00garbage").unwrap();
     let error = open_error(dir.path()).await;
-    assert!(
-        matches!(error, StorageError::Incompatible { .. }),
-        "{error}"
-    );
-    assert_names_dir(&error, dir.path());
+    assert_refused_as(&error, "incompatible", dir.path());
 }
 
 #[tokio::test]
@@ -263,11 +269,7 @@ async fn a_foreign_sled_database_is_refused() {
         db.flush().unwrap();
     }
     let error = open_error(dir.path()).await;
-    assert!(
-        matches!(error, StorageError::Incompatible { .. }),
-        "{error}"
-    );
-    assert_names_dir(&error, dir.path());
+    assert_refused_as(&error, "incompatible", dir.path());
 }
 
 #[tokio::test]
@@ -288,8 +290,7 @@ async fn an_undecodable_state_row_is_reported_as_corrupt() {
         db.flush().unwrap();
     }
     let error = open_error(dir.path()).await;
-    assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
-    assert_names_dir(&error, dir.path());
+    assert_refused_as(&error, "corrupt", dir.path());
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use permitd_core::protocol::{Demand, PermitRequest, SemaphoreRequest, SemaphoreResponse, V1};
+use permitd_core::protocol::SemaphoreResponse;
 use serde_json::json;
 
 use super::grant::bench_http;
@@ -74,18 +74,7 @@ async fn first_grant(
     killed_at: Instant,
     kill: usize,
 ) -> Option<Duration> {
-    let request = SemaphoreRequest::Request(PermitRequest {
-        v: V1,
-        client_id: format!("failover-{kill}"),
-        request_id: None,
-        demand: vec![Demand {
-            group: "g".into(),
-            count: 1,
-            oldest_at_ms: 1,
-        }],
-        grants: Vec::new(),
-        leases: None,
-    });
+    let request = super::one_permit(format!("failover-{kill}"), Vec::new());
     let body = serde_json::to_vec(&request).expect("protocol values serialise");
     for attempt in 0usize.. {
         if killed_at.elapsed() > GIVE_UP_AFTER {

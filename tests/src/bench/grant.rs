@@ -10,9 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use permitd_core::protocol::{
-    Demand, GrantReport, PermitRequest, PermitSync, SemaphoreRequest, SemaphoreResponse, V1,
-};
+use permitd_core::protocol::{GrantReport, PermitSync, SemaphoreRequest, SemaphoreResponse, V1};
 use serde_json::json;
 
 use super::stats::{last_log_index, ms, quantile, set_defaults};
@@ -147,18 +145,7 @@ async fn client_loop(
         if Instant::now() >= window_end {
             break;
         }
-        let request = SemaphoreRequest::Request(PermitRequest {
-            v: V1,
-            client_id: client_id.clone(),
-            request_id: None,
-            demand: vec![Demand {
-                group: "g".into(),
-                count: 1,
-                oldest_at_ms: 1,
-            }],
-            grants: std::mem::take(&mut held),
-            leases: None,
-        });
+        let request = super::one_permit(client_id.clone(), std::mem::take(&mut held));
         let sent = Instant::now();
         let answer = send(&http, &endpoint, &request).await;
         let done = Instant::now();

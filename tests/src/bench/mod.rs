@@ -102,6 +102,27 @@ impl Profile {
     }
 }
 
+/// A request for one permit of group `g`, reporting `grants`: what every bench
+/// client asks.
+pub(crate) fn one_permit(
+    client_id: String,
+    grants: Vec<permitd_core::protocol::GrantReport>,
+) -> permitd_core::protocol::SemaphoreRequest {
+    use permitd_core::protocol::{Demand, PermitRequest, SemaphoreRequest, V1};
+    SemaphoreRequest::Request(PermitRequest {
+        v: V1,
+        client_id,
+        request_id: None,
+        demand: vec![Demand {
+            group: "g".into(),
+            count: 1,
+            oldest_at_ms: 1,
+        }],
+        grants,
+        leases: None,
+    })
+}
+
 /// The cluster settings of every bench cluster.
 fn settings() -> Settings {
     Settings {

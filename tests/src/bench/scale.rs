@@ -6,8 +6,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use permitd_core::protocol::{Demand, PermitRequest, SemaphoreRequest, V1};
-
 use super::grant::{self, bench_http, GrantRun};
 use super::stats::rss_bytes;
 use crate::Cluster;
@@ -79,19 +77,8 @@ async fn populate(cluster: &Cluster, leader: u64, from: usize, to: usize) {
     let http = bench_http();
     let url = cluster.node(leader).url();
     let next = Arc::new(AtomicUsize::new(from));
-    let body = serde_json::to_vec(&SemaphoreRequest::Request(PermitRequest {
-        v: V1,
-        client_id: "scale".into(),
-        request_id: None,
-        demand: vec![Demand {
-            group: "g".into(),
-            count: 1,
-            oldest_at_ms: 1,
-        }],
-        grants: Vec::new(),
-        leases: None,
-    }))
-    .expect("protocol values serialise");
+    let body = serde_json::to_vec(&super::one_permit("scale".into(), Vec::new()))
+        .expect("protocol values serialise");
     let mut workers = Vec::new();
     for _ in 0..POPULATE_CONCURRENCY {
         let (http, url, next, body) = (http.clone(), url.clone(), next.clone(), body.clone());
