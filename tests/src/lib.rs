@@ -22,6 +22,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -69,12 +70,24 @@ fn locate_or_build() -> PathBuf {
     bin
 }
 
-/// A free loopback port (bound then released; the race is harmless in tests).
+/// A free loopback port for a test node, never handed out twice in one process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
+    // Below the kernel's ephemeral range (32768 and up on Linux): a port picked
+    // from bind(0) can be taken by any outgoing connection (ours are many) before
+    // the node binds it, which made a node fail to start now and then. Each test
+    // process starts elsewhere in the span and never hands out a port twice.
+    const FIRST_PORT: u32 = 20_000;
+    const PORT_SPAN: u32 = 12_000;
+    static HANDED_OUT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(97) % PORT_SPAN;
+    loop {
+        let count = HANDED_OUT.fetch_add(1, Ordering::Relaxed);
+        assert!(count < PORT_SPAN, "no free test port left");
+        let port = (FIRST_PORT + (start + count) % PORT_SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// One node of a test cluster.
