@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{blank, log_id, normal, open_dir, state_bytes, Rng, Workload};
+use common::{blank, log_id, normal, open_dir, raw_sled, state_bytes, Rng, Workload};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{Entry, EntryPayload, Membership, RaftLogReader, RaftSnapshotBuilder};
 use permitd_core::protocol::{Demand, GrantReport, PermitRequest, V1};
@@ -161,14 +161,24 @@ async fn apply_announces_touched_keys_and_events() {
     assert_eq!(opened.state.last_applied(), Some(log_id(1, 1)));
 }
 
+/// The error opening `dir` gives, past any lock a just-dropped store still holds
+/// (see `common::open_dir`).
 async fn open_error(dir: &std::path::Path) -> StorageError {
-    match open(&Options {
+    let options = Options {
         dir: dir.to_owned(),
-    })
-    .await
-    {
-        Ok(_) => panic!("{} opened", dir.display()),
-        Err(error) => error,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match open(&options).await {
+            Ok(_) => panic!("{} opened", dir.display()),
+            Err(error)
+                if error.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(error) => return error,
+        }
     }
 }
 
@@ -231,7 +241,7 @@ async fn another_format_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(open_dir(dir.path()).await);
     {
-        let db = sled::open(dir.path().join("sled")).unwrap();
+        let db = raw_sled(dir.path());
         db.insert(permitd_storage::keys::FORMAT_VERSION, &99u32.to_be_bytes())
             .unwrap();
         db.flush().unwrap();
@@ -261,7 +271,7 @@ async fn another_format_version_in_the_marker_file_is_refused() {
 async fn a_foreign_sled_database_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = sled::open(dir.path().join("sled")).unwrap();
+        let db = raw_sled(dir.path());
         db.open_tree("somebody_else")
             .unwrap()
             .insert(b"k", b"v")
@@ -279,7 +289,7 @@ async fn an_undecodable_state_row_is_reported_as_corrupt() {
     run_workload(&mut opened, 5).await;
     drop(opened);
     {
-        let db = sled::open(dir.path().join("sled")).unwrap();
+        let db = raw_sled(dir.path());
         let state = db.open_tree("state").unwrap();
         let (row, _) = state
             .scan_prefix([permitd_storage::keys::TAG_KEY])

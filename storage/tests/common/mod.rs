@@ -36,12 +36,42 @@ pub fn blank(index: u64) -> Entry<TypeConfig> {
     }
 }
 
+/// Opens the store in `dir`. Right after an in-process drop, sled's background
+/// flusher may still hold the directory's file lock for a moment (a restarted
+/// process never sees this: the lock goes with the old process), so a lock
+/// conflict is retried briefly; any other error fails at once.
 pub async fn open_dir(dir: &Path) -> Opened {
-    open(&Options {
+    let options = Options {
         dir: dir.to_owned(),
-    })
-    .await
-    .unwrap_or_else(|error| panic!("open {}: {error}", dir.display()))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match open(&options).await {
+            Ok(opened) => return opened,
+            Err(error)
+                if error.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("open {}: {error}", dir.display()),
+        }
+    }
+}
+
+/// The raw sled database under a store's dir, for tests that damage it; waits
+/// out the lock a just-dropped store may still hold.
+pub fn raw_sled(dir: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match sled::open(dir.join("sled")) {
+            Ok(db) => return db,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(error) => panic!("raw sled at {}: {error}", dir.display()),
+        }
+    }
 }
 
 /// The byte-exact canonical state, for comparing replicas.
