@@ -86,11 +86,6 @@ pub struct KeyUsage {
     pub usage: Usage,
 }
 
-#[derive(Debug, Deserialize)]
-struct KeysAnswer {
-    keys: Vec<KeyUsage>,
-}
-
 /// `GET /cluster/status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -272,13 +267,6 @@ impl SemaphoreClient {
         Ok(())
     }
 
-    /// Every key with state, with its usage.
-    pub async fn keys(&self) -> Result<Vec<KeyUsage>, ClientError> {
-        let path = ["v1", "semaphores"].map(String::from);
-        let answer: KeysAnswer = self.get(&path).await?;
-        Ok(answer.keys)
-    }
-
     /// The cluster's membership, leader, term and indexes, as some node sees them.
     pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
         let path = ["cluster", "status"].map(String::from);
@@ -380,6 +368,17 @@ impl SemaphoreClient {
         path: &[String],
         body: Option<&B>,
     ) -> Result<R, ClientError> {
+        self.call_with_query(method, path, &[], body).await
+    }
+
+    /// [`Self::call`] with query parameters (paging of listings).
+    pub(crate) async fn call_with_query<B: Serialize, R: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &[String],
+        query: &[(&str, String)],
+        body: Option<&B>,
+    ) -> Result<R, ClientError> {
         let authorised = is_cluster_path(path);
         let config = &self.inner.config;
         let body = body
@@ -396,7 +395,10 @@ impl SemaphoreClient {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let timeout = remaining.min(config.attempt_timeout);
             let segments: Vec<&str> = path.iter().map(String::as_str).collect();
-            let url = endpoint.url(&segments);
+            let mut url = endpoint.url(&segments);
+            if !query.is_empty() {
+                url.query_pairs_mut().extend_pairs(query);
+            }
             let attempt = self
                 .attempt(
                     &endpoint,

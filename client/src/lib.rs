@@ -23,12 +23,14 @@
 //! The crate depends on `permitd-core` for the wire types only, never on the
 //! server crates. Errors: [`ClientError`] for calls, [`QueueError`] for the queue.
 
+pub mod admin;
 pub mod backoff;
 pub mod client;
 pub mod error;
 pub mod leader;
 pub mod queue;
 
+pub use admin::KeysPage;
 pub use client::{ClientConfig, ClusterMember, ClusterStatus, KeyUsage, SemaphoreClient};
 pub use error::{ClientError, QueueError};
 pub use queue::{

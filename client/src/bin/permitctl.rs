@@ -7,8 +7,11 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
+#[path = "permitctl/keys.rs"]
+mod keys;
+
 use clap::{Args, Parser, Subcommand};
-use permitd_client::{ClientConfig, ClusterStatus, KeyUsage, SemaphoreClient};
+use permitd_client::{ClientConfig, ClusterStatus, SemaphoreClient};
 use permitd_core::config::LeasePolicy;
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
 use serde::Serialize;
@@ -47,8 +50,8 @@ enum Command {
     /// A group's cap and permission.
     #[command(subcommand)]
     Group(GroupCommand),
-    /// Every key with its usage.
-    Keys,
+    /// Every key with its usage, page by page (`--limit` to stop early).
+    Keys(keys::KeysArgs),
     /// The cluster: members, leader, term, indexes.
     Status,
     /// A key's usage, refreshed in place until interrupted.
@@ -119,7 +122,10 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+/// What every subcommand returns.
+type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn run(cli: Cli) -> CliResult {
     let mut config = ClientConfig::new([cli.endpoints.clone()]);
     config.call_timeout = Duration::from_millis(cli.timeout_ms);
     config.attempt_timeout = config.call_timeout;
@@ -174,10 +180,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 format!("{key} / {group}: settings removed\n")
             })
         }
-        Command::Keys => {
-            let keys = client.keys().await?;
-            print(json, &keys, || keys_table(&keys))
-        }
+        Command::Keys(args) => keys::run(&client, json, &args).await,
         Command::Status => {
             let status = client.cluster_status().await?;
             print(json, &status, || status_table(&status))
@@ -194,11 +197,7 @@ fn parse_leases(text: Option<&str>) -> Result<Option<Option<LeasePolicy>>, serde
     }
 }
 
-fn print<V: Serialize>(
-    json: bool,
-    value: &V,
-    table: impl FnOnce() -> String,
-) -> Result<(), Box<dyn std::error::Error>> {
+fn print<V: Serialize>(json: bool, value: &V, table: impl FnOnce() -> String) -> CliResult {
     if json {
         println!("{}", serde_json::to_string_pretty(value)?);
     } else {
@@ -310,22 +309,6 @@ fn config_table(key: &str, config: &KeyConfig) -> String {
             leases,
         ]],
     )
-}
-
-fn keys_table(keys: &[KeyUsage]) -> String {
-    let rows: Vec<Vec<String>> = keys
-        .iter()
-        .map(|entry| {
-            vec![
-                entry.key.clone(),
-                entry.usage.limit.to_string(),
-                entry.usage.granted.to_string(),
-                entry.usage.leased.to_string(),
-                entry.usage.available.to_string(),
-            ]
-        })
-        .collect();
-    table(&["KEY", "LIMIT", "GRANTED", "LEASED", "AVAILABLE"], &rows)
 }
 
 fn status_table(status: &ClusterStatus) -> String {

@@ -1,0 +1,55 @@
+//! Operator calls of [`SemaphoreClient`]: the key listing, page by page.
+//!
+//! `GET /v1/semaphores` answers at most one page of keys in key order, with
+//! `next` when more follow; [`SemaphoreClient::keys_page`] asks for one page and
+//! [`SemaphoreClient::keys`] follows `next` to the end.
+
+use reqwest::Method;
+use serde::{Deserialize, Serialize};
+
+use crate::client::KeyUsage;
+use crate::{ClientError, SemaphoreClient};
+
+/// One page of `GET /v1/semaphores`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeysPage {
+    pub keys: Vec<KeyUsage>,
+    /// The last key of this page when more follow: pass it as `after`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+impl SemaphoreClient {
+    /// One page of keys sorting after `after`, at most `limit` of them (the
+    /// server's default page when `None`; it caps larger pages).
+    pub async fn keys_page(
+        &self,
+        after: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<KeysPage, ClientError> {
+        let path = ["v1", "semaphores"].map(String::from);
+        let mut query = Vec::new();
+        if let Some(after) = after {
+            query.push(("after", after.to_owned()));
+        }
+        if let Some(limit) = limit {
+            query.push(("limit", limit.to_string()));
+        }
+        self.call_with_query::<(), _>(Method::GET, &path, &query, None)
+            .await
+    }
+
+    /// Every key with state, with its usage, following pages to the end.
+    pub async fn keys(&self) -> Result<Vec<KeyUsage>, ClientError> {
+        let mut keys = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.keys_page(after.as_deref(), None).await?;
+            keys.extend(page.keys);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(keys),
+            }
+        }
+    }
+}
