@@ -1,13 +1,16 @@
-//! Operator calls of [`SemaphoreClient`]: the key listing, page by page.
+//! Operator calls of [`SemaphoreClient`]: the key listing page by page, a key's
+//! holders and the admin force release of one client's footprint.
 //!
 //! `GET /v1/semaphores` answers at most one page of keys in key order, with
 //! `next` when more follow; [`SemaphoreClient::keys_page`] asks for one page and
 //! [`SemaphoreClient::keys`] follows `next` to the end.
 
+use permitd_core::force_release::ForceReleased;
+use permitd_core::holders::KeyHolders;
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
-use crate::client::KeyUsage;
+use crate::client::{semaphore_path, KeyUsage};
 use crate::{ClientError, SemaphoreClient};
 
 /// One page of `GET /v1/semaphores`.
@@ -36,6 +39,25 @@ impl SemaphoreClient {
             query.push(("limit", limit.to_string()));
         }
         self.call_with_query::<(), _>(Method::GET, &path, &query, None)
+            .await
+    }
+
+    /// Who holds what on `key`: grants, leases and waiting demand per clientId.
+    pub async fn holders(&self, key: &str) -> Result<KeyHolders, ClientError> {
+        let path = semaphore_path(key, Some("holders"));
+        self.call_with_query::<(), _>(Method::GET, &path, &[], None)
+            .await
+    }
+
+    /// Drops `client_id`'s grants, leases and remembered answers on `key` (admin).
+    pub async fn force_release(
+        &self,
+        key: &str,
+        client_id: &str,
+    ) -> Result<ForceReleased, ClientError> {
+        let mut path = semaphore_path(key, Some("clients"));
+        path.extend([client_id.to_owned(), "release".to_owned()]);
+        self.call_with_query::<(), _>(Method::POST, &path, &[], None)
             .await
     }
 

@@ -2,7 +2,8 @@
 //!
 //! Each case builds a small world: two keys, three groups, four clients (some of
 //! which support leases), one lease policy, and a sequence of up to 30 log entries
-//! (rounds, syncs, reclaim passes, settings changes) interleaved with client-local
+//! (rounds, syncs, reclaim passes, settings changes, operators' force releases)
+//! interleaved with client-local
 //! work (claiming, releasing, drawing from leases, retiring them). The clients are
 //! modelled: each keeps, per key, the grants and leases it was told about and the
 //! cumulative counts it reports, as the seed's queue does. On top of that honest
@@ -22,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use permitd_core::config::{Amount, LimitedGroups};
+use permitd_core::force_release::ForceReleased;
 use permitd_core::protocol::{
     Demand, GrantReport, GrantResult, GrantStatus, GrantedPermits, LeaseGrant, LeaseReport,
     PermitRequest, PermitSync, SemaphoreRequest, V1,
@@ -142,6 +144,13 @@ enum Op {
     SetLeases {
         key: usize,
         leases: Option<LeasePolicy>,
+    },
+    /// An operator drops one client's footprint; the client, not dead after
+    /// all, keeps working and reporting the grants and leases it knew.
+    ForceRelease {
+        key: usize,
+        client: usize,
+        when: When,
     },
 }
 
@@ -394,6 +403,8 @@ fn op(modes: Modes) -> BoxedStrategy<Op> {
         });
     let remove_group =
         (key(), 0..GROUPS.len()).prop_map(|(key, group)| Op::RemoveGroup { key, group });
+    let force_release = (key(), 0..CLIENTS.len(), when())
+        .prop_map(|(key, client, when)| Op::ForceRelease { key, client, when });
     match modes {
         Modes::Any => {
             let set_leases = (key(), lease_policy(Modes::Any))
@@ -407,6 +418,7 @@ fn op(modes: Modes) -> BoxedStrategy<Op> {
                 1 => set_group,
                 1 => remove_group,
                 1 => set_leases,
+                1 => force_release,
             ]
             .boxed()
         }
@@ -418,6 +430,7 @@ fn op(modes: Modes) -> BoxedStrategy<Op> {
             1 => set_limit,
             1 => set_group,
             1 => remove_group,
+            1 => force_release,
         ]
         .boxed(),
     }
@@ -630,6 +643,7 @@ enum Outcome {
     Reclaim(Vec<Event>),
     Config(Result<KeyConfig, InvalidInput>),
     Group(Result<(), InvalidInput>),
+    Released(ForceReleased, Vec<Event>),
     Local,
 }
 
@@ -936,6 +950,12 @@ impl Harness {
                 self.sem.remove_group(KEYS[*key], GROUPS[*group]);
                 Outcome::Local
             }
+            Op::ForceRelease { key, client, when } => {
+                let now_ms = self.entry_now(*when);
+                let (released, events) =
+                    self.sem.force_release(KEYS[*key], CLIENTS[*client], now_ms);
+                Outcome::Released(released, events)
+            }
         }
     }
 
@@ -1008,6 +1028,22 @@ impl Exposure {
             let footprint = lease.permits - lease.released;
             exposure.leased += footprint;
             *exposure.groups.entry(lease.group.clone()).or_default() += footprint;
+        }
+        exposure
+    }
+
+    /// The exposure of `client`'s rows alone.
+    fn of_client(state: Option<&KeyState>, client: &str) -> Self {
+        let mut exposure = Exposure::default();
+        for grant in state.iter().flat_map(|state| state.grants().values()) {
+            if grant.client_id == client {
+                exposure.granted += grant.permits - grant.released;
+            }
+        }
+        for lease in state.iter().flat_map(|state| state.leases().values()) {
+            if lease.client_id == client {
+                exposure.leased += lease.permits - lease.released;
+            }
         }
         exposure
     }
@@ -1327,6 +1363,46 @@ proptest! {
                     op
                 );
             }
+        }
+    }
+
+    /// A force release drops exactly one client's grants and leases on one key,
+    /// returns exactly their footprint, keeps the tally exact and leaves every
+    /// other client's rows as they were; the key stays within its ceiling.
+    #[test]
+    fn a_force_release_frees_exactly_that_clients_footprint(
+        (setup, ops) in scenario(Modes::Any),
+        key in 0..KEYS.len(),
+        client in 0..CLIENTS.len(),
+    ) {
+        let mut harness = Harness::new(&setup);
+        for op in &ops {
+            harness.step(op);
+        }
+        let (key, client) = (KEYS[key], CLIENTS[client]);
+        let before = harness.sem.key(key).cloned();
+        let held = Exposure::of_client(before.as_ref(), client);
+        let others_before = Exposure::of(before.as_ref()).total() - held.total();
+        let now_ms = harness.clock();
+        let (released, events) = harness.sem.force_release(key, client, now_ms);
+        prop_assert_eq!(released.permits, held.total());
+        prop_assert_eq!(events.len(), usize::from(released != ForceReleased::default()));
+        let after = harness.sem.key(key);
+        prop_assert_eq!(Exposure::of_client(after, client).total(), 0);
+        prop_assert_eq!(Exposure::of(after).total(), others_before);
+        prop_assert!(Exposure::of(after).total() <= ceiling(harness.sem.config(key))
+            .max(Exposure::of(before.as_ref()).total()));
+        if let (Some(before), Some(after)) = (before.as_ref(), after) {
+            prop_assert_eq!(after.tally(), &after.recount());
+            let others = |state: &KeyState| {
+                let grants: Vec<_> = state.grants().iter()
+                    .filter(|(_, grant)| grant.client_id != client).collect();
+                let leases: Vec<_> = state.leases().iter()
+                    .filter(|(_, lease)| lease.client_id != client).collect();
+                format!("{grants:?} {leases:?}")
+            };
+            prop_assert_eq!(others(before), others(after));
+            prop_assert!(!after.answers().contains_key(client));
         }
     }
 }

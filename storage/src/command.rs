@@ -5,6 +5,7 @@
 //! Ids come from the entry's log index, never from the command.
 
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
+use permitd_core::force_release::ForceReleased;
 use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
 use permitd_core::{Event, InvalidInput};
 use serde::{Deserialize, Serialize};
@@ -57,6 +58,14 @@ pub enum Command {
     /// Drop everything kept for a key.
     #[serde(rename_all = "camelCase")]
     RemoveKey { key: String },
+    /// An operator drops one client's grants, leases and remembered answers on a
+    /// key (a runner that died for good), at the leader's `now`.
+    #[serde(rename_all = "camelCase")]
+    ForceRelease {
+        now_ms: u64,
+        key: String,
+        client_id: String,
+    },
 }
 
 /// What applying a [`Command`] answers; the leader replies from it.
@@ -76,6 +85,10 @@ pub enum CommandResult {
     /// The effective configuration after `SetKeyConfig`.
     KeyConfig {
         config: KeyConfig,
+    },
+    /// What `ForceRelease` dropped.
+    Released {
+        released: ForceReleased,
     },
     /// The command was rejected by validation inside apply; nothing changed.
     Rejected {

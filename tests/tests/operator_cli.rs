@@ -63,3 +63,132 @@ async fn keys_follows_pages_and_stops_at_limit() {
         assert!(exact.stdout.contains(name.as_str()), "{exact:?}");
     }
 }
+
+/// Waits for a request's answer and returns the permits it granted.
+async fn granted_by(task: tokio::task::JoinHandle<permitd_tests::Answer>) -> u64 {
+    let answer = task.await.expect("request task");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    permitd_tests::granted(&answer.body)
+}
+
+fn spawn_request(
+    cluster: &std::sync::Arc<Cluster>,
+    node: u64,
+    key: &str,
+    client: &str,
+    count: u64,
+) -> tokio::task::JoinHandle<permitd_tests::Answer> {
+    let cluster = cluster.clone();
+    let path = format!("/v1/semaphores/{key}");
+    let body = permitd_tests::request(client, &[("g", count, 1)]);
+    tokio::spawn(async move { cluster.post(node, &path, &body).await })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_show_grants_and_waiting_demand_and_release_frees_a_dead_client() {
+    let cluster = std::sync::Arc::new(Cluster::start(Settings::default()).await);
+    let leader = cluster.wait_for_leader().await;
+    let follower = cluster.follower_of(leader);
+    // A long round wait, so that a parked request can be seen waiting.
+    let config = json!({"limit": 10, "roundWaitMs": 1500, "roundPeriodMs": 20});
+    let answer = cluster
+        .put(follower, "/v1/semaphores/held/config", &config)
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let dead = spawn_request(&cluster, follower, "held", "dead", 4);
+    let alive = spawn_request(&cluster, leader, "held", "alive", 3);
+    assert_eq!(granted_by(dead).await, 4);
+    assert_eq!(granted_by(alive).await, 3);
+
+    let waiter = spawn_request(&cluster, follower, "held", "waiter", 5);
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    // Asked through a follower: forwarded to the leader, who parks the demand.
+    let holders = cluster.get(follower, "/v1/semaphores/held/holders").await;
+    assert_eq!(holders.status, 200, "{}", holders.body);
+    let clients = &holders.body["clients"];
+    assert_eq!(clients["dead"]["grants"][0]["permits"], 4, "{clients}");
+    assert_eq!(clients["dead"]["grants"][0]["claimed"], 0);
+    assert!(clients["dead"]["grants"][0]["fence"].as_u64().unwrap() > 0);
+    assert!(
+        clients["dead"]["grants"][0]["claimDeadlineMs"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(clients["alive"]["grants"][0]["permits"], 3);
+    assert_eq!(
+        clients["waiter"]["waiting"],
+        json!([{"group": "g", "count": 5, "requests": 1}]),
+        "{clients}"
+    );
+    assert_eq!(granted_by(waiter).await, 3, "only 3 of 10 were left");
+
+    let shown = cluster.permitctl(&["--json", "holders", "held"]);
+    assert!(shown.success, "{shown:?}");
+    let shown = shown.json();
+    assert_eq!(shown["clients"]["waiter"]["grants"][0]["permits"], 3);
+    assert_eq!(shown["clients"]["waiter"]["waiting"], json!([]));
+    let table = cluster.permitctl(&["holders", "held"]);
+    assert!(
+        table.stdout.contains("dead") && table.stdout.contains("grant"),
+        "{table:?}"
+    );
+
+    let released = cluster.permitctl(&["--json", "release", "held", "dead"]);
+    assert!(released.success, "{released:?}");
+    assert_eq!(
+        released.json(),
+        json!({"grants": 1, "leases": 0, "permits": 4})
+    );
+    for node in 1..=3 {
+        assert_eq!(cluster.usage(node, "held").await["granted"], 6);
+    }
+    let holders = cluster.get(leader, "/v1/semaphores/held/holders").await;
+    assert!(
+        holders.body["clients"].get("dead").is_none(),
+        "{}",
+        holders.body
+    );
+
+    // The runner was not dead after all: its report of the dropped grant frees
+    // nothing a second time.
+    let grant_id = clients["dead"]["grants"][0]["grantId"].clone();
+    let sync = json!({"type": "sync", "v": 1, "clientId": "dead",
+        "grants": [{"grantId": grant_id, "claimed": 4, "released": 4}]});
+    let answer = cluster.post(follower, "/v1/semaphores/held", &sync).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(cluster.usage(leader, "held").await["granted"], 6);
+
+    // Every replica applied the entry and emitted the event.
+    for node in 1..=3u64 {
+        let log = cluster.dir.path().join(format!("node-{node}.log"));
+        let seen = permitd_tests::eventually(std::time::Duration::from_secs(10), || {
+            let log = log.clone();
+            async move {
+                std::fs::read_to_string(&log).is_ok_and(|text| text.contains("client_released"))
+            }
+        })
+        .await;
+        assert!(seen, "node {node} logged client_released");
+    }
+
+    // Releasing a client that holds nothing drops nothing; a bad clientId is a 400.
+    let nothing = cluster
+        .post(
+            follower,
+            "/v1/semaphores/held/clients/nobody/release",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(nothing.status, 200, "{}", nothing.body);
+    assert_eq!(nothing.body["permits"], 0);
+    let long = "x".repeat(300);
+    let refused = cluster
+        .post(
+            leader,
+            &format!("/v1/semaphores/held/clients/{long}/release"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+}

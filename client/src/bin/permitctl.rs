@@ -7,6 +7,8 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
+#[path = "permitctl/holders.rs"]
+mod holders;
 #[path = "permitctl/keys.rs"]
 mod keys;
 
@@ -54,6 +56,11 @@ enum Command {
     Keys(keys::KeysArgs),
     /// The cluster: members, leader, term, indexes.
     Status,
+    /// Who holds a key's permits (grants, leases) and who waits for them.
+    Holders { key: String },
+    /// Admin: drops one client's grants and leases on a key (a runner that died
+    /// for good); its permits return to the key at once.
+    Release { key: String, client_id: String },
     /// A key's usage, refreshed in place until interrupted.
     Watch {
         key: String,
@@ -181,6 +188,10 @@ async fn run(cli: Cli) -> CliResult {
             })
         }
         Command::Keys(args) => keys::run(&client, json, &args).await,
+        Command::Holders { key } => holders::show(&client, json, &key).await,
+        Command::Release { key, client_id } => {
+            holders::release(&client, json, &key, &client_id).await
+        }
         Command::Status => {
             let status = client.cluster_status().await?;
             print(json, &status, || status_table(&status))

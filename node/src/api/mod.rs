@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod error;
 pub mod extract;
 pub mod forward;
+pub mod holders;
 pub mod semaphores;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -35,6 +36,7 @@ pub fn public_router(app: App) -> Router {
         .route("/v1/semaphores", get(semaphores::list))
         .route("/v1/semaphores/{key}", post(semaphores::post))
         .route("/v1/semaphores/{key}/usage", get(semaphores::usage))
+        .route("/v1/semaphores/{key}/holders", get(holders::get))
         .route(
             "/v1/semaphores/{key}/config",
             get(semaphores::get_config).put(semaphores::put_config),
@@ -49,6 +51,7 @@ pub fn public_router(app: App) -> Router {
         ));
     Router::new()
         .merge(v1)
+        .merge(admin_router(app.clone()))
         .merge(cluster_router(app.clone()))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -72,6 +75,17 @@ pub fn internal_router(app: App) -> Router {
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
         .layer(trace_layer())
         .with_state(app)
+}
+
+/// Operator actions that change other clients' state. Every route here is for
+/// administrators only: an access check for them is added to this router alone.
+fn admin_router(app: App) -> Router<App> {
+    Router::new()
+        .route(
+            "/v1/semaphores/{key}/clients/{client_id}/release",
+            post(holders::force_release),
+        )
+        .route_layer(middleware::from_fn_with_state(app, forward::to_leader))
 }
 
 fn cluster_router(app: App) -> Router<App> {
