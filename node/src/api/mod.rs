@@ -59,6 +59,7 @@ pub fn public_router(app: App) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(crate::http_metrics::track_api))
         .layer(trace_layer())
         .with_state(app)
 }
@@ -73,6 +74,7 @@ pub fn internal_router(app: App) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
+        .layer(middleware::from_fn(crate::http_metrics::track_raft))
         .layer(trace_layer())
         .with_state(app)
 }
