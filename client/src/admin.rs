@@ -61,6 +61,22 @@ impl SemaphoreClient {
             .await
     }
 
+    /// `POST /cluster/init` (needs the secret): makes every node of the asked
+    /// node's cluster file a voter of a new cluster and writes its `[defaults]`.
+    /// Answers `false` when the cluster was initialised already.
+    pub async fn init_cluster(&self) -> Result<bool, ClientError> {
+        let path = ["cluster", "init"].map(String::from);
+        let empty = serde_json::json!({});
+        match self
+            .call_with_query::<_, serde_json::Value>(Method::POST, &path, &[], Some(&empty))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(ClientError::Rejected { code, .. }) if code == "already_initialized" => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Every key with state, with its usage, following pages to the end.
     pub async fn keys(&self) -> Result<Vec<KeyUsage>, ClientError> {
         let mut keys = Vec::new();

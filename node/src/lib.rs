@@ -26,6 +26,7 @@ pub mod api;
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod config_env;
 pub mod events;
 pub mod http_metrics;
 pub mod leadership;

@@ -56,6 +56,9 @@ enum Command {
     Keys(keys::KeysArgs),
     /// The cluster: members, leader, term, indexes.
     Status,
+    /// Initialises a new cluster of every node in the asked node's cluster file
+    /// (needs `--secret`); succeeds, saying so, when it already is.
+    Init,
     /// Who holds a key's permits (grants, leases) and who waits for them.
     Holders { key: String },
     /// Admin: drops one client's grants and leases on a key (a runner that died
@@ -188,6 +191,17 @@ async fn run(cli: Cli) -> CliResult {
             })
         }
         Command::Keys(args) => keys::run(&client, json, &args).await,
+        Command::Init => {
+            let created = client.init_cluster().await?;
+            let state = if created {
+                "initialised"
+            } else {
+                "already initialised"
+            };
+            print(json, &serde_json::json!({ "initialized": created }), || {
+                format!("cluster {state}\n")
+            })
+        }
         Command::Holders { key } => holders::show(&client, json, &key).await,
         Command::Release { key, client_id } => {
             holders::release(&client, json, &key, &client_id).await
