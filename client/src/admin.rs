@@ -1,5 +1,6 @@
 //! Operator calls of [`SemaphoreClient`]: the key listing page by page, a key's
-//! holders and the admin force release of one client's footprint.
+//! holders, the admin force release of one client's footprint, cluster
+//! initialisation and membership changes (`/cluster/members`, with the secret).
 //!
 //! `GET /v1/semaphores` answers at most one page of keys in key order, with
 //! `next` when more follow; [`SemaphoreClient::keys_page`] asks for one page and
@@ -10,7 +11,7 @@ use permitd_core::holders::KeyHolders;
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
-use crate::client::{semaphore_path, KeyUsage};
+use crate::client::{semaphore_path, ClusterStatus, KeyUsage};
 use crate::{ClientError, SemaphoreClient};
 
 /// One page of `GET /v1/semaphores`.
@@ -75,6 +76,34 @@ impl SemaphoreClient {
             Err(ClientError::Rejected { code, .. }) if code == "already_initialized" => Ok(false),
             Err(error) => Err(error),
         }
+    }
+
+    /// Adds node `id` as a learner; answers once it has caught up with the log.
+    pub async fn add_learner(
+        &self,
+        id: u64,
+        api_addr: &str,
+        raft_addr: &str,
+    ) -> Result<ClusterStatus, ClientError> {
+        let change = serde_json::json!({
+            "action": "addLearner", "id": id, "apiAddr": api_addr, "raftAddr": raft_addr,
+        });
+        self.change_members(&change).await
+    }
+
+    /// Makes exactly `voters` the voters (each must be a member already).
+    pub async fn set_voters(&self, voters: &[u64]) -> Result<ClusterStatus, ClientError> {
+        let change = serde_json::json!({"action": "changeMembership", "voters": voters});
+        self.change_members(&change).await
+    }
+
+    async fn change_members(
+        &self,
+        change: &serde_json::Value,
+    ) -> Result<ClusterStatus, ClientError> {
+        let path = ["cluster", "members"].map(String::from);
+        self.call_with_query(Method::POST, &path, &[], Some(change))
+            .await
     }
 
     /// Every key with state, with its usage, following pages to the end.

@@ -192,3 +192,147 @@ async fn holders_show_grants_and_waiting_demand_and_release_frees_a_dead_client(
         .await;
     assert_eq!(refused.status, 400, "{}", refused.body);
 }
+
+/// What the background runner saw.
+#[derive(Debug, Default)]
+struct RunnerReport {
+    rounds: u64,
+    /// Usage above the limit, as read right after a round: must stay 0.
+    violations: Vec<String>,
+}
+
+/// A job runner that keeps taking and returning permits through `urls` until
+/// `stop`, checking after each round that usage stays within `limit`.
+async fn run_runner(
+    urls: Vec<String>,
+    limit: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> RunnerReport {
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .expect("http client");
+    let mut report = RunnerReport::default();
+    let mut turn = 0usize;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        turn += 1;
+        let url = &urls[turn % urls.len()];
+        let client = format!("runner-{}", turn % 3);
+        let body = permitd_tests::request(&client, &[("g", 4, 1)]);
+        let Ok(answer) = http
+            .post(format!("{url}/v1/semaphores/r"))
+            .json(&body)
+            .send()
+            .await
+        else {
+            continue;
+        };
+        let Ok(answer) = answer.json::<Value>().await else {
+            continue;
+        };
+        let Some(grants) = answer["grants"].as_array().filter(|g| !g.is_empty()) else {
+            continue;
+        };
+        report.rounds += 1;
+        if let Ok(usage) = http
+            .get(format!("{url}/v1/semaphores/r/usage"))
+            .send()
+            .await
+        {
+            let usage: Value = usage.json().await.unwrap_or_default();
+            let held =
+                usage["granted"].as_u64().unwrap_or(0) + usage["leased"].as_u64().unwrap_or(0);
+            if held > limit {
+                report.violations.push(usage.to_string());
+            }
+        }
+        // Work done: claim and return every permit of the grants.
+        let reports: Vec<Value> = grants
+            .iter()
+            .map(|g| json!({"grantId": g["grantId"], "claimed": g["permits"], "released": g["permits"]}))
+            .collect();
+        let sync = json!({"type": "sync", "v": 1, "clientId": client, "grants": reports});
+        let _ = http
+            .post(format!("{url}/v1/semaphores/r"))
+            .json(&sync)
+            .send()
+            .await;
+    }
+    report
+}
+
+fn voters_of(members: &Value) -> Vec<u64> {
+    members
+        .as_array()
+        .expect("members")
+        .iter()
+        .filter(|member| member["role"] == "voter")
+        .map(|member| member["id"].as_u64().expect("id"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_replace_a_dead_node_while_a_runner_keeps_working() {
+    let mut cluster = Cluster::start(Settings::default()).await;
+    let leader = cluster.wait_for_leader().await;
+    let dead = cluster.follower_of(leader);
+    let answer = cluster
+        .put(leader, "/v1/semaphores/r/config", &json!({"limit": 6}))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let survivors: Vec<String> = cluster
+        .nodes
+        .iter()
+        .filter(|node| node.id != dead)
+        .map(|node| node.url())
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let runner = tokio::spawn(run_runner(survivors, 6, stop.clone()));
+
+    let listed = cluster.permitctl(&["--json", "members", "list"]);
+    assert!(listed.success, "{listed:?}");
+    assert_eq!(voters_of(&listed.json()).len(), 3);
+
+    cluster.kill(dead);
+    let removed = cluster.permitctl(&["--json", "members", "remove", &dead.to_string()]);
+    assert!(removed.success, "{removed:?}");
+    assert!(!voters_of(&removed.json()).contains(&dead));
+
+    let new = cluster.spawn_extra_node();
+    cluster.wait_healthy().await;
+    let (api, raft) = {
+        let node = cluster.node(new);
+        (node.api_addr.clone(), node.raft_addr.clone())
+    };
+    let added = cluster.permitctl(&["--json", "members", "add", &new.to_string(), &api, &raft]);
+    assert!(added.success, "{added:?}");
+    let role = |members: &Value| {
+        members.as_array().and_then(|all| {
+            all.iter()
+                .find(|member| member["id"] == new)
+                .map(|member| member["role"].clone())
+        })
+    };
+    assert_eq!(role(&added.json()), Some(json!("learner")), "{added:?}");
+    let promoted = cluster.permitctl(&["--json", "members", "promote", &new.to_string()]);
+    assert!(promoted.success, "{promoted:?}");
+    let mut voters = voters_of(&promoted.json());
+    voters.sort_unstable();
+    let mut expected: Vec<u64> = (1..=3).filter(|id| *id != dead).chain([new]).collect();
+    expected.sort_unstable();
+    assert_eq!(voters, expected);
+    let again = cluster.permitctl(&["members", "promote", &new.to_string()]);
+    assert!(
+        !again.success && again.stderr.contains("voter already"),
+        "{again:?}"
+    );
+
+    // The new voter serves, and the runner kept going throughout.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let report = runner.await.expect("runner");
+    assert!(report.violations.is_empty(), "{report:?}");
+    assert!(report.rounds >= 3, "the runner kept working: {report:?}");
+    let usage = cluster.usage(new, "r").await;
+    assert!(usage["granted"].as_u64().unwrap() <= 6, "{usage}");
+}

@@ -11,6 +11,8 @@ use std::time::Duration;
 mod holders;
 #[path = "permitctl/keys.rs"]
 mod keys;
+#[path = "permitctl/members.rs"]
+mod members;
 
 use clap::{Args, Parser, Subcommand};
 use permitd_client::{ClientConfig, ClusterStatus, SemaphoreClient};
@@ -59,6 +61,9 @@ enum Command {
     /// Initialises a new cluster of every node in the asked node's cluster file
     /// (needs `--secret`); succeeds, saying so, when it already is.
     Init,
+    /// The cluster's members: list, add a learner, promote, remove.
+    #[command(subcommand)]
+    Members(members::MembersCommand),
     /// Who holds a key's permits (grants, leases) and who waits for them.
     Holders { key: String },
     /// Admin: drops one client's grants and leases on a key (a runner that died
@@ -202,6 +207,7 @@ async fn run(cli: Cli) -> CliResult {
                 format!("cluster {state}\n")
             })
         }
+        Command::Members(command) => members::run(&client, json, command).await,
         Command::Holders { key } => holders::show(&client, json, &key).await,
         Command::Release { key, client_id } => {
             holders::release(&client, json, &key, &client_id).await
