@@ -8,6 +8,7 @@
 
 use permitd_core::force_release::ForceReleased;
 use permitd_core::holders::KeyHolders;
+use permitd_core::restore::BackupFile;
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
@@ -103,6 +104,14 @@ impl SemaphoreClient {
     ) -> Result<ClusterStatus, ClientError> {
         let path = ["cluster", "members"].map(String::from);
         self.call_with_query(Method::POST, &path, &[], Some(change))
+            .await
+    }
+
+    /// `GET /cluster/snapshot` (needs the secret): a consistent backup of the
+    /// state the leader has applied, as the backup file's JSON.
+    pub async fn save_backup(&self) -> Result<BackupFile, ClientError> {
+        let path = ["cluster", "snapshot"].map(String::from);
+        self.call_with_query::<(), _>(Method::GET, &path, &[], None)
             .await
     }
 

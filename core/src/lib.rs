@@ -36,6 +36,7 @@ pub mod limits;
 pub mod protocol;
 pub mod reclaim;
 pub mod reports;
+pub mod restore;
 pub mod round;
 pub mod semaphores;
 pub mod state;

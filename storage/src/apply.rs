@@ -93,6 +93,8 @@ fn check(command: &Command) -> Result<(), InvalidInput> {
             validate_key(key)?;
             validate_client_id(client_id)
         }
+        // Checked row by row inside `Semaphores::restore`.
+        Command::Restore { .. } => Ok(()),
     }
 }
 
@@ -167,6 +169,14 @@ fn run(
             applier.push_events(key, events);
             CommandResult::Released { released }
         }
+        Command::Restore { backup } => match applier.semaphores.restore(backup) {
+            Ok(()) => CommandResult::Restored {
+                keys: backup.keys.len() as u64,
+            },
+            Err(error) => CommandResult::Rejected {
+                message: error.to_string(),
+            },
+        },
     };
     // Single-call commands (and a rejected one, which changed nothing) land here.
     applier.persist()?;

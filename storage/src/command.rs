@@ -7,6 +7,7 @@
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
 use permitd_core::force_release::ForceReleased;
 use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
+use permitd_core::restore::Backup;
 use permitd_core::{Event, InvalidInput};
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +67,9 @@ pub enum Command {
         key: String,
         client_id: String,
     },
+    /// Write a backup into a new cluster (one that holds no key yet).
+    #[serde(rename_all = "camelCase")]
+    Restore { backup: Backup },
 }
 
 /// What applying a [`Command`] answers; the leader replies from it.
@@ -89,6 +93,10 @@ pub enum CommandResult {
     /// What `ForceRelease` dropped.
     Released {
         released: ForceReleased,
+    },
+    /// `Restore` wrote this many keys.
+    Restored {
+        keys: u64,
     },
     /// The command was rejected by validation inside apply; nothing changed.
     Rejected {

@@ -336,3 +336,99 @@ async fn members_replace_a_dead_node_while_a_runner_keeps_working() {
     let usage = cluster.usage(new, "r").await;
     assert!(usage["granted"].as_u64().unwrap() <= 6, "{usage}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_snapshot_restores_into_a_new_cluster_with_the_same_holdings() {
+    let old = Cluster::start(Settings::default()).await;
+    let config = json!({"limit": 20,
+        "leases": {"provisioning": {"mode": "strict"}, "ttlMs": 60000, "permitsPerLease": 4}});
+    assert_eq!(
+        old.put(1, "/v1/semaphores/b1/config", &config).await.status,
+        200
+    );
+    let group = json!({"limit": 7, "permitted": true});
+    assert_eq!(
+        old.put(2, "/v1/semaphores/b1/groups/g", &group)
+            .await
+            .status,
+        200
+    );
+    let mut leasing = permitd_tests::request("leaser", &[("g", 3, 1)]);
+    leasing["leases"] = json!([]);
+    for body in [
+        permitd_tests::request("plain", &[("g", 2, 1)]),
+        leasing,
+        permitd_tests::request("other", &[("h", 5, 1)]),
+    ] {
+        let answer = old.post(3, "/v1/semaphores/b1", &body).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    let answer = old
+        .post(
+            1,
+            "/v1/semaphores/b2",
+            &permitd_tests::request("plain", &[("x", 1, 1)]),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+
+    let file = old.dir.path().join("backup.json");
+    let saved = old.permitctl(&["--json", "snapshot", "save", &file.display().to_string()]);
+    assert!(saved.success, "{saved:?}");
+    assert_eq!(saved.json()["keys"], 2, "{saved:?}");
+
+    let new = Cluster::start(Settings::default()).await;
+    let restore = |new: &Cluster| {
+        std::process::Command::new(permitd_tests::permitd_bin())
+            .arg("restore")
+            .arg("--from")
+            .arg(&file)
+            .arg("--config")
+            .arg(new.dir.path().join("cluster.toml"))
+            .output()
+            .expect("permitd restore runs")
+    };
+    let output = restore(&new);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    for key in ["b1", "b2"] {
+        let before = old.get(1, &format!("/v1/semaphores/{key}/holders")).await;
+        let after = new.get(2, &format!("/v1/semaphores/{key}/holders")).await;
+        assert_eq!(after.status, 200, "{}", after.body);
+        assert_eq!(before.body, after.body, "the holders of {key}");
+        assert_eq!(
+            old.usage(1, key).await,
+            new.usage(3, key).await,
+            "usage of {key}"
+        );
+        let config = format!("/v1/semaphores/{key}/config");
+        assert_eq!(
+            old.get(2, &config).await.body,
+            new.get(1, &config).await.body
+        );
+    }
+    let holders = new.get(1, "/v1/semaphores/b1/holders").await.body;
+    assert!(
+        holders["clients"]["plain"]["grants"][0]["permits"] == 2,
+        "{holders}"
+    );
+    assert!(
+        holders["clients"]["leaser"]["leases"]
+            .as_array()
+            .is_some_and(|l| !l.is_empty())
+            || holders["clients"]["leaser"]["grants"]
+                .as_array()
+                .is_some_and(|g| !g.is_empty()),
+        "{holders}"
+    );
+
+    // Only into a new cluster: a second restore is refused and changes nothing.
+    let again = restore(&new);
+    assert!(!again.status.success());
+    let refused = String::from_utf8_lossy(&again.stderr);
+    assert!(refused.contains("new cluster"), "{refused}");
+}

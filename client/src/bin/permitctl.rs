@@ -13,6 +13,8 @@ mod holders;
 mod keys;
 #[path = "permitctl/members.rs"]
 mod members;
+#[path = "permitctl/snapshot.rs"]
+mod snapshot;
 
 use clap::{Args, Parser, Subcommand};
 use permitd_client::{ClientConfig, ClusterStatus, SemaphoreClient};
@@ -64,6 +66,9 @@ enum Command {
     /// The cluster's members: list, add a learner, promote, remove.
     #[command(subcommand)]
     Members(members::MembersCommand),
+    /// Backups: `snapshot save FILE` (restore with `permitd restore --from FILE`).
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
     /// Who holds a key's permits (grants, leases) and who waits for them.
     Holders { key: String },
     /// Admin: drops one client's grants and leases on a key (a runner that died
@@ -208,6 +213,7 @@ async fn run(cli: Cli) -> CliResult {
             })
         }
         Command::Members(command) => members::run(&client, json, command).await,
+        Command::Snapshot(command) => snapshot::run(&client, json, command).await,
         Command::Holders { key } => holders::show(&client, json, &key).await,
         Command::Release { key, client_id } => {
             holders::release(&client, json, &key, &client_id).await

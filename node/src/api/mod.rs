@@ -5,6 +5,7 @@
 //! route group the secret check (`/raft`, `/cluster`) and forwarding to the
 //! leader (v1, membership). Unknown routes and methods answer the JSON error shape.
 
+pub mod backup;
 pub mod cluster;
 pub mod error;
 pub mod extract;
@@ -94,6 +95,7 @@ fn cluster_router(app: App) -> Router<App> {
     let leader_only = Router::new()
         .route("/cluster/members", post(cluster::members))
         .route("/cluster/defaults", put(cluster::put_defaults))
+        .route("/cluster/snapshot", get(backup::save))
         .route_layer(middleware::from_fn_with_state(
             app.clone(),
             forward::to_leader,
@@ -101,6 +103,7 @@ fn cluster_router(app: App) -> Router<App> {
     Router::new()
         .route("/cluster/status", get(cluster::status))
         .route("/cluster/init", post(cluster::init))
+        .route("/cluster/restore", post(backup::restore))
         .merge(leader_only)
         .route_layer(middleware::from_fn_with_state(app, require_secret))
 }
