@@ -1015,35 +1015,29 @@ struct Exposure {
 
 impl Exposure {
     fn of(state: Option<&KeyState>) -> Self {
-        let mut exposure = Exposure::default();
-        let Some(state) = state else {
-            return exposure;
-        };
-        for grant in state.grants().values() {
-            let outstanding = grant.permits - grant.released;
-            exposure.granted += outstanding;
-            *exposure.groups.entry(grant.group.clone()).or_default() += outstanding;
-        }
-        for lease in state.leases().values() {
-            let footprint = lease.permits - lease.released;
-            exposure.leased += footprint;
-            *exposure.groups.entry(lease.group.clone()).or_default() += footprint;
-        }
-        exposure
+        Self::of_rows(state, |_| true)
     }
 
     /// The exposure of `client`'s rows alone.
     fn of_client(state: Option<&KeyState>, client: &str) -> Self {
+        Self::of_rows(state, |owner| owner == client)
+    }
+
+    /// The exposure of the rows whose client `counts`.
+    fn of_rows(state: Option<&KeyState>, counts: impl Fn(&str) -> bool) -> Self {
         let mut exposure = Exposure::default();
-        for grant in state.iter().flat_map(|state| state.grants().values()) {
-            if grant.client_id == client {
-                exposure.granted += grant.permits - grant.released;
-            }
+        let Some(state) = state else {
+            return exposure;
+        };
+        for grant in state.grants().values().filter(|g| counts(&g.client_id)) {
+            let outstanding = grant.permits - grant.released;
+            exposure.granted += outstanding;
+            *exposure.groups.entry(grant.group.clone()).or_default() += outstanding;
         }
-        for lease in state.iter().flat_map(|state| state.leases().values()) {
-            if lease.client_id == client {
-                exposure.leased += lease.permits - lease.released;
-            }
+        for lease in state.leases().values().filter(|l| counts(&l.client_id)) {
+            let footprint = lease.permits - lease.released;
+            exposure.leased += footprint;
+            *exposure.groups.entry(lease.group.clone()).or_default() += footprint;
         }
         exposure
     }
