@@ -29,8 +29,10 @@ pub mod error;
 pub mod leader;
 pub mod queue;
 
-pub use client::{ClientConfig, ClusterMember, ClusterStatus, KeyUsage, SemaphoreClient};
+pub use client::{ClientConfig, SemaphoreClient};
 pub use error::{ClientError, QueueError};
+/// The wire shapes the client reads, from the one contract both sides share.
+pub use permitd_core::contract::{ClusterMember, ClusterStatus, ErrorCode, KeyUsage, MemberRole};
 pub use queue::{
     Admission, AdmittedItem, EnqueueOutcome, ItemStatus, Permit, QueueConfig, QueueCounts,
     QueueItem, ReleaseOutcome, SemaphoreQueue, ShutdownReport, StateConfig,

@@ -26,6 +26,7 @@
 
 pub mod answers;
 pub mod config;
+pub mod contract;
 pub mod events;
 pub mod ids;
 pub mod leases;
