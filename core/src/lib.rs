@@ -41,9 +41,6 @@ pub mod sync;
 pub mod usage;
 pub mod validate;
 
-#[cfg(test)]
-mod rules;
-
 pub use config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
 pub use events::Event;
 pub use ids::{GrantId, IdAllocator, LeaseId, LogIndex};
