@@ -5,7 +5,7 @@
 //! (rounds, syncs, reclaim passes, settings changes) interleaved with client-local
 //! work (claiming, releasing, drawing from leases, retiring them). The clients are
 //! modelled: each keeps, per key, the grants and leases it was told about and the
-//! cumulative counts it reports, as the seed's queue does. On top of that honest
+//! cumulative counts it reports, as a queue does. On top of that honest
 //! behaviour the generators add what a network does to reports: duplicates (the
 //! same request twice in one round), stale reports replayed from a client's
 //! history, reports of unknown ids and of other clients' ids, requestId retries and

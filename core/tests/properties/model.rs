@@ -171,7 +171,7 @@ impl Holdings {
             }
         }
         if contended {
-            // The seed's queue hands back idle headroom when the holder is contended.
+            // A queue hands back idle headroom when the holder says it is contended.
             for lease in self.leases.values_mut() {
                 if lease.drawn < lease.permits {
                     lease.retired = true;

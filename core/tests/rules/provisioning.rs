@@ -72,7 +72,7 @@ fn under_stays_under_the_limit_after_the_limit_is_lowered() {
     log.sync(lease_sync("a", vec![lease_report(&lease_id, 0, 0, false)]));
     assert_eq!((log.usage().granted, log.usage().leased), (1, 1));
     // Limit 1: the reserve shrinks to 0 and grants may use 1, but the lease still
-    // holds it. The seed would grant here and pass the limit.
+    // holds it. Checking the grant budget alone would grant here and pass the limit.
     log.set_limit(1);
     log.advance(10_000);
     assert_eq!(granted(&log.ask(wants("b", "g", 1, T0))), 0);
