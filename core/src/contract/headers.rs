@@ -15,3 +15,6 @@ pub const FORWARDED: &str = "x-permitd-forwarded";
 /// On every Raft RPC: the id of the sending node. For logs and for network
 /// fault injection in tests; never used for authorisation.
 pub const SENDER: &str = "x-permitd-from";
+
+/// Every header above.
+pub const ALL: [&str; 3] = [LEADER, FORWARDED, SENDER];

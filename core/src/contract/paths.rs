@@ -31,6 +31,22 @@ pub const HEALTHZ: &str = "/healthz";
 /// Readiness: 200 once a leader is known, else 503 `no_quorum`.
 pub const READYZ: &str = "/readyz";
 
+/// Every route above, for documentation and for checks that each is described.
+pub const ALL: [&str; 12] = [
+    SEMAPHORES,
+    SEMAPHORE,
+    USAGE,
+    KEY_CONFIG,
+    GROUP,
+    CLUSTER_STATUS,
+    CLUSTER_INIT,
+    CLUSTER_MEMBERS,
+    CLUSTER_DEFAULTS,
+    METRICS,
+    HEALTHZ,
+    READYZ,
+];
+
 /// The segments of `template` with its `{…}` parameters replaced, in order, by
 /// `params`; the caller percent-encodes each segment (a key may hold `/`).
 ///
