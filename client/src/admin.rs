@@ -6,23 +6,13 @@
 //! `next` when more follow; [`SemaphoreClient::keys_page`] asks for one page and
 //! [`SemaphoreClient::keys`] follows `next` to the end.
 
+use permitd_core::contract::{paths, ClusterStatus, ErrorCode, KeyList, KeyUsage};
 use permitd_core::force_release::ForceReleased;
 use permitd_core::holders::KeyHolders;
 use permitd_core::restore::BackupFile;
 use reqwest::Method;
-use serde::{Deserialize, Serialize};
 
-use crate::client::{semaphore_path, ClusterStatus, KeyUsage};
 use crate::{ClientError, SemaphoreClient};
-
-/// One page of `GET /v1/semaphores`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeysPage {
-    pub keys: Vec<KeyUsage>,
-    /// The last key of this page when more follow: pass it as `after`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next: Option<String>,
-}
 
 impl SemaphoreClient {
     /// One page of keys sorting after `after`, at most `limit` of them (the
@@ -31,8 +21,8 @@ impl SemaphoreClient {
         &self,
         after: Option<&str>,
         limit: Option<usize>,
-    ) -> Result<KeysPage, ClientError> {
-        let path = ["v1", "semaphores"].map(String::from);
+    ) -> Result<KeyList, ClientError> {
+        let path = paths::segments(paths::SEMAPHORES, &[]);
         let mut query = Vec::new();
         if let Some(after) = after {
             query.push(("after", after.to_owned()));
@@ -46,7 +36,7 @@ impl SemaphoreClient {
 
     /// Who holds what on `key`: grants, leases and waiting demand per clientId.
     pub async fn holders(&self, key: &str) -> Result<KeyHolders, ClientError> {
-        let path = semaphore_path(key, Some("holders"));
+        let path = paths::segments(paths::HOLDERS, &[key]);
         self.call_with_query::<(), _>(Method::GET, &path, &[], None)
             .await
     }
@@ -57,8 +47,7 @@ impl SemaphoreClient {
         key: &str,
         client_id: &str,
     ) -> Result<ForceReleased, ClientError> {
-        let mut path = semaphore_path(key, Some("clients"));
-        path.extend([client_id.to_owned(), "release".to_owned()]);
+        let path = paths::segments(paths::CLIENT_RELEASE, &[key, client_id]);
         self.call_with_query::<(), _>(Method::POST, &path, &[], None)
             .await
     }
@@ -67,14 +56,14 @@ impl SemaphoreClient {
     /// node's cluster file a voter of a new cluster and writes its `[defaults]`.
     /// Answers `false` when the cluster was initialised already.
     pub async fn init_cluster(&self) -> Result<bool, ClientError> {
-        let path = ["cluster", "init"].map(String::from);
+        let path = paths::segments(paths::CLUSTER_INIT, &[]);
         let empty = serde_json::json!({});
         match self
             .call_with_query::<_, serde_json::Value>(Method::POST, &path, &[], Some(&empty))
             .await
         {
             Ok(_) => Ok(true),
-            Err(ClientError::Rejected { code, .. }) if code == "already_initialized" => Ok(false),
+            Err(error) if error.code() == Some(ErrorCode::AlreadyInitialized) => Ok(false),
             Err(error) => Err(error),
         }
     }
@@ -102,7 +91,7 @@ impl SemaphoreClient {
         &self,
         change: &serde_json::Value,
     ) -> Result<ClusterStatus, ClientError> {
-        let path = ["cluster", "members"].map(String::from);
+        let path = paths::segments(paths::CLUSTER_MEMBERS, &[]);
         self.call_with_query(Method::POST, &path, &[], Some(change))
             .await
     }
@@ -110,7 +99,7 @@ impl SemaphoreClient {
     /// `GET /cluster/snapshot` (needs the secret): a consistent backup of the
     /// state the leader has applied, as the backup file's JSON.
     pub async fn save_backup(&self) -> Result<BackupFile, ClientError> {
-        let path = ["cluster", "snapshot"].map(String::from);
+        let path = paths::segments(paths::CLUSTER_SNAPSHOT, &[]);
         self.call_with_query::<(), _>(Method::GET, &path, &[], None)
             .await
     }

@@ -27,6 +27,7 @@
 
 pub mod answers;
 pub mod config;
+pub mod contract;
 pub mod events;
 pub mod force_release;
 pub mod holders;
@@ -43,9 +44,6 @@ pub mod state;
 pub mod sync;
 pub mod usage;
 pub mod validate;
-
-#[cfg(test)]
-mod rules;
 
 pub use config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
 pub use events::Event;

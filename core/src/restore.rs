@@ -63,7 +63,7 @@ impl Backup {
     pub fn check(&self) -> Result<Semaphores, RestoreError> {
         if self.keys.len() > MAX_KEYS {
             return Err(InvalidInput::TooMany {
-                field: "keys",
+                field: "keys".into(),
                 len: self.keys.len(),
                 max: MAX_KEYS,
             }

@@ -173,8 +173,8 @@ fn run(
             Ok(()) => CommandResult::Restored {
                 keys: backup.keys.len() as u64,
             },
-            Err(error) => CommandResult::Rejected {
-                message: error.to_string(),
+            Err(error) => CommandResult::RestoreRefused {
+                reason: error.to_string(),
             },
         },
     };

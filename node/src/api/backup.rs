@@ -15,7 +15,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use permitd_core::restore::{BackupFile, BACKUP_FORMAT};
-use permitd_storage::{Command, CommandResult};
+use permitd_storage::Command;
 use serde_json::json;
 
 use super::error::ApiError;
@@ -67,13 +67,7 @@ pub async fn restore(
         });
     }
     let command = Command::Restore { backup: file.state };
-    match write(&app, command).await? {
-        CommandResult::Restored { keys } => {
-            tracing::warn!(keys, from_index = file.applied_index, "backup restored");
-            Ok(Json(json!({ "restoredKeys": keys })))
-        }
-        other => Err(ApiError::Internal(format!(
-            "unexpected apply result {other:?}"
-        ))),
-    }
+    let keys = write(&app, command).await?.into_restored()?;
+    tracing::warn!(keys, from_index = file.applied_index, "backup restored");
+    Ok(Json(json!({ "restoredKeys": keys })))
 }

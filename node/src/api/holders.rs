@@ -16,7 +16,7 @@ use axum::Json;
 use permitd_core::force_release::ForceReleased;
 use permitd_core::holders::{holders, KeyHolders};
 use permitd_core::validate::{validate_client_id, validate_key};
-use permitd_storage::{Command, CommandResult};
+use permitd_storage::Command;
 
 use super::error::ApiError;
 use super::extract::ApiPath;
@@ -50,13 +50,7 @@ pub async fn force_release(
         key: key.clone(),
         client_id: client_id.clone(),
     };
-    match write(&app, command).await? {
-        CommandResult::Released { released } => {
-            tracing::warn!(key, client_id, ?released, "operator force release");
-            Ok(Json(released))
-        }
-        other => Err(ApiError::Internal(format!(
-            "unexpected apply result {other:?}"
-        ))),
-    }
+    let released = write(&app, command).await?.into_released()?;
+    tracing::warn!(key, client_id, ?released, "operator force release");
+    Ok(Json(released))
 }

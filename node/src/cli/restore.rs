@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use permitd_core::contract::{paths, ClusterStatus};
 use permitd_core::restore::{BackupFile, BACKUP_FORMAT};
 
-use crate::api::cluster::Status;
 use crate::config::{ClusterConfig, ConfigError};
 use crate::raft::{bearer, SECRET_HEADER};
 
@@ -60,7 +60,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), RestoreError> {
         .map(|node| node.peer().raft_addr)
         .ok_or(RestoreError::NoLeader)?;
     let answer = http
-        .post(format!("http://{raft_addr}/cluster/restore"))
+        .post(format!("http://{raft_addr}{}", paths::CLUSTER_RESTORE))
         .header(SECRET_HEADER, bearer(&config.secret))
         .timeout(Duration::from_millis(RESTORE_TIMEOUT_MS))
         .json(&file)
@@ -103,16 +103,16 @@ async fn find_leader(http: &reqwest::Client, config: &ClusterConfig) -> Result<u
     while Instant::now() < deadline {
         for node in &config.nodes {
             let answer = http
-                .get(format!("http://{}/cluster/status", node.api_addr))
+                .get(format!("http://{}{}", node.api_addr, paths::CLUSTER_STATUS))
                 .header(SECRET_HEADER, bearer(&config.secret))
                 .timeout(Duration::from_secs(2))
                 .send()
                 .await;
             let Ok(answer) = answer else { continue };
-            if let Ok(Status {
+            if let Ok(ClusterStatus {
                 leader: Some(leader),
                 ..
-            }) = answer.json::<Status>().await
+            }) = answer.json::<ClusterStatus>().await
             {
                 return Ok(leader);
             }

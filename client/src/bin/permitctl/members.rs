@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 
 use clap::Subcommand;
-use permitd_client::{ClusterStatus, SemaphoreClient};
+use permitd_client::{ClusterStatus, MemberRole, SemaphoreClient};
 
 use super::{print, table, CliResult};
 
@@ -64,7 +64,7 @@ fn voters(status: &ClusterStatus) -> BTreeSet<u64> {
     status
         .members
         .iter()
-        .filter(|member| member.role == "voter")
+        .filter(|member| member.role == MemberRole::Voter)
         .map(|member| member.id)
         .collect()
 }
@@ -82,7 +82,7 @@ fn members_table(status: &ClusterStatus) -> String {
             vec![
                 member.id.to_string(),
                 member.addr.clone(),
-                member.role.clone(),
+                member.role.as_str().to_string(),
                 leader.to_string(),
             ]
         })
