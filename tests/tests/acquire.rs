@@ -16,7 +16,6 @@ use std::time::Duration;
 use permitd_client::{AcquireError, AcquireOptions, ClientConfig, SemaphoreClient};
 use permitd_core::{GroupConfig, KeyConfigUpdate};
 use permitd_tests::{eventually, Cluster, Settings};
-use serde_json::Value;
 
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -37,7 +36,7 @@ async fn set_limit(client: &SemaphoreClient, key: &str, limit: u64) {
 async fn drained(cluster: &Cluster, key: &str) -> bool {
     eventually(DRAIN_TIMEOUT, || async {
         let usage = cluster.usage(1, key).await;
-        usage["granted"] == Value::from(0) && usage["leased"] == Value::from(0)
+        usage["granted"] == 0 && usage["leased"] == 0
     })
     .await
 }
@@ -131,7 +130,7 @@ async fn timeouts_and_dropped_acquisitions_leave_nothing_claimed() {
     let timed_out = client.acquire_with("acct-3", "wf", 2, options).await;
     assert!(matches!(timed_out, Err(AcquireError::Timeout { .. })));
     let back_to_one = eventually(DRAIN_TIMEOUT, || async {
-        cluster.usage(1, "acct-3").await["granted"] == Value::from(1)
+        cluster.usage(1, "acct-3").await["granted"] == 1
     })
     .await;
     assert!(back_to_one, "the timed-out acquisition's grant came back");
@@ -143,7 +142,7 @@ async fn timeouts_and_dropped_acquisitions_leave_nothing_claimed() {
     .await;
     assert!(dropped.is_err(), "cannot be granted while 1 is held");
     let back_to_one = eventually(DRAIN_TIMEOUT, || async {
-        cluster.usage(1, "acct-3").await["granted"] == Value::from(1)
+        cluster.usage(1, "acct-3").await["granted"] == 1
     })
     .await;
     assert!(back_to_one, "the dropped acquisition's grant came back");
@@ -182,7 +181,7 @@ async fn acquire_survives_a_leader_kill() {
     assert_eq!(usage["granted"], 1, "exactly the new permit");
     after.release().await.expect("release");
     let empty = eventually(DRAIN_TIMEOUT, || async {
-        cluster.usage(survivor, "acct-4").await["granted"] == Value::from(0)
+        cluster.usage(survivor, "acct-4").await["granted"] == 0
     })
     .await;
     assert!(empty);

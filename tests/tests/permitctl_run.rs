@@ -14,7 +14,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use permitd_tests::{eventually, permitctl_bin, Cluster, Settings};
-use serde_json::Value;
 
 const RUNNERS: usize = 20;
 const LIMIT: u64 = 3;
@@ -50,7 +49,7 @@ fn most_at_once(marks: &str) -> (usize, usize) {
 
 async fn drained(cluster: &Cluster, key: &str) -> bool {
     eventually(Duration::from_secs(30), || async {
-        cluster.usage(1, key).await["granted"] == Value::from(0)
+        cluster.usage(1, key).await["granted"] == 0
     })
     .await
 }
@@ -116,7 +115,7 @@ async fn statuses_pass_through_signals_are_forwarded_and_timeouts_skip_the_comma
         .spawn()
         .expect("runs");
     let granted = eventually(Duration::from_secs(10), || async {
-        cluster.usage(1, "job").await["granted"] == Value::from(1)
+        cluster.usage(1, "job").await["granted"] == 1
     })
     .await;
     assert!(granted, "the first run holds the permit");
