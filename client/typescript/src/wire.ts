@@ -334,25 +334,27 @@ const permitSyncResult = object<PermitSyncResult>({
   contended: optional(flag),
 });
 
-function tagged<T extends { type: string }>(variants: Record<string, Parser<Omit<T, "type">>>): Parser<T> {
+/** A union tagged by the field `tag`: the tag, then the variant's own fields. */
+function tagged<T>(tag: string, variants: Record<string, Parser<object>>): Parser<T> {
   return (value, path) => {
     const source = record(value, path);
-    const variant = typeof source.type === "string" ? variants[source.type] : undefined;
+    const name = source[tag];
+    const variant = typeof name === "string" ? variants[name] : undefined;
     if (!variant) {
-      throw new WireError(`${path}.type`, `expected one of ${Object.keys(variants).join(", ")}`);
+      throw new WireError(`${path}.${tag}`, `expected one of ${Object.keys(variants).join(", ")}`);
     }
-    return { type: source.type, ...variant(source, path) } as T;
+    return { [tag]: name, ...variant(source, path) } as T;
   };
 }
 
 const amount: Parser<Amount> = (value, path) =>
   typeof value === "number" ? count(value, path) : object<{ ratio: number }>({ ratio: finite })(value, path);
 
-const provisioning: Parser<Provisioning> = tagged<Provisioning>({
+const provisioning = tagged<Provisioning>("mode", {
   strict: object({}),
   under: object<{ reserve: Amount }>({ reserve: amount }),
   over: object<{ extra: Amount }>({ extra: amount }),
-} as Record<string, Parser<never>>);
+});
 
 const leasePolicy = object<LeasePolicy>({
   provisioning,
@@ -383,14 +385,8 @@ const usage = object<Usage>({
 
 /** The validators, one per wire type, by the type's name. */
 export const parse = {
-  SemaphoreRequest: tagged<SemaphoreRequest>({ request: permitRequest, sync: permitSync } as Record<
-    string,
-    Parser<never>
-  >) as Parser<SemaphoreRequest>,
-  SemaphoreResponse: tagged<SemaphoreResponse>({ grant: permitGrant, synced: permitSyncResult } as Record<
-    string,
-    Parser<never>
-  >) as Parser<SemaphoreResponse>,
+  SemaphoreRequest: tagged<SemaphoreRequest>("type", { request: permitRequest, sync: permitSync }),
+  SemaphoreResponse: tagged<SemaphoreResponse>("type", { grant: permitGrant, synced: permitSyncResult }),
   PermitGrant: permitGrant,
   PermitSyncResult: permitSyncResult,
   Usage: usage,
