@@ -32,7 +32,6 @@ fn fixture_path() -> PathBuf {
         .join("../client/typescript/test/fixtures/wire-samples.json")
 }
 
-
 fn requests(grant_id: &str, lease_id: &str) -> Vec<SemaphoreRequest> {
     let grant = GrantReport {
         grant_id: grant_id.into(),

@@ -1,0 +1,165 @@
+/**
+ * The TypeScript client against a real three-node cluster (see `harness.ts`).
+ *
+ * - acquire/release: concurrent holders never exceed the limit (counted by the
+ *   holders themselves), fences grow, usage returns to zero;
+ * - leader kill: the leader is SIGKILLed while permits are held; release and
+ *   the next acquisitions retry onto the new leader;
+ * - the queue: jobs of several runners under a limit, counted by an
+ *   independent counter; every job runs once; usage returns to zero.
+ */
+
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+
+import { AcquireError, SemaphoreClient, SemaphoreQueue, type AdmittedItem } from "../src/index.js";
+import { Cluster, eventually } from "./harness.js";
+
+const DRAIN_TIMEOUT_MS = 30_000;
+let cluster: Cluster;
+
+before(async () => {
+  cluster = await Cluster.start();
+});
+
+after(async () => {
+  await cluster?.stop();
+});
+
+function client(): SemaphoreClient {
+  return new SemaphoreClient({ endpoints: cluster.urls(), callTimeoutMs: 20_000 });
+}
+
+async function drained(admin: SemaphoreClient, key: string): Promise<void> {
+  await eventually(
+    DRAIN_TIMEOUT_MS,
+    async () => {
+      const usage = await admin.usage(key);
+      return usage.granted === 0 && usage.leased === 0;
+    },
+    `usage of ${key} back to zero`,
+  );
+}
+
+const sleep = (ms: number) => new Promise((done) => setTimeout(done, ms));
+
+test("concurrent holders stay under the limit and fences grow", async () => {
+  const admin = client();
+  await admin.setKeyConfig("ts-acct-1", { limit: 3 });
+  let running = 0;
+  let most = 0;
+  const fences: number[] = [];
+  await Promise.all(
+    Array.from({ length: 12 }, async (_, worker) => {
+      const runner = client();
+      await runner.withPermit("ts-acct-1", "wf", 1, async (fence) => {
+        running += 1;
+        most = Math.max(most, running);
+        fences.push(fence);
+        await sleep(20 + worker * 5);
+        running -= 1;
+      });
+    }),
+  );
+  assert.ok(most >= 1 && most <= 3, `at most 3 at once, saw ${most}`);
+  assert.equal(fences.length, 12);
+  assert.ok(fences.every((fence) => fence > 0));
+  // A permit of 2 under a limit of 3 while 2 are held: granted 1, then the rest.
+  const first = await admin.acquire("ts-acct-1", "wf", 2);
+  const timedOut = admin.acquire("ts-acct-1", "wf", 2, { timeoutMs: 500 });
+  await assert.rejects(timedOut, (error: unknown) => error instanceof AcquireError && error.kind === "timeout");
+  const waiting = admin.acquire("ts-acct-1", "wf", 3);
+  await sleep(200);
+  await first.release();
+  const second = await waiting;
+  assert.equal(second.count, 3);
+  assert.ok(second.fence > first.fence, "fences grow");
+  await second.release();
+  await drained(admin, "ts-acct-1");
+});
+
+test("an aborted acquisition gives back what it was granted", async () => {
+  const admin = client();
+  await admin.setKeyConfig("ts-acct-2", { limit: 2, grantTimeoutMs: 1_000 });
+  const held = await admin.acquire("ts-acct-2", "wf", 1);
+  const controller = new AbortController();
+  const aborted = admin.acquire("ts-acct-2", "wf", 2, { signal: controller.signal });
+  await sleep(300);
+  controller.abort();
+  await assert.rejects(aborted, (error: unknown) => error instanceof AcquireError && error.kind === "aborted");
+  await eventually(DRAIN_TIMEOUT_MS, async () => (await admin.usage("ts-acct-2")).granted === 1, "only the held permit left");
+  await admin.setGroup("ts-acct-2", "closed", { permitted: false });
+  await assert.rejects(admin.acquire("ts-acct-2", "closed", 1), (error: unknown) => error instanceof AcquireError && error.kind === "not_permitted");
+  await held.release();
+  await drained(admin, "ts-acct-2");
+});
+
+test("the queue keeps jobs of several runners under the limit, each run once", async () => {
+  const admin = client();
+  await admin.setKeyConfig("ts-queue", { limit: 4, leases: { provisioning: { mode: "strict" }, permitsPerLease: 2 } });
+  // The independent counter: jobs running now, the most at once, and runs per job.
+  let running = 0;
+  let most = 0;
+  const runs = new Map<string, number>();
+  const ended = new Set<string>();
+  const queues: SemaphoreQueue<number>[] = [];
+  for (let runner = 0; runner < 3; runner++) {
+    const queue: SemaphoreQueue<number> = await SemaphoreQueue.start<number>(
+      client(),
+      { clientId: `ts-runner-${runner}`, finishedIntervalMs: 1_000 },
+      {
+        admit(items: AdmittedItem<number>[]) {
+          for (const item of items) {
+            if (runs.has(item.id)) continue; // a repeated admit is a no-op
+            runs.set(item.id, 1);
+            running += 1;
+            most = Math.max(most, running);
+            setTimeout(() => {
+              running -= 1;
+              ended.add(item.id);
+              queue.release(item.id);
+            }, item.body);
+          }
+        },
+        finished: (ids) => ids.filter((id) => ended.has(id)),
+      },
+    );
+    queues.push(queue);
+  }
+  const jobs = 30;
+  await Promise.all(
+    queues.map((queue, runner) =>
+      queue.enqueue(
+        Array.from({ length: jobs / queues.length }, (_, index) => ({
+          id: `job-${runner}-${index}`,
+          key: "ts-queue",
+          group: `wf-${index % 2}`,
+          body: 20 + ((index * 7) % 30),
+        })),
+      ),
+    ),
+  );
+  await eventually(60_000, async () => ended.size === jobs, `all ${jobs} jobs ended`);
+  assert.ok(most <= 4, `never more than the limit at once, saw ${most}`);
+  assert.ok(most >= 2, `jobs ran concurrently (saw ${most})`);
+  assert.equal(runs.size, jobs);
+  assert.equal(queues[0]!.status("job-0-0"), "released");
+  for (const queue of queues) await queue.shutdown();
+  await drained(admin, "ts-queue");
+});
+
+test("a leader kill is retried onto the new leader", async () => {
+  const admin = client();
+  await admin.setKeyConfig("ts-failover", { limit: 1 });
+  const before = await admin.acquire("ts-failover", "wf", 1);
+  const leader = await cluster.waitForLeader();
+  await cluster.kill(leader);
+  await before.release();
+  const after = await admin.acquire("ts-failover", "wf", 1);
+  assert.ok(after.fence > before.fence);
+  const survivor = new SemaphoreClient({ endpoints: [cluster.other(leader).url] });
+  assert.equal((await survivor.usage("ts-failover")).granted, 1, "exactly the new permit");
+  await after.release();
+  await eventually(DRAIN_TIMEOUT_MS, async () => (await survivor.usage("ts-failover")).granted === 0, "released");
+  assert.notEqual(admin.leader(), undefined);
+});
