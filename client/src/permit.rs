@@ -69,19 +69,13 @@ pub struct HeldGrant {
 /// Claimed permits of one key; released when dropped or by [`Permit::release`].
 #[derive(Debug)]
 pub struct Permit {
-    client: SemaphoreClient,
-    key: String,
+    held: Held,
     group: String,
-    client_id: String,
-    grants: Vec<HeldGrant>,
-    /// Where a drop spawns the release.
-    runtime: Option<tokio::runtime::Handle>,
-    released: bool,
 }
 
 impl Permit {
     pub fn key(&self) -> &str {
-        &self.key
+        &self.held.key
     }
 
     pub fn group(&self) -> &str {
@@ -90,17 +84,18 @@ impl Permit {
 
     /// The `clientId` the grants belong to.
     pub fn client_id(&self) -> &str {
-        &self.client_id
+        &self.held.client_id
     }
 
     /// Permits held.
     pub fn count(&self) -> u64 {
-        self.grants.iter().map(|grant| grant.claimed).sum()
+        self.held.count()
     }
 
     /// The newest grant's fence: strictly increasing per key across rounds.
     pub fn fence(&self) -> u64 {
-        self.grants
+        self.held
+            .grants
             .iter()
             .map(|grant| grant.fence)
             .max()
@@ -109,47 +104,36 @@ impl Permit {
 
     /// The grants behind this permit.
     pub fn grants(&self) -> &[HeldGrant] {
-        &self.grants
+        &self.held.grants
     }
 
-    /// Reports every permit released and waits for the holder to take it.
+    /// Reports every permit released and waits for the holder to take it
+    /// (retrying within the client's call deadline). If that fails the
+    /// permits stay held: claimed grants never expire.
     pub async fn release(mut self) -> Result<(), ClientError> {
-        self.released = true;
-        release_grants(&self.client, &self.key, &self.client_id, &self.grants).await
+        self.held.release().await
     }
 }
 
-impl Drop for Permit {
-    fn drop(&mut self) {
-        if self.released || self.grants.is_empty() {
-            return;
-        }
-        spawn_release(
-            self.runtime.as_ref(),
-            self.client.clone(),
-            self.key.clone(),
-            self.client_id.clone(),
-            std::mem::take(&mut self.grants),
-        );
-    }
-}
-
-/// Grants received by an acquisition still in progress: released from a
-/// spawned task if the acquisition is dropped or fails before it hands them
-/// over to a [`Permit`].
-struct Pending {
+/// Grants this client claimed (or is claiming) for one key: an acquisition's
+/// so far, then a [`Permit`]'s. Dropped while it still holds any, it releases
+/// them from a spawned task.
+#[derive(Debug)]
+struct Held {
     client: SemaphoreClient,
     key: String,
     client_id: String,
     grants: Vec<HeldGrant>,
+    /// Where a drop spawns the release: the runtime the acquisition ran on.
     runtime: Option<tokio::runtime::Handle>,
 }
 
-impl Pending {
-    fn held(&self) -> u64 {
+impl Held {
+    fn count(&self) -> u64 {
         self.grants.iter().map(|grant| grant.claimed).sum()
     }
 
+    /// Claim reports of every grant held (cumulative, nothing released).
     fn reports(&self) -> Vec<GrantReport> {
         self.grants
             .iter()
@@ -160,20 +144,39 @@ impl Pending {
             })
             .collect()
     }
+
+    /// Reports every permit released and waits for the holder to take it;
+    /// holds nothing afterwards, whatever the outcome.
+    async fn release(&mut self) -> Result<(), ClientError> {
+        let grants = std::mem::take(&mut self.grants);
+        release_grants(&self.client, &self.key, &self.client_id, &grants).await
+    }
 }
 
-impl Drop for Pending {
+impl Drop for Held {
     fn drop(&mut self) {
         if self.grants.is_empty() {
             return;
         }
-        spawn_release(
-            self.runtime.as_ref(),
+        let Some(runtime) = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+        else {
+            tracing::error!(key = %self.key, "a permit dropped outside a tokio runtime stays held");
+            return;
+        };
+        let (client, key, client_id) = (
             self.client.clone(),
             self.key.clone(),
             self.client_id.clone(),
-            std::mem::take(&mut self.grants),
         );
+        let grants = std::mem::take(&mut self.grants);
+        runtime.spawn(async move {
+            if let Err(error) = release_grants(&client, &key, &client_id, &grants).await {
+                tracing::error!(%key, %error, "releasing a dropped permit failed; it stays held");
+            }
+        });
     }
 }
 
@@ -219,7 +222,7 @@ impl SemaphoreClient {
         let client_id = options
             .client_id
             .unwrap_or_else(|| format!("{DEFAULT_CLIENT_ID_PREFIX}{}", uuid::Uuid::new_v4()));
-        let mut pending = Pending {
+        let mut pending = Held {
             client: self.clone(),
             key: key.to_string(),
             client_id,
@@ -240,27 +243,21 @@ impl SemaphoreClient {
             }),
             () = cancel => Err(AcquireError::Cancelled { key: key.to_string() }),
         };
-        let grants = std::mem::take(&mut pending.grants);
         if let Err(error) = outcome {
-            if let Err(release) = release_grants(self, key, &pending.client_id, &grants).await {
+            if let Err(release) = pending.release().await {
                 tracing::error!(%key, error = %release, "releasing partial grants failed");
             }
             return Err(error);
         }
         Ok(Permit {
-            client: self.clone(),
-            key: key.to_string(),
+            held: pending,
             group: group.to_string(),
-            client_id: pending.client_id.clone(),
-            grants,
-            runtime: pending.runtime.clone(),
-            released: false,
         })
     }
 
     /// Runs `work` under `count` permits of `key`, handing it the permit's
     /// fence, and releases them when it finishes. A release the holder did not
-    /// take is logged (and retried by the guard's drop path, not here).
+    /// take is logged: those permits stay held.
     pub async fn with_permit<F, Fut, R>(
         &self,
         key: &str,
@@ -283,19 +280,19 @@ impl SemaphoreClient {
     /// Requests until `pending` holds `count` claimed permits.
     async fn gather(
         &self,
-        pending: &mut Pending,
+        pending: &mut Held,
         group: &str,
         count: u64,
     ) -> Result<(), AcquireError> {
         let oldest_at_ms = now_ms();
-        while pending.held() < count {
+        while pending.count() < count {
             let request = PermitRequest {
                 v: V1,
                 client_id: pending.client_id.clone(),
                 request_id: None,
                 demand: vec![Demand {
                     group: group.to_string(),
-                    count: count - pending.held(),
+                    count: count - pending.count(),
                     oldest_at_ms,
                 }],
                 grants: pending.reports(),
@@ -310,7 +307,7 @@ impl SemaphoreClient {
                     group: blocked.group.clone(),
                 });
             }
-            let needed = count - pending.held();
+            let needed = count - pending.count();
             let fresh = claim_amounts(&answer.grants, needed);
             if fresh.is_empty() {
                 continue;
@@ -323,7 +320,7 @@ impl SemaphoreClient {
     }
 
     /// Claims `fresh` grants with a `sync`; keeps what the holder confirmed.
-    async fn claim(&self, pending: &mut Pending, fresh: &[HeldGrant]) -> Result<(), AcquireError> {
+    async fn claim(&self, pending: &mut Held, fresh: &[HeldGrant]) -> Result<(), AcquireError> {
         let sync = PermitSync {
             v: V1,
             client_id: pending.client_id.clone(),
@@ -410,27 +407,6 @@ async fn release_grants(
         leases: None,
     };
     client.sync(key, sync).await.map(|_| ())
-}
-
-fn spawn_release(
-    runtime: Option<&tokio::runtime::Handle>,
-    client: SemaphoreClient,
-    key: String,
-    client_id: String,
-    grants: Vec<HeldGrant>,
-) {
-    let Some(runtime) = runtime
-        .cloned()
-        .or_else(|| tokio::runtime::Handle::try_current().ok())
-    else {
-        tracing::error!(%key, "a permit dropped outside a tokio runtime stays held");
-        return;
-    };
-    runtime.spawn(async move {
-        if let Err(error) = release_grants(&client, &key, &client_id, &grants).await {
-            tracing::error!(%key, %error, "releasing a dropped permit failed; it stays held");
-        }
-    });
 }
 
 #[cfg(test)]
