@@ -12,7 +12,12 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { AcquireError, SemaphoreClient, SemaphoreQueue, type AdmittedItem } from "../src/index.js";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+import { AcquireError, SemaphoreClient, SemaphoreQueue, type Admission, type AdmittedItem } from "../src/index.js";
+import { FileStore } from "../src/node/index.js";
 import { Cluster, eventually } from "./harness.js";
 
 const DRAIN_TIMEOUT_MS = 30_000;
@@ -146,6 +151,62 @@ test("the queue keeps jobs of several runners under the limit, each run once", a
   assert.equal(queues[0]!.status("job-0-0"), "released");
   for (const queue of queues) await queue.shutdown();
   await drained(admin, "ts-queue");
+});
+
+test("a runner restarted from its file store loses no job and leaks no permit", async () => {
+  const admin = client();
+  await admin.setKeyConfig("ts-restart", { limit: 2, leases: null });
+  const path = join(mkdtempSync(join(tmpdir(), "permitd-ts-queue-")), "queue.json");
+  // The jobs outlive the runner (they are someone else's processes): each ends
+  // after its body's ms and tells whichever queue is current.
+  const runs = new Map<string, number>();
+  const ended = new Set<string>();
+  let running = 0;
+  let most = 0;
+  let current: SemaphoreQueue<number> | undefined;
+  const admission: Admission<number> = {
+    admit(items) {
+      for (const item of items) {
+        if (runs.has(item.id)) continue;
+        runs.set(item.id, 1);
+        running += 1;
+        most = Math.max(most, running);
+        setTimeout(() => {
+          running -= 1;
+          ended.add(item.id);
+          try {
+            current?.release(item.id);
+          } catch {
+            // The runner is down: `finished` recovers this release after its restart.
+          }
+        }, item.body);
+      }
+    },
+    finished: (ids) => ids.filter((id) => ended.has(id)),
+  };
+  const options = { clientId: "ts-restarting-runner", finishedIntervalMs: 500 };
+  current = await SemaphoreQueue.start(client(), { ...options, store: new FileStore(path) }, admission);
+  await current.enqueue(Array.from({ length: 8 }, (_, index) => ({ id: `r-${index}`, key: "ts-restart", group: "wf", body: 300 })));
+  await eventually(20_000, async () => runs.size >= 2, "two jobs admitted");
+  current.halt();
+  current = undefined;
+  await sleep(400); // jobs end while the runner is down
+  current = await SemaphoreQueue.start(client(), { ...options, store: new FileStore(path) }, admission);
+  await eventually(60_000, async () => ended.size === 8, "all 8 jobs ended");
+  assert.equal(runs.size, 8, "every job ran once");
+  assert.ok(most <= 2, `never more than the limit, saw ${most}`);
+  await eventually(DRAIN_TIMEOUT_MS, async () => current!.counts().admitted === 0, "every release recorded");
+  await current.shutdown();
+  await drained(admin, "ts-restart");
+});
+
+test("a permit is released when its `await using` block ends", async () => {
+  const admin = client();
+  {
+    await using permit = await admin.acquire("ts-using", "wf", 1);
+    assert.equal((await admin.usage("ts-using")).granted, permit.count);
+  }
+  assert.equal((await admin.usage("ts-using")).granted, 0);
 });
 
 test("a leader kill is retried onto the new leader", async () => {

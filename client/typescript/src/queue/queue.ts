@@ -73,6 +73,8 @@ export class QueueShutdownError extends Error {
 
 export class SemaphoreQueue<T> {
   private stopping = false;
+  /** Stopped at once by `halt`: the loop neither writes nor sends any more. */
+  private halted = false;
   private wakeLoop: (() => void) | undefined;
   /** A wake-up that came while the loop was not sleeping: the next sleep ends at once. */
   private wokenEarly = false;
@@ -108,6 +110,7 @@ export class SemaphoreQueue<T> {
 
   /** The item's work reached a terminal state; its permit returns with the next report. */
   release(id: string): ReleaseOutcome {
+    if (this.halted) throw new QueueShutdownError();
     const outcome = this.state.release(id);
     if (this.stopping) this.persist().catch((error) => this.report(error, "persisting a release"));
     this.wake();
@@ -131,6 +134,18 @@ export class SemaphoreQueue<T> {
     return { counts: this.counts(), unreportedKeys };
   }
 
+  /**
+   * Stops the loop at once, with no final reports and no more writes: what a
+   * crash would leave. The next `start` on the same store reports what was
+   * persisted and admits admitted items again. For tests and for processes
+   * that exit without `shutdown`.
+   */
+  halt(): void {
+    this.halted = true;
+    this.stopping = true;
+    this.wake();
+  }
+
   private async run(): Promise<number> {
     const finishedInterval = this.options.finishedIntervalMs ?? DEFAULT_FINISHED_INTERVAL_MS;
     let finishedDue = Date.now() + finishedInterval;
@@ -141,6 +156,7 @@ export class SemaphoreQueue<T> {
         this.state.retireAllLeases();
         drainingUntil = Date.now() + (this.options.shutdownTimeoutMs ?? DEFAULT_SHUTDOWN_TIMEOUT_MS);
       }
+      if (this.halted) return this.state.inFlight();
       const now = Date.now();
       const messages = drainingUntil === undefined ? this.state.poll(now) : this.state.pollReports(now);
       const admits = this.state.takeAdmits();
@@ -150,6 +166,7 @@ export class SemaphoreQueue<T> {
       } catch (error) {
         this.report(error, "writing the queue store; continuing in memory");
       }
+      if (this.halted) return this.state.inFlight();
       const inFlight = this.state.inFlight();
       if (drainingUntil !== undefined && (inFlight === 0 || Date.now() >= drainingUntil)) return inFlight;
       if (admits.length > 0) {
@@ -187,7 +204,9 @@ export class SemaphoreQueue<T> {
         ? this.client.request(key, withoutType(message)).then((grant) => ({ type: "grant" as const, ...grant }))
         : this.client.sync(key, withoutType(message)).then((synced) => ({ type: "synced" as const, ...synced }));
     answer
-      .then((response) => this.state.onAnswer(key, response, Date.now()))
+      .then((response) => {
+        if (!this.halted) this.state.onAnswer(key, response, Date.now());
+      })
       .catch((error) => {
         this.report(error, `permit message for key ${key}; will retry`);
         this.state.onFailure(key, Date.now());
@@ -196,6 +215,7 @@ export class SemaphoreQueue<T> {
   }
 
   private async persist(): Promise<void> {
+    if (this.halted) return;
     const changed = changes(this.state, this.state.takeDirty());
     if (changed) await this.store.write(changed.puts, changed.deletes);
   }
