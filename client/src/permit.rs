@@ -20,16 +20,17 @@
 //!
 //! # Cancellation
 //!
-//! Giving up an acquisition never strands a claimed permit:
-//! - on a timeout, a [cancel](SemaphoreClient::acquire_until) or an error, the
-//!   grants already received are released before the call returns;
-//! - when the `acquire` future is dropped, they are released by a spawned task
-//!   (a report of them claimed and released in full: cumulative, so harmless
-//!   if the claim never landed);
-//! - a `request` still in flight at that moment may yet be granted by its
-//!   round, whose answer nobody reads: that grant is never claimed, and the
-//!   holder reclaims it at its claim deadline (`grantTimeoutMs` after its
-//!   round), as it does for any lost answer.
+//! Giving up an acquisition (dropping its future, a timeout, a
+//! [cancel](SemaphoreClient::acquire_until), an error) never strands a permit:
+//! - grants already received (claimed, or with a claim in flight) are
+//!   released: awaited before a timeout, cancel or error returns, from a
+//!   spawned task when the future is dropped (a report of them claimed and
+//!   released in full: cumulative, so harmless if the claim never landed);
+//! - a `request` in flight runs as its own task: its answer is awaited in the
+//!   background and whatever it granted is released at once;
+//! - only if the process dies with a request in flight is that request's
+//!   grant left to the holder, which reclaims it at its claim deadline
+//!   (`grantTimeoutMs` after its round), as for any lost answer.
 //!
 //! A dropped [`Permit`] releases from a task spawned on the runtime it was
 //! acquired on; a process about to exit should `release().await` instead, since
@@ -38,7 +39,10 @@
 use std::future::Future;
 use std::time::Duration;
 
-use permitd_core::protocol::{Demand, GrantReport, GrantStatus, PermitRequest, PermitSync, V1};
+use permitd_core::protocol::{
+    Demand, GrantReport, GrantStatus, PermitGrant, PermitRequest, PermitSync, V1,
+};
+use tokio::task::JoinHandle;
 
 use crate::client::{now_ms, SemaphoreClient};
 use crate::error::{AcquireError, ClientError};
@@ -298,7 +302,9 @@ impl SemaphoreClient {
                 grants: pending.reports(),
                 leases: None,
             };
-            let answer = self.request(&pending.key, request).await?;
+            let answer = InFlightRequest::send(self, pending, request)
+                .answer()
+                .await?;
             if let Some(blocked) = answer.blocked.iter().find(|blocked| {
                 blocked.reason == permitd_core::protocol::BlockedReason::NotPermitted
             }) {
@@ -357,6 +363,63 @@ impl SemaphoreClient {
             }
         }
         Ok(())
+    }
+}
+
+/// A `request` an acquisition sent, running as its own task. Its answer's
+/// grants belong to the acquisition; if the acquisition is given up before it
+/// read the answer (dropped, cancelled, timed out), the answer is awaited in
+/// the background and its grants are released at once, so they do not sit
+/// unclaimed until their claim deadline.
+struct InFlightRequest {
+    task: Option<JoinHandle<Result<PermitGrant, ClientError>>>,
+    client: SemaphoreClient,
+    key: String,
+    client_id: String,
+}
+
+impl InFlightRequest {
+    fn send(client: &SemaphoreClient, held: &Held, request: PermitRequest) -> Self {
+        let (sender, key) = (client.clone(), held.key.clone());
+        let task = tokio::spawn(async move { sender.request(&key, request).await });
+        Self {
+            task: Some(task),
+            client: client.clone(),
+            key: held.key.clone(),
+            client_id: held.client_id.clone(),
+        }
+    }
+
+    async fn answer(mut self) -> Result<PermitGrant, ClientError> {
+        let task = self.task.as_mut().expect("the task is taken only here");
+        let joined = task.await;
+        self.task = None;
+        joined.unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()))
+    }
+}
+
+impl Drop for InFlightRequest {
+    fn drop(&mut self) {
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        let (client, key, client_id) = (
+            self.client.clone(),
+            self.key.clone(),
+            self.client_id.clone(),
+        );
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime, no answer: the holder reclaims at the deadline
+        };
+        runtime.spawn(async move {
+            let Ok(Ok(answer)) = task.await else {
+                return;
+            };
+            let grants = claim_amounts(&answer.grants, u64::MAX);
+            if let Err(error) = release_grants(&client, &key, &client_id, &grants).await {
+                tracing::warn!(%key, %error, "returning an abandoned request's grants failed");
+            }
+        });
     }
 }
 
