@@ -15,13 +15,14 @@
  *
  * Giving up (the `signal` aborts, `timeoutMs` passes, a call fails) releases
  * whatever was granted before the promise rejects. A `request` in flight at
- * that moment may still be granted by its round; nobody claims that grant and
- * the holder reclaims it at its claim deadline (`grantTimeoutMs`).
+ * that moment is not cut off: what its round grants is released as soon as
+ * its answer comes. Only a process that dies first leaves such a grant to the
+ * holder, which reclaims it at its claim deadline (`grantTimeoutMs`).
  * JavaScript has no destructors: a `Permit` that is neither released nor
  * disposed stays held.
  */
 
-import type { CallOptions, SemaphoreClient } from "./client.js";
+import { sleep, type CallOptions, type SemaphoreClient } from "./client.js";
 import { AcquireError } from "./errors.js";
 import type { GrantReport, GrantedPermits } from "./wire.js";
 
@@ -140,12 +141,21 @@ async function gather(
   const oldestAt = Date.now();
   const heldCount = () => held.reduce((sum, grant) => sum + grant.claimed, 0);
   while (heldCount() < count) {
+    const wait = (client.nextRequestAt(key) ?? 0) - Date.now();
+    if (wait > 0) await sleep(wait, signal);
     const grants: GrantReport[] = held.map((grant) => ({ grantId: grant.grantId, claimed: grant.claimed, released: 0 }));
-    const answer = await client.request(
-      key,
-      { clientId, demand: [{ group, count: count - heldCount(), oldestAt }], grants },
-      { signal },
-    );
+    // Not aborted mid-flight: if the acquisition is given up meanwhile, what
+    // the round grants is released as soon as the answer comes.
+    const sent = client.request(key, { clientId, demand: [{ group, count: count - heldCount(), oldestAt }], grants });
+    let answer: Awaited<typeof sent>;
+    try {
+      answer = await untilAborted(sent, signal);
+    } catch (error) {
+      sent
+        .then((late) => releaseGrants(client, key, clientId, claimAmounts(late.grants, Number.MAX_SAFE_INTEGER)))
+        .catch(() => undefined);
+      throw error;
+    }
     const refused = answer.blocked.find((blocked) => blocked.reason === "not_permitted");
     if (refused) throw new AcquireError("not_permitted", key, `group ${refused.group} of key ${key} is not permitted`);
     const fresh = claimAmounts(answer.grants, count - heldCount());
@@ -165,6 +175,16 @@ async function gather(
       if (grant.claimed === 0) held.splice(index, 1);
     }
   }
+}
+
+/** `promise`, or the signal's reason once it aborts (the promise runs on). */
+function untilAborted<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+    promise.then(resolve, reject).finally(() => signal.removeEventListener("abort", onAbort));
+  });
 }
 
 /** What to claim of a round's grants: each in full until `needed` is covered. */
