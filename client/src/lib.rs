@@ -13,7 +13,7 @@
 //!   ([`permit::Permit`], not to be confused with the queue's [`Permit`], which
 //!   names what an item was admitted under) releases on drop. [`run`] wraps a
 //!   command in one (`permitctl run`).
-//! - [`SemaphoreQueue`] ([`queue`]): the seed's queue. Items `{id, key, group,
+//! - [`SemaphoreQueue`] ([`queue`]): the job queue. Items `{id, key, group,
 //!   body}` wait for a permit; the queue asks each key's holder with its demand
 //!   and oldest enqueue time, draws lease permits locally (one per item), claims
 //!   grants, admits items through the application's [`Admission`], takes
@@ -36,9 +36,11 @@ pub mod permit;
 pub mod queue;
 pub mod run;
 
-pub use client::{ClientConfig, ClusterMember, ClusterStatus, KeyUsage, SemaphoreClient};
+pub use client::{ClientConfig, SemaphoreClient};
 pub use error::{AcquireError, ClientError, QueueError};
 pub use permit::AcquireOptions;
+/// The wire shapes the client reads, from the one contract both sides share.
+pub use permitd_core::contract::{ClusterMember, ClusterStatus, ErrorCode, KeyUsage, MemberRole};
 pub use queue::{
     Admission, AdmittedItem, EnqueueOutcome, ItemStatus, Permit, QueueConfig, QueueCounts,
     QueueItem, ReleaseOutcome, SemaphoreQueue, ShutdownReport, StateConfig,

@@ -62,12 +62,17 @@ async fn rejections_answer_json_errors_and_change_nothing() {
     let follower = cluster.follower_of(leader);
     let before = cluster.status(leader).await.unwrap()["lastLogIndex"].clone();
     let path = "/v1/semaphores/strict";
-    for (body, what) in [
+    for (body, what, field) in [
         (
             json!({"type": "request", "v": 2, "clientId": "c"}),
             "version",
+            None,
         ),
-        (json!({"type": "grab", "v": 1, "clientId": "c"}), "type"),
+        (
+            json!({"type": "grab", "v": 1, "clientId": "c"}),
+            "type",
+            None,
+        ),
         (
             request("c", &[("g", 1, 1)])
                 .as_object()
@@ -78,21 +83,25 @@ async fn rejections_answer_json_errors_and_change_nothing() {
                 })
                 .unwrap(),
             "negative count",
+            None,
         ),
         (
             json!({"type": "request", "v": 1, "clientId": ""}),
             "empty client",
+            Some("clientId"),
         ),
         (
             json!({"type": "request", "v": 1, "clientId": "c", "demand": [
             {"group": "g", "count": 1, "oldestAt": 1}, {"group": "g", "count": 1, "oldestAt": 1}]}),
             "duplicate group",
+            Some("demand.group"),
         ),
     ] {
         for node in [leader, follower] {
             let answer = cluster.post(node, path, &body).await;
             assert_eq!(answer.status, 400, "{what}: {}", answer.body);
             assert_eq!(answer.code(), "bad_request", "{what}");
+            assert_eq!(answer.body["error"]["field"].as_str(), field, "{what}");
         }
     }
     let url = format!("{}{path}", cluster.node(follower).url());
@@ -124,6 +133,7 @@ async fn rejections_answer_json_errors_and_change_nothing() {
         )
         .await;
     assert_eq!(bad_config.status, 400, "{}", bad_config.body);
+    assert_eq!(bad_config.body["error"]["field"], "roundWaitMs");
     let unknown = cluster.get(leader, "/v2/nothing").await;
     assert_eq!((unknown.status, unknown.code()), (404, "not_found"));
     let method = cluster.call(leader, Method::DELETE, path, None).await;

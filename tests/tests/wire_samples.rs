@@ -9,13 +9,16 @@
 //! wire_samples`), and the regenerated file fails the TypeScript tests until the
 //! TypeScript types follow.
 //!
-//! The error body is written as the node writes it (`{"error": {code,
-//! message}}`); it has no Rust type shared with the client yet.
+//! Besides the wire types, `Contract` holds the header names and each error
+//! code's status and `Retry-After`, which the TypeScript client checks its
+//! own constants against.
 
 use std::path::PathBuf;
 
-use permitd_client::{ClusterMember, ClusterStatus, KeyUsage};
 use permitd_core::config::{Amount, LimitedGroups};
+use permitd_core::contract::{
+    headers, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage, MemberRole,
+};
 use permitd_core::protocol::{
     Blocked, BlockedReason, Demand, GrantReport, GrantResult, GrantStatus, GrantedPermits,
     LeaseGrant, LeaseReport, PermitGrant, PermitRequest, PermitSync, PermitSyncResult,
@@ -206,16 +209,43 @@ fn samples() -> Value {
         term: 3,
         last_log_index: Some(10),
         last_applied: None,
-        members: vec![ClusterMember {
-            id: 1,
-            addr: "127.0.0.1:7001".into(),
-            role: "follower".into(),
-        }],
+        initialized: true,
+        members: [MemberRole::Voter, MemberRole::Learner]
+            .into_iter()
+            .enumerate()
+            .map(|(index, role)| ClusterMember {
+                id: index as u64 + 1,
+                addr: format!("127.0.0.1:700{}", index + 1),
+                raft_addr: format!("127.0.0.1:710{}", index + 1),
+                role,
+            })
+            .collect(),
     };
     let keys = KeyUsage {
         key: "acct-1".into(),
         usage: usage(),
     };
+    let lists = [
+        KeyList {
+            keys: vec![keys],
+            next: Some("acct-1".into()),
+        },
+        KeyList {
+            keys: vec![],
+            next: None,
+        },
+    ];
+    let mut errors: Vec<ErrorAnswer> = ErrorCode::ALL
+        .iter()
+        .map(|code| ErrorAnswer::new(*code, format!("a {code} answer")))
+        .collect();
+    errors[0].error.field = Some("demand.count".into());
+    let contract = json!({
+        "leaderHeader": headers::LEADER,
+        "errorCodes": ErrorCode::ALL.iter().map(|code| json!({
+            "code": code, "status": code.status(), "retryAfter": code.retry_after(),
+        })).collect::<Vec<_>>(),
+    });
     json!({
         "SemaphoreRequest": requests(&grant_id, &lease_id),
         "SemaphoreResponse": responses(&grant_id, &lease_id),
@@ -223,9 +253,10 @@ fn samples() -> Value {
         "KeyConfig": configs(),
         "KeyConfigUpdate": updates,
         "GroupConfig": [GroupConfig { limit: Some(5), permitted: true }, GroupConfig { limit: None, permitted: false }],
-        "Keys": [{"keys": [keys]}],
+        "KeyList": lists,
         "ClusterStatus": [status],
-        "ErrorAnswer": [{"error": {"code": "not_leader", "message": "this node is not the leader"}}],
+        "ErrorAnswer": errors,
+        "Contract": [contract],
     })
 }
 

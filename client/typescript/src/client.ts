@@ -28,7 +28,7 @@ import {
   type GroupConfig,
   type KeyConfig,
   type KeyConfigUpdate,
-  type KeyUsage,
+  type KeyList,
   type PermitGrant,
   type PermitRequest,
   type PermitSync,
@@ -45,6 +45,8 @@ export const DEFAULT_ATTEMPT_TIMEOUT_MS = 15_000;
 const NODE_ID_DISCOVERY_INTERVAL_MS = 30_000;
 /** Keys whose `nextRequestAt` is remembered before past entries are pruned. */
 const MAX_REMEMBERED_KEYS = 100_000;
+/** Answers retried: what a node marks retryable (429, 503, with `Retry-After`) and gateway failures (502, 504). */
+export const RETRYABLE_STATUSES: readonly number[] = [429, 502, 503, 504];
 /** Longest error body kept in an error message, in characters. */
 const MAX_ERROR_BODY_CHARS = 512;
 
@@ -71,6 +73,8 @@ export interface CallOptions {
   signal?: AbortSignal;
   /** This call's deadline, retries included, in ms. */
   timeoutMs?: number;
+  /** A query string (without `?`) for the URL. */
+  query?: string;
 }
 
 /** A request as the caller writes it: `v` and `requestId` are filled in. */
@@ -169,9 +173,12 @@ export class SemaphoreClient {
     await this.call("DELETE", [...semaphorePath(key, "groups"), group], undefined, undefined, options);
   }
 
-  /** Every key with state, with its usage. */
-  async keys(options: CallOptions = {}): Promise<KeyUsage[]> {
-    return (await this.call("GET", ["v1", "semaphores"], undefined, "Keys", options)).keys;
+  /** One page of the keys with state, in byte order, with their usage; pass `next` as `after` for the next page. */
+  keys(page: { after?: string; limit?: number } = {}, options: CallOptions = {}): Promise<KeyList> {
+    const query = new URLSearchParams();
+    if (page.after !== undefined) query.set("after", page.after);
+    if (page.limit !== undefined) query.set("limit", String(page.limit));
+    return this.call("GET", ["v1", "semaphores"], undefined, "KeyList", { ...options, query: query.toString() });
   }
 
   clusterStatus(options: CallOptions = {}): Promise<ClusterStatus> {
@@ -193,7 +200,7 @@ export class SemaphoreClient {
     for (let attempts = 1; ; attempts++) {
       options.signal?.throwIfAborted();
       const endpoint = this.tracker.pick();
-      const url = `${endpoint}/${path.map(encodeURIComponent).join("/")}`;
+      const url = `${endpoint}/${path.map(encodeURIComponent).join("/")}${options.query ? `?${options.query}` : ""}`;
       const timeout = Math.max(1, Math.min(deadline - Date.now(), this.attemptTimeoutMs));
       const attempt = await this.attempt(endpoint, method, url, text, timeout, options.signal);
       if (attempt.done) {
@@ -244,7 +251,7 @@ export class SemaphoreClient {
       clearTimeout(timer);
       signal?.removeEventListener("abort", onAbort);
     }
-    if ([429, 502, 503, 504].includes(status)) {
+    if (RETRYABLE_STATUSES.includes(status)) {
       if (status !== 429) this.tracker.failed(endpoint, hint);
       return { done: false, reason: rejected(status, text).message, retryAfterMs };
     }

@@ -8,7 +8,7 @@
  *   `nextRequestAt` per key, and a bearer token;
  * - `client.acquire` / `client.withPermit` (`permit.ts`): one piece of work under
  *   a permit;
- * - `SemaphoreQueue` (`queue/`): the seed's queue, over a pluggable
+ * - `SemaphoreQueue` (`queue/`): the job queue, over a pluggable
  *   `QueueStore` (`MemoryStore` here, `FileStore` in `@permitd/client/node`, or
  *   a Durable Object's storage);
  * - the wire types with runtime validators (`wire.ts`), checked against the

@@ -175,19 +175,57 @@ export interface KeyUsage {
   usage: Usage;
 }
 
-/** `GET /cluster/status`. */
+/** One page of `GET /v1/semaphores`; `next` (when more keys follow) is the next page's `after`. */
+export interface KeyList {
+  keys: KeyUsage[];
+  next?: string;
+}
+
+export type MemberRole = "voter" | "learner";
+
+export interface ClusterMember {
+  id: number;
+  /** `host:port` of its public API. */
+  addr: string;
+  raftAddr: string;
+  role: MemberRole;
+}
+
+/** `GET /cluster/status`: the answering node's view. */
 export interface ClusterStatus {
   id: number;
   leader: number | null;
   term: number;
   lastLogIndex: number | null;
   lastApplied: number | null;
-  members: { id: number; addr: string; role: string }[];
+  initialized: boolean;
+  members: ClusterMember[];
 }
 
-/** Every error answer: `{"error": {"code", "message"}}`. */
+/** Every error code a node answers with (`core/src/contract/errors.rs`). */
+export const ERROR_CODES = [
+  "bad_request",
+  "unauthorized",
+  "not_found",
+  "method_not_allowed",
+  "already_initialized",
+  "membership_conflict",
+  "payload_too_large",
+  "unsupported_media_type",
+  "too_many_pending",
+  "too_many_keys",
+  "not_leader",
+  "no_quorum",
+  "leader_changed",
+  "shutting_down",
+  "timeout",
+  "internal",
+] as const;
+export type ErrorCode = (typeof ERROR_CODES)[number];
+
+/** Every error answer: `{"error": {"code", "message", "field"?}}`. */
 export interface ErrorAnswer {
-  error: { code: string; message: string };
+  error: { code: ErrorCode; message: string; field?: string };
 }
 
 /** A value that is not the expected shape. */
@@ -405,17 +443,20 @@ export const parse = {
     leases: optional(nullable(leasePolicy)),
   }),
   GroupConfig: object<GroupConfig>({ limit: optional(nullable(count)), permitted: optional(flag) }),
-  Keys: object<{ keys: KeyUsage[] }>({ keys: list(object<KeyUsage>({ key: text, usage })) }),
+  KeyList: object<KeyList>({ keys: list(object<KeyUsage>({ key: text, usage })), next: optional(text) }),
   ClusterStatus: object<ClusterStatus>({
     id: count,
     leader: nullable(count),
     term: count,
     lastLogIndex: nullable(count),
     lastApplied: nullable(count),
-    members: list(object<{ id: number; addr: string; role: string }>({ id: count, addr: text, role: text })),
+    initialized: flag,
+    members: list(
+      object<ClusterMember>({ id: count, addr: text, raftAddr: text, role: oneOf<MemberRole>("voter", "learner") }),
+    ),
   }),
   ErrorAnswer: object<ErrorAnswer>({
-    error: object<{ code: string; message: string }>({ code: text, message: text }),
+    error: object<ErrorAnswer["error"]>({ code: oneOf<ErrorCode>(...ERROR_CODES), message: text, field: optional(text) }),
   }),
 } satisfies Record<string, Parser<unknown>>;
 

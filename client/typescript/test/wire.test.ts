@@ -12,8 +12,11 @@ import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import {
+  ERROR_CODES,
+  LEADER_HEADER,
   parse,
   parseWire,
+  RETRYABLE_STATUSES,
   WireError,
   type ClusterStatus,
   type KeyConfig,
@@ -28,6 +31,7 @@ const samples = JSON.parse(readFileSync(fixtures, "utf8")) as Record<string, unk
 
 test("every Rust sample round-trips through its TypeScript type", () => {
   for (const [name, values] of Object.entries(samples)) {
+    if (name === "Contract") continue;
     assert.ok(name in parse, `no TypeScript validator for the Rust wire type ${name}`);
     assert.ok(values.length > 0, name);
     for (const value of values) {
@@ -70,5 +74,18 @@ test("malformed values are refused with the path of the bad field", () => {
   ];
   for (const [name, value, path] of cases) {
     assert.throws(() => parseWire(name, value), (error: unknown) => error instanceof WireError && error.path === path, path);
+  }
+});
+
+test("the header name and error codes match the Rust contract", () => {
+  const contract = samples.Contract![0] as {
+    leaderHeader: string;
+    errorCodes: { code: string; status: number; retryAfter: boolean }[];
+  };
+  assert.equal(LEADER_HEADER, contract.leaderHeader);
+  assert.deepEqual([...ERROR_CODES], contract.errorCodes.map((entry) => entry.code));
+  // The client retries exactly the answers a node marks retryable (429, 503), plus gateway failures.
+  for (const entry of contract.errorCodes) {
+    assert.equal(RETRYABLE_STATUSES.includes(entry.status), entry.retryAfter, entry.code);
   }
 });

@@ -1,5 +1,5 @@
 /**
- * `SemaphoreQueue`: the seed's queue, as one loop per queue (the Rust
+ * `SemaphoreQueue`: the job queue, as one loop per queue (the Rust
  * client's `queue/mod.rs`, in the event loop's terms).
  *
  * The application enqueues items `{id, key, group, body}`; the queue asks each
