@@ -7,6 +7,11 @@
 //! wait for the holder to take it. The exit status is the command's own, or
 //! `128 + signal` when a signal ended it, as shells report it.
 //!
+//! A Ctrl+C at a terminal reaches the whole foreground process group, so the
+//! command may see SIGINT twice (from the terminal and forwarded); commands
+//! treat a repeated SIGINT as one, and forwarding is what makes `kill` of
+//! `permitctl` alone reach the command.
+//!
 //! Signals that arrive while waiting for the permit end the wait: what was
 //! granted is released and `permitctl` exits with `128 + signal` without
 //! starting the command. A `permitctl` killed with SIGKILL cannot release: its
