@@ -18,7 +18,7 @@ import { join } from "node:path";
 
 import { AcquireError, SemaphoreClient, SemaphoreQueue, type Admission, type AdmittedItem } from "../src/index.js";
 import { FileStore } from "../src/node/index.js";
-import { Cluster, eventually } from "./harness.js";
+import { answerDroppingProxy, Cluster, eventually } from "./harness.js";
 
 const DRAIN_TIMEOUT_MS = 30_000;
 let cluster: Cluster;
@@ -209,6 +209,28 @@ test("a permit is released when its `await using` block ends", async () => {
     assert.equal((await admin.usage("ts-using")).granted, permit.count);
   }
   assert.equal((await admin.usage("ts-using")).granted, 0);
+});
+
+test("a retried request whose answer was lost gets the original answer", async () => {
+  const admin = client();
+  await admin.setKeyConfig("ts-retry", { limit: 5 });
+  const proxy = await answerDroppingProxy(cluster.nodes[0]!.url);
+  try {
+    const runner = new SemaphoreClient({ endpoints: [proxy.url], backoffInitialMs: 10 });
+    const grant = await runner.request("ts-retry", {
+      clientId: "ts-retrier",
+      demand: [{ group: "wf", count: 2, oldestAt: Date.now() }],
+    });
+    assert.equal(proxy.dropped(), 1, "the first answer was lost");
+    assert.equal(grant.grants.reduce((sum, granted) => sum + granted.permits, 0), 2);
+    // The same requestId on the retry: the holder answered it again instead of granting twice.
+    assert.equal((await admin.usage("ts-retry")).granted, 2);
+    const reports = grant.grants.map((granted) => ({ grantId: granted.grantId, claimed: granted.permits, released: granted.permits }));
+    await runner.sync("ts-retry", { clientId: "ts-retrier", grants: reports });
+    await drained(admin, "ts-retry");
+  } finally {
+    proxy.close();
+  }
 });
 
 test("a leader kill is retried onto the new leader", async () => {

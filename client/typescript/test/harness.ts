@@ -177,3 +177,34 @@ export async function eventually(timeoutMs: number, check: () => Promise<boolean
     await new Promise((done) => setTimeout(done, POLL_MS));
   }
 }
+
+/**
+ * A TCP proxy in front of `target` (`http://host:port`) that lets the first
+ * request through but cuts the connection as its answer starts coming back:
+ * the server did the work, the client never hears of it. Later connections
+ * pass through untouched.
+ */
+export async function answerDroppingProxy(target: string): Promise<{ url: string; dropped: () => number; close: () => void }> {
+  const { createConnection } = await import("node:net");
+  const { hostname, port } = new URL(target);
+  let dropped = 0;
+  const server = createServer((client) => {
+    const upstream = createConnection({ host: hostname, port: Number(port) });
+    const dropThis = dropped === 0;
+    client.on("error", () => upstream.destroy());
+    upstream.on("error", () => client.destroy());
+    client.pipe(upstream);
+    if (dropThis) {
+      upstream.once("data", () => {
+        dropped += 1;
+        upstream.destroy();
+        client.destroy();
+      });
+    } else {
+      upstream.pipe(client);
+    }
+  });
+  const proxyPort = await freePort();
+  await new Promise<void>((done) => server.listen(proxyPort, "127.0.0.1", done));
+  return { url: `http://127.0.0.1:${proxyPort}`, dropped: () => dropped, close: () => server.close() };
+}
