@@ -14,7 +14,8 @@
 //!
 //! Signals that arrive while waiting for the permit end the wait: what was
 //! granted is released and `permitctl` exits with `128 + signal` without
-//! starting the command. A `permitctl` killed with SIGKILL cannot release: its
+//! starting the command (a grant of the round still in flight then, if any,
+//! returns at its claim deadline: the process is gone before its answer). A `permitctl` killed with SIGKILL cannot release: its
 //! claimed permits stay held (claimed grants do not expire), which is why
 //! runners that must survive that use the queue and its `finished` check.
 
