@@ -12,8 +12,6 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { mkdtempSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 import { AcquireError, SemaphoreClient, SemaphoreQueue, type Admission, type AdmittedItem } from "../src/index.js";
@@ -173,7 +171,7 @@ test("a runner restarted from its file store loses no job and leaks no permit", 
   // A crash with a request in flight loses that round's answer: its grant
   // returns at its claim deadline, kept short here so the drain check sees it.
   await admin.setKeyConfig("ts-restart", { limit: 2, leases: null, grantTimeoutMs: 1_000 });
-  const path = join(mkdtempSync(join(tmpdir(), "permitd-ts-queue-")), "queue.json");
+  const path = join(cluster.dir, "queue.json"); // removed with the cluster
   // The jobs outlive the runner (they are someone else's processes): each ends
   // after its body's ms and tells whichever queue is current.
   const jobs = new Jobs();

@@ -4,7 +4,7 @@
  */
 
 import assert from "node:assert/strict";
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
@@ -154,8 +154,13 @@ async function storeRoundTrip(store: QueueStore): Promise<void> {
 test("the memory store keeps records and refuses another client id", () => storeRoundTrip(new MemoryStore()));
 
 test("the file store survives a reopen", async () => {
-  const path = join(mkdtempSync(join(tmpdir(), "permitd-ts-store-")), "queue.json");
-  await storeRoundTrip(new FileStore(path));
-  const reopened = await loadQueue<string>(new FileStore(path), "runner-1");
-  assert.deepEqual(reopened.items.map((record) => record.id), ["b"]);
+  const dir = mkdtempSync(join(tmpdir(), "permitd-ts-store-"));
+  const path = join(dir, "queue.json");
+  try {
+    await storeRoundTrip(new FileStore(path));
+    const reopened = await loadQueue<string>(new FileStore(path), "runner-1");
+    assert.deepEqual(reopened.items.map((record) => record.id), ["b"]);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
