@@ -1,6 +1,6 @@
 //! Granting demand: oldest first, the group gate before the key's room, and the
 //! reasons demand stays blocked (docs/protocol.md, "Oldest first", "Group caps",
-//! "Blocked reasons").
+//! "Blocked reasons", "The key's room and lowered limits").
 
 use crate::support::*;
 

@@ -1,11 +1,11 @@
 //! Leases: how they are shared out, heartbeated, retired, settled and counted
-//! (docs/protocol.md, "Leases", "Retirement", "Contended").
+//! (docs/protocol.md, "Sharing leases out", "Retirement and settling",
+//! "Contended").
 
 use crate::support::*;
 
 #[test]
 fn lease_share_is_the_remaining_budget_split_over_candidates() {
-    // 20 left for 3 candidates: floor(20 / 3) = 6 each, under permitsPerLease.
     let mut log = Log::with_leases(20, strict(64));
     let outcome = log.round(&[
         leasing("a", "g", 0, T0),

@@ -1,5 +1,5 @@
 //! How one limit splits between grants and leases: `strict`, `under` and `over`,
-//! also after the limit is lowered (docs/protocol.md, "Leases").
+//! also after the limit is lowered (docs/protocol.md, "Leases and provisioning").
 
 use crate::support::*;
 

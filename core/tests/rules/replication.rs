@@ -1,6 +1,6 @@
 //! What a replicated log adds: fences, `requestId` answers, a clock that never
 //! runs backwards, and the changed rows each entry reports for storage
-//! (docs/protocol.md, "Fences and retries").
+//! (docs/protocol.md, "Fences, retries and the clock").
 
 use crate::support::*;
 
