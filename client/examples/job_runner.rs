@@ -12,8 +12,13 @@
 //! ```text
 //! permitd up --config cluster.toml &
 //! cargo run --release -p permitd-client --example job_runner -- \
-//!     --endpoints http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003
+//!     --endpoints http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003 \
+//!     --token change-me-local-admin-token
 //! ```
+//!
+//! It configures its keys, so it needs an admin token; a runner in production
+//! would get a `runner` token for its keys and client ids (`permitctl token
+//! create`). `--ca-file` (or `PERMITD_CA_FILE`) for `https://` nodes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -21,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use permitd_client::{
-    Admission, AdmittedItem, QueueConfig, QueueItem, SemaphoreClient, SemaphoreQueue,
+    Admission, AdmittedItem, ClientConfig, QueueConfig, QueueItem, SemaphoreClient, SemaphoreQueue,
 };
 use permitd_core::config::{LeasePolicy, LimitedGroups, Provisioning};
 use permitd_core::{GroupConfig, KeyConfigUpdate};
@@ -38,6 +43,12 @@ struct Args {
         default_value = "http://127.0.0.1:7001"
     )]
     endpoints: String,
+    /// API token (`PERMITD_TOKEN`).
+    #[arg(long, env = "PERMITD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// PEM file of the cluster's CA, for `https://` nodes.
+    #[arg(long, env = "PERMITD_CA_FILE")]
+    ca_file: Option<std::path::PathBuf>,
     #[arg(long, default_value_t = 4)]
     accounts: usize,
     #[arg(long, default_value_t = 3)]
@@ -151,7 +162,10 @@ fn shard_for(account: &str, width: u32) -> String {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let client = SemaphoreClient::connect([args.endpoints.clone()])?;
+    let mut config = ClientConfig::new([args.endpoints.clone()]);
+    config.token = args.token.clone();
+    config.ca_file = args.ca_file.clone();
+    let client = SemaphoreClient::new(config)?;
     let accounts: Vec<String> = (0..args.accounts).map(|n| format!("account-{n}")).collect();
     configure(&client, &args, &accounts).await?;
 

@@ -23,6 +23,7 @@ use permitd_core::contract::{headers, paths, ClusterStatus, ErrorAnswer};
 use permitd_core::protocol::{
     PermitGrant, PermitRequest, PermitSync, PermitSyncResult, SemaphoreRequest, SemaphoreResponse,
 };
+use permitd_core::tokens::{CreatedToken, TokenInfo, TokenList, TokenSpec};
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -47,7 +48,7 @@ const MAX_REMEMBERED_KEYS: usize = 100_000;
 const MAX_ERROR_BODY_BYTES: usize = 512;
 
 /// How a [`SemaphoreClient`] reaches the cluster.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientConfig {
     /// Node API base URLs, such as `http://127.0.0.1:7001`.
     pub endpoints: Vec<String>,
@@ -61,8 +62,24 @@ pub struct ClientConfig {
     pub backoff_initial_ms: u64,
     /// Largest retry delay, in ms.
     pub backoff_max_ms: u64,
-    /// Bearer token for `/cluster/` calls (the cluster's `secret`), if any.
-    pub secret: Option<String>,
+    /// The API token sent as `Authorization: Bearer …` on every call (a runner,
+    /// reader or admin token; see the README's "Security"). Never printed.
+    pub token: Option<String>,
+    /// PEM file of the CA that signed the nodes' certificates, for `https://`
+    /// endpoints; it replaces the system roots.
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("endpoints", &self.endpoints)
+            .field("call_timeout", &self.call_timeout)
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("ca_file", &self.ca_file)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ClientConfig {
@@ -75,7 +92,8 @@ impl ClientConfig {
             connect_timeout: Duration::from_millis(DEFAULT_CONNECT_TIMEOUT_MS),
             backoff_initial_ms: DEFAULT_INITIAL_DELAY_MS,
             backoff_max_ms: DEFAULT_MAX_DELAY_MS,
-            secret: None,
+            token: None,
+            ca_file: None,
         }
     }
 }
@@ -116,11 +134,7 @@ impl SemaphoreClient {
             endpoints.extend(parse_endpoints(text)?);
         }
         let tracker = LeaderTracker::new(endpoints)?;
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|error| ClientError::Build(error.to_string()))?;
+        let http = http_client(&config)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 http,
@@ -234,6 +248,26 @@ impl SemaphoreClient {
         Ok(())
     }
 
+    /// Creates an API token (admin only). The answer holds the secret `token`,
+    /// shown this once. A retried call may create a second token; list and revoke.
+    pub async fn create_token(&self, spec: &TokenSpec) -> Result<CreatedToken, ClientError> {
+        let path = paths::segments(paths::TOKENS, &[]);
+        self.call(Method::POST, &path, Some(spec)).await
+    }
+
+    /// Every API token, without secrets (admin only).
+    pub async fn tokens(&self) -> Result<Vec<TokenInfo>, ClientError> {
+        let answer: TokenList = self.get(&paths::segments(paths::TOKENS, &[])).await?;
+        Ok(answer.tokens)
+    }
+
+    /// Revokes an API token (admin only).
+    pub async fn revoke_token(&self, id: u64) -> Result<(), ClientError> {
+        let path = paths::segments(paths::TOKEN, &[&id.to_string()]);
+        let _: serde_json::Value = self.call::<(), _>(Method::DELETE, &path, None).await?;
+        Ok(())
+    }
+
     /// The cluster's membership, leader, term and indexes, as some node sees them.
     pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
         self.get(&paths::segments(paths::CLUSTER_STATUS, &[])).await
@@ -263,8 +297,8 @@ impl SemaphoreClient {
             .http
             .get(url.clone())
             .timeout(self.inner.config.connect_timeout * 3);
-        if let Some(secret) = &self.inner.config.secret {
-            builder = builder.bearer_auth(secret);
+        if let Some(token) = &self.inner.config.token {
+            builder = builder.bearer_auth(token);
         }
         let response = builder
             .send()
@@ -345,7 +379,6 @@ impl SemaphoreClient {
         query: &[(&str, String)],
         body: Option<&B>,
     ) -> Result<R, ClientError> {
-        let authorised = paths::is_cluster_path(path);
         let config = &self.inner.config;
         let body = body
             .map(serde_json::to_vec)
@@ -365,14 +398,7 @@ impl SemaphoreClient {
                 url.query_pairs_mut().extend_pairs(query);
             }
             let attempt = self
-                .attempt(
-                    &endpoint,
-                    method.clone(),
-                    &url,
-                    body.as_deref(),
-                    authorised,
-                    timeout,
-                )
+                .attempt(&endpoint, method.clone(), &url, body.as_deref(), timeout)
                 .await;
             let (reason, retry_after_ms) = match attempt {
                 Attempt::Done(Ok(bytes)) => return decode(&url, &bytes),
@@ -402,7 +428,6 @@ impl SemaphoreClient {
         method: Method,
         url: &reqwest::Url,
         body: Option<&[u8]>,
-        authorised: bool,
         timeout: Duration,
     ) -> Attempt {
         let mut builder = self
@@ -415,10 +440,8 @@ impl SemaphoreClient {
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(body.to_vec());
         }
-        if authorised {
-            if let Some(secret) = &self.inner.config.secret {
-                builder = builder.bearer_auth(secret);
-            }
+        if let Some(token) = &self.inner.config.token {
+            builder = builder.bearer_auth(token);
         }
         let response = match builder.send().await {
             Ok(response) => response,
@@ -496,6 +519,25 @@ impl SemaphoreClient {
             }
         });
     }
+}
+
+/// The HTTP client of `config`: trusting only `ca_file` when one is named.
+fn http_client(config: &ClientConfig) -> Result<reqwest::Client, ClientError> {
+    let build = |error: String| ClientError::Build(error);
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(config.connect_timeout)
+        .tcp_nodelay(true);
+    if let Some(path) = &config.ca_file {
+        let pem = std::fs::read(path)
+            .map_err(|error| build(format!("cannot read {}: {error}", path.display())))?;
+        let ca = reqwest::Certificate::from_pem(&pem)
+            .map_err(|error| build(format!("{}: {error}", path.display())))?;
+        builder = builder
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca);
+    }
+    builder.build().map_err(|error| build(error.to_string()))
 }
 
 fn is_retryable(status: StatusCode) -> bool {
@@ -587,6 +629,13 @@ mod tests {
             endpoint.url(&path).as_str(),
             "http://n:1/v1/semaphores/acct%2F7/groups/wf%201"
         );
+    }
+
+    #[test]
+    fn the_token_never_shows_in_debug() {
+        let mut config = ClientConfig::new(["http://n:1"]);
+        config.token = Some("pmt_secret".into());
+        assert!(!format!("{config:?}").contains("pmt_secret"));
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub use error::{AcquireError, ClientError, QueueError};
 pub use permit::AcquireOptions;
 /// The wire shapes the client reads, from the one contract both sides share.
 pub use permitd_core::contract::{ClusterMember, ClusterStatus, ErrorCode, KeyUsage, MemberRole};
+pub use permitd_core::tokens::CreatedToken;
 pub use queue::{
     Admission, AdmittedItem, EnqueueOutcome, ItemStatus, Permit, QueueConfig, QueueCounts,
     QueueItem, ReleaseOutcome, SemaphoreQueue, ShutdownReport, StateConfig,

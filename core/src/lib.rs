@@ -42,6 +42,7 @@ pub mod round;
 pub mod semaphores;
 pub mod state;
 pub mod sync;
+pub mod tokens;
 pub mod usage;
 pub mod validate;
 

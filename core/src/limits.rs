@@ -50,3 +50,10 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const MAX_PENDING_REQUESTS_PER_KEY: usize = 10_000;
 /// Keys one cluster holds state for.
 pub const MAX_KEYS: usize = 1_000_000;
+
+/// API tokens one cluster holds (`POST /v1/tokens` answers 409 beyond).
+pub const MAX_TOKENS: usize = 1_000;
+/// Longest token name, in bytes of UTF-8.
+pub const MAX_TOKEN_NAME_BYTES: usize = 128;
+/// Key patterns, and separately clientId patterns, one token may carry.
+pub const MAX_TOKEN_PATTERNS: usize = 64;

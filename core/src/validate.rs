@@ -125,7 +125,9 @@ pub fn validate_client_id(client_id: &str) -> Checked {
     name("clientId", client_id, MAX_CLIENT_ID_BYTES)
 }
 
-fn name(field: &'static str, value: &str, max: usize) -> Checked {
+/// Checks a name-like text field: non-empty, at most `max` bytes, no control
+/// characters.
+pub fn name(field: &'static str, value: &str, max: usize) -> Checked {
     if value.is_empty() {
         return Err(InvalidInput::Empty {
             field: field.into(),
@@ -146,7 +148,8 @@ fn name(field: &'static str, value: &str, max: usize) -> Checked {
     Ok(())
 }
 
-fn count(field: &'static str, len: usize, max: usize) -> Checked {
+/// Checks a list's length against `max`.
+pub fn count(field: &'static str, len: usize, max: usize) -> Checked {
     if len > max {
         return Err(InvalidInput::TooMany {
             field: field.into(),

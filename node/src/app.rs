@@ -14,11 +14,13 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::forward::Forwarder;
+use crate::auth::{AuthSettings, Secret};
 use crate::config::RaftTimings;
 use crate::leadership::{watch_leadership, Leadership};
 use crate::raft::network::Network;
 use crate::raft::Raft;
 use crate::rounds::Rounds;
+use crate::tls::Tls;
 
 /// Everything needed to start one node.
 #[derive(Debug, Clone)]
@@ -27,7 +29,14 @@ pub struct NodeSettings {
     pub api_addr: String,
     pub raft_addr: String,
     pub data_dir: PathBuf,
-    pub secret: String,
+    /// Opens `/raft/*` between peers.
+    pub secret: Secret,
+    /// Who may call the public API.
+    pub auth: AuthSettings,
+    /// Both listeners serve HTTPS when set; clients to peers use it too.
+    pub tls: Option<Tls>,
+    /// Local address of outgoing Raft connections (`[[node]] peer_source_ip`).
+    pub peer_source_ip: Option<std::net::IpAddr>,
     pub timings: RaftTimings,
     /// Written into the replicated state right after initialisation.
     pub defaults: KeyConfig,
@@ -53,6 +62,8 @@ pub enum StartError {
     },
     #[error("http client: {0}")]
     Http(#[from] reqwest::Error),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// The state every handler shares; cheap to clone.
@@ -64,7 +75,10 @@ pub struct App {
     pub leadership: watch::Receiver<Leadership>,
     pub rounds: Rounds,
     pub forwarder: Forwarder,
-    pub secret: Arc<str>,
+    pub secret: Secret,
+    pub auth: Arc<AuthSettings>,
+    /// `http` or `https`: how this node reaches its peers' listeners.
+    pub scheme: &'static str,
     pub initial_members: Arc<BTreeMap<NodeId, PeerNode>>,
     pub defaults: Arc<KeyConfig>,
     pub metrics: PrometheusHandle,
@@ -115,6 +129,8 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         settings.id,
         settings.secret.clone(),
         Duration::from_millis(timings.rpc_timeout_ms),
+        settings.tls.as_ref(),
+        settings.peer_source_ip,
     )?;
     let raft = Raft::new(
         settings.id,
@@ -142,8 +158,10 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         state,
         leadership,
         rounds,
-        forwarder: Forwarder::new()?,
-        secret: settings.secret.as_str().into(),
+        forwarder: Forwarder::new(settings.tls.as_ref())?,
+        secret: settings.secret.clone(),
+        auth: Arc::new(settings.auth.clone()),
+        scheme: crate::tls::scheme(settings.tls.as_ref()),
         initial_members: Arc::new(settings.initial_members.clone()),
         defaults: Arc::new(settings.defaults.clone()),
         metrics: crate::metrics::install(),

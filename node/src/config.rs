@@ -1,4 +1,5 @@
-//! `cluster.toml`: the nodes of a cluster, its secret, Raft timings and key defaults.
+//! `cluster.toml`: the nodes of a cluster, its secret, Raft timings, key
+//! defaults, `[auth]` and `[tls]`.
 //!
 //! One file describes the whole cluster so that `permitd up` can start every node
 //! and `permitd serve --id N` can find its own addresses and its peers'. Relative
@@ -15,8 +16,15 @@ use permitd_core::validate::validate_key_config;
 use permitd_storage::{NodeId, PeerNode};
 use serde::Deserialize;
 
+use crate::auth::Secret;
+use crate::tls::TlsConfig;
+
 /// Shortest accepted cluster secret, in bytes: a guessable secret is no secret.
 pub const MIN_SECRET_BYTES: usize = 16;
+/// Shortest accepted admin token, in bytes.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+/// The environment variable that overrides `[auth] admin_token`.
+pub const ADMIN_TOKEN_ENV: &str = "PERMITD_ADMIN_TOKEN";
 
 /// What is wrong with a configuration file.
 #[derive(Debug, thiserror::Error)]
@@ -39,8 +47,13 @@ pub enum ConfigError {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// Shared by every node; required on every `/raft/` and `/cluster/` call.
-    pub secret: String,
+    /// Shared by every node; required on every `/raft/` call, and opens nothing else.
+    pub secret: Secret,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Absent: plain HTTP.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
     #[serde(default)]
     pub raft: RaftTimings,
     /// Written into the replicated state when the cluster is initialised.
@@ -50,6 +63,32 @@ pub struct ClusterConfig {
     pub limits: NodeLimits,
     #[serde(rename = "node")]
     pub nodes: Vec<NodeConfig>,
+}
+
+/// `[auth]`: who may call the public API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `false` opens every route to anyone: local development only (the node
+    /// warns at every start).
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// The admin token; `PERMITD_ADMIN_TOKEN` overrides it. Required when enabled.
+    #[serde(default)]
+    pub admin_token: Option<Secret>,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            admin_token: None,
+        }
+    }
 }
 
 /// One node's identity and addresses.
@@ -66,6 +105,12 @@ pub struct NodeConfig {
     /// container port mapping). Defaults to `raft_addr`.
     #[serde(default)]
     pub advertise_raft_addr: Option<String>,
+    /// Local address this node's outgoing Raft connections bind to, on a host
+    /// with several (tests give each node its own loopback address so that a
+    /// fault-injecting proxy can tell senders apart even over TLS). Defaults to
+    /// the system's choice.
+    #[serde(default)]
+    pub peer_source_ip: Option<std::net::IpAddr>,
     /// Where the node keeps its sled database.
     pub data_dir: PathBuf,
 }
@@ -150,6 +195,12 @@ impl ClusterConfig {
                 node.data_dir = base.join(&node.data_dir);
             }
         }
+        if let Some(tls) = &mut config.tls {
+            tls.resolve_paths(base);
+        }
+        if let Ok(token) = std::env::var(ADMIN_TOKEN_ENV) {
+            config.auth.admin_token = Some(Secret::from(token));
+        }
         config.check()?;
         Ok(config)
     }
@@ -158,6 +209,19 @@ impl ClusterConfig {
         let invalid = |message: String| Err(ConfigError::Invalid(message));
         if self.secret.len() < MIN_SECRET_BYTES {
             return invalid(format!("secret must be at least {MIN_SECRET_BYTES} bytes"));
+        }
+        match &self.auth.admin_token {
+            Some(token) if token.len() < MIN_ADMIN_TOKEN_BYTES => {
+                return invalid(format!(
+                    "[auth] admin_token must be at least {MIN_ADMIN_TOKEN_BYTES} bytes"
+                ))
+            }
+            None if self.auth.enabled => {
+                return invalid(format!(
+                    "[auth] admin_token (or {ADMIN_TOKEN_ENV}) is required unless [auth] enabled = false"
+                ))
+            }
+            _ => {}
         }
         if self.nodes.is_empty() {
             return invalid("at least one [[node]] is needed".into());
@@ -212,6 +276,8 @@ mod tests {
     #[test]
     fn peers_reach_the_advertised_raft_address() {
         let text = r#"secret = "0123456789abcdef"
+            [auth]
+            admin_token = "0123456789abcdef"
             [[node]]
             id = 1
             api_addr = "127.0.0.1:1"
@@ -242,9 +308,27 @@ mod tests {
     }
 
     #[test]
+    fn auth_needs_a_long_enough_admin_token_unless_switched_off() {
+        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
+        for (auth, valid) in [
+            ("", false),
+            ("[auth]\nadmin_token = \"short\"\n", false),
+            ("[auth]\nadmin_token = \"0123456789abcdef\"\n", true),
+            ("[auth]\nenabled = false\n", true),
+        ] {
+            let text = format!("secret = \"0123456789abcdef\"\n{auth}{node}");
+            let config: ClusterConfig = toml::from_str(&text).unwrap();
+            assert_eq!(config.check().is_ok(), valid, "{auth}");
+            assert!(!format!("{config:?}").contains("0123456789abcdef"));
+        }
+    }
+
+    #[test]
     fn the_pending_bound_defaults_to_the_maximum_and_is_checked() {
         let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
-        let plain = format!("secret = \"0123456789abcdef\"\n{node}");
+        let plain = format!(
+            "secret = \"0123456789abcdef\"\n[auth]\nadmin_token = \"0123456789abcdef\"\n{node}"
+        );
         let config: ClusterConfig = toml::from_str(&plain).unwrap();
         assert_eq!(
             config.limits.max_pending_per_key,
@@ -256,7 +340,7 @@ mod tests {
             (MAX_PENDING_REQUESTS_PER_KEY + 1, false),
         ] {
             let text = format!(
-                "secret = \"0123456789abcdef\"\n[limits]\nmax_pending_per_key = {pending}\n{node}"
+                "secret = \"0123456789abcdef\"\n[auth]\nadmin_token = \"0123456789abcdef\"\n[limits]\nmax_pending_per_key = {pending}\n{node}"
             );
             let config: ClusterConfig = toml::from_str(&text).unwrap();
             assert_eq!(

@@ -230,7 +230,11 @@ mod tests {
             ("PERMITD_NODE_1_DATA_DIR", "/var/lib/permitd"),
         ])
         .expect("overrides apply");
-        assert_eq!(config.secret, "1234567890123456789", "stays a string");
+        assert_eq!(
+            config.secret.expose(),
+            "1234567890123456789",
+            "stays a string"
+        );
         assert_eq!(config.raft.rpc_timeout_ms, 2_500);
         assert_eq!(config.raft.heartbeat_interval_ms, 100, "untouched");
         let defaults = config.key_defaults();
@@ -254,7 +258,7 @@ mod tests {
             ("HOME", "/root"),
         ])
         .expect("nothing applies");
-        assert_eq!(config.secret, "0123456789abcdef-file");
+        assert_eq!(config.secret.expose(), "0123456789abcdef-file");
     }
 
     #[test]

@@ -24,6 +24,7 @@
 
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod config_env;
@@ -37,6 +38,7 @@ pub mod raft_metrics;
 pub mod reclaim;
 pub mod rounds;
 pub mod shutdown;
+pub mod tls;
 
 /// Milliseconds since the Unix epoch by this node's clock: the `now` of entries
 /// this node proposes as leader.

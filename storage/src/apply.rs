@@ -4,6 +4,7 @@
 //! `now_ms`, ids from [`IdAllocator::new`] on the entry's log index (one allocator
 //! shared by every key of the entry, so ids never repeat within it).
 
+use permitd_core::tokens::TokenRegistry;
 use permitd_core::validate::{
     validate_client_id, validate_group, validate_key, validate_permit_request, validate_sync,
 };
@@ -16,6 +17,7 @@ use crate::{Command, CommandResult, StorageError};
 /// Runs engine calls for one entry and records what each changed.
 struct Applier<'a> {
     semaphores: &'a mut Semaphores,
+    tokens: &'a mut TokenRegistry,
     /// Read only to find the rows of keys the engine dropped.
     tree: &'a sled::Tree,
     write: &'a mut WriteSet,
@@ -46,6 +48,7 @@ impl Applier<'_> {
 /// Returns the answer for the leader and what the node is told about the apply.
 pub(crate) fn apply_command(
     semaphores: &mut Semaphores,
+    tokens: &mut TokenRegistry,
     tree: &sled::Tree,
     write: &mut WriteSet,
     log_index: u64,
@@ -53,6 +56,7 @@ pub(crate) fn apply_command(
 ) -> Result<(CommandResult, Applied), StorageError> {
     let mut applier = Applier {
         semaphores,
+        tokens,
         tree,
         write,
         applied: Applied {
@@ -95,6 +99,8 @@ fn check(command: &Command) -> Result<(), InvalidInput> {
         }
         // Checked row by row inside `Semaphores::restore`.
         Command::Restore { .. } => Ok(()),
+        // The registry validates token commands itself (see `token_state`).
+        Command::CreateToken { .. } | Command::RevokeToken { .. } => Ok(()),
     }
 }
 
@@ -159,6 +165,9 @@ fn run(
         Command::RemoveKey { key } => {
             applier.semaphores.remove_key(key);
             CommandResult::Done
+        }
+        Command::CreateToken { .. } | Command::RevokeToken { .. } => {
+            crate::token_state::apply(applier.tokens, applier.write, log_index, command)?
         }
         Command::ForceRelease {
             now_ms,

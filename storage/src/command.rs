@@ -8,6 +8,7 @@ use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
 use permitd_core::force_release::ForceReleased;
 use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
 use permitd_core::restore::Backup;
+use permitd_core::tokens::{TokenInfo, TokenSpec};
 use permitd_core::{Event, InvalidInput};
 use serde::{Deserialize, Serialize};
 
@@ -59,6 +60,17 @@ pub enum Command {
     /// Drop everything kept for a key.
     #[serde(rename_all = "camelCase")]
     RemoveKey { key: String },
+    /// Add an API token; its id is the entry's log index. Carries the secret's
+    /// hash only: the secret itself never enters the log.
+    #[serde(rename_all = "camelCase")]
+    CreateToken {
+        now_ms: u64,
+        hash: String,
+        spec: TokenSpec,
+    },
+    /// Revoke an API token.
+    #[serde(rename_all = "camelCase")]
+    RevokeToken { id: u64 },
     /// An operator drops one client's grants, leases and remembered answers on a
     /// key (a runner that died for good), at the leader's `now`.
     #[serde(rename_all = "camelCase")]
@@ -91,6 +103,8 @@ pub enum CommandResult {
     Synced { answer: PermitSyncResult },
     /// The effective configuration after `SetKeyConfig`.
     KeyConfig { config: KeyConfig },
+    /// The token `CreateToken` added (without its secret).
+    TokenCreated { token: TokenInfo },
     /// What `ForceRelease` dropped.
     Released { released: ForceReleased },
     /// `Restore` wrote this many keys.
@@ -144,6 +158,14 @@ impl CommandResult {
         }
     }
 
+    /// The token a [`Command::CreateToken`] added.
+    pub fn into_token_created(self) -> Result<TokenInfo, Refused> {
+        match self {
+            Self::TokenCreated { token } => Ok(token),
+            other => Err(other.refused("tokenCreated")),
+        }
+    }
+
     /// What a [`Command::ForceRelease`] dropped.
     pub fn into_released(self) -> Result<ForceReleased, Refused> {
         match self {
@@ -179,6 +201,7 @@ impl CommandResult {
             Self::Round { .. } => "round",
             Self::Synced { .. } => "synced",
             Self::KeyConfig { .. } => "keyConfig",
+            Self::TokenCreated { .. } => "tokenCreated",
         };
         Refused::OtherAnswer { expected, got }
     }

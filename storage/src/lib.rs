@@ -11,7 +11,7 @@
 //! | default | `permitd_format_version` | on-disk format version, u32 BE (also in the file `<dir>/format_version`: see `format.rs`) |
 //! | `log` | entry index, u64 BE | JSON `Entry<TypeConfig>` |
 //! | `raft` | `vote`, `committed`, `last_purged` | JSON vote / log ids |
-//! | `state` | `0x00` + name: `last_applied`, `membership`, `cluster` (defaults and clock), `snapshot_meta`, `snapshot_data` | JSON; the snapshot data raw |
+//! | `state` | `0x00` + name: `last_applied`, `membership`, `cluster` (defaults and clock), `tokens` (the API token registry, hashes only: `token_state.rs`), `snapshot_meta`, `snapshot_data` | JSON; the snapshot data raw |
 //! | `state` | `0x01` + u32 BE length + key + row kind (`0` meta, `1` grant id, `2` lease id, `3` u32 BE length + clientId + requestId) | JSON of the core value |
 //!
 //! # Data flow
@@ -43,6 +43,7 @@ mod rows;
 mod snapshot;
 mod snapshot_metrics;
 mod state_machine;
+pub mod token_state;
 
 use std::path::{Path, PathBuf};
 

@@ -189,6 +189,7 @@ impl WriteSet {
 #[derive(Debug)]
 pub(crate) struct Loaded {
     pub semaphores: Semaphores,
+    pub tokens: permitd_core::tokens::TokenRegistry,
     pub last_applied: Option<LogId<NodeId>>,
     pub membership: StoredMembership<NodeId, PeerNode>,
 }
@@ -258,6 +259,7 @@ pub(crate) fn load(tree: &sled::Tree, dir: &Path) -> Result<Loaded, StorageError
     };
     Ok(Loaded {
         semaphores: Semaphores::from_parts(defaults, last_now_ms, keys),
+        tokens: system_row(tree, dir, crate::token_state::TOKENS)?.unwrap_or_default(),
         last_applied,
         membership,
     })

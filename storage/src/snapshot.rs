@@ -9,6 +9,7 @@
 //! with "version N" rather than with whatever field it changed.
 
 use openraft::{LogId, StoredMembership};
+use permitd_core::tokens::TokenRegistry;
 use permitd_core::Semaphores;
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +25,7 @@ struct ImageRef<'a> {
     last_applied: &'a Option<LogId<NodeId>>,
     membership: &'a StoredMembership<NodeId, PeerNode>,
     semaphores: &'a Semaphores,
+    tokens: &'a TokenRegistry,
 }
 
 #[derive(Deserialize)]
@@ -39,6 +41,9 @@ pub(crate) struct SnapshotImage {
     pub last_applied: Option<LogId<NodeId>>,
     pub membership: StoredMembership<NodeId, PeerNode>,
     pub semaphores: Semaphores,
+    /// Absent from snapshots written before tokens existed.
+    #[serde(default)]
+    pub tokens: TokenRegistry,
 }
 
 /// Serialises the state machine at `last_applied`.
@@ -46,12 +51,14 @@ pub(crate) fn encode(
     last_applied: &Option<LogId<NodeId>>,
     membership: &StoredMembership<NodeId, PeerNode>,
     semaphores: &Semaphores,
+    tokens: &TokenRegistry,
 ) -> Result<Vec<u8>, StorageError> {
     let image = ImageRef {
         version: SNAPSHOT_FORMAT_VERSION,
         last_applied,
         membership,
         semaphores,
+        tokens,
     };
     Ok(serde_json::to_vec(&image)?)
 }
@@ -78,7 +85,7 @@ mod tests {
     fn snapshot_round_trips_and_checks_its_version() {
         let semaphores = Semaphores::default();
         let membership = StoredMembership::default();
-        let bytes = encode(&None, &membership, &semaphores).unwrap();
+        let bytes = encode(&None, &membership, &semaphores, &TokenRegistry::default()).unwrap();
         let image = decode(&bytes).unwrap();
         assert_eq!(image.semaphores, semaphores);
         assert_eq!(image.last_applied, None);
@@ -89,5 +96,33 @@ mod tests {
         let error = decode(newer.as_bytes()).unwrap_err().to_string();
         assert!(error.contains("version 2"), "{error}");
         assert!(decode(b"garbage").is_err());
+    }
+
+    #[test]
+    fn tokens_travel_in_snapshots_and_older_snapshots_have_none() {
+        use permitd_core::tokens::{Role, TokenSpec};
+        let mut tokens = TokenRegistry::default();
+        let spec = TokenSpec {
+            name: "r".into(),
+            role: Role::Reader,
+            keys: Vec::new(),
+            client_ids: Vec::new(),
+        };
+        tokens.create(9, 1, &"ab".repeat(32), &spec).unwrap();
+        let membership = StoredMembership::default();
+        let bytes = encode(&None, &membership, &Semaphores::default(), &tokens).unwrap();
+        assert_eq!(decode(&bytes).unwrap().tokens, tokens);
+
+        let without = encode(
+            &None,
+            &membership,
+            &Semaphores::default(),
+            &TokenRegistry::default(),
+        )
+        .unwrap();
+        let mut value: serde_json::Value = serde_json::from_slice(&without).unwrap();
+        value.as_object_mut().unwrap().remove("tokens");
+        let older = serde_json::to_vec(&value).unwrap();
+        assert!(decode(&older).unwrap().tokens.is_empty());
     }
 }

@@ -21,6 +21,7 @@ use openraft::{
     Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
     StoredMembership,
 };
+use permitd_core::tokens::TokenRegistry;
 use permitd_core::{Event, Semaphores};
 use tokio::sync::broadcast;
 
@@ -49,6 +50,8 @@ pub struct Applied {
 #[derive(Debug)]
 pub(crate) struct AppliedState {
     pub semaphores: Semaphores,
+    /// The API tokens (hashes only), replicated like the semaphores.
+    pub tokens: TokenRegistry,
     pub last_applied: Option<LogId<NodeId>>,
     pub membership: StoredMembership<NodeId, PeerNode>,
 }
@@ -70,6 +73,7 @@ impl SharedState {
     fn new(loaded: Loaded, db: sled::Db) -> Self {
         let state = AppliedState {
             semaphores: loaded.semaphores,
+            tokens: loaded.tokens,
             last_applied: loaded.last_applied,
             membership: loaded.membership,
         };
@@ -92,6 +96,11 @@ impl SharedState {
     /// Runs `f` on the applied semaphores. Keep `f` short: applies wait for it.
     pub fn read<T>(&self, f: impl FnOnce(&Semaphores) -> T) -> T {
         f(&self.lock_read().semaphores)
+    }
+
+    /// Runs `f` on the applied token registry. Keep `f` short: applies wait for it.
+    pub fn read_tokens<T>(&self, f: impl FnOnce(&TokenRegistry) -> T) -> T {
+        f(&self.lock_read().tokens)
     }
 
     pub fn last_applied(&self) -> Option<LogId<NodeId>> {
@@ -177,8 +186,10 @@ impl StateMachineStore {
                     results.push(CommandResult::Done);
                 }
                 EntryPayload::Normal(command) => {
+                    let state = &mut *state;
                     let (result, notice) = apply_command(
                         &mut state.semaphores,
+                        &mut state.tokens,
                         &self.state_tree,
                         &mut write,
                         entry.log_id.index,
@@ -232,6 +243,7 @@ impl StateMachineStore {
         let mut write = WriteSet::default();
         write.delete_all(&self.state_tree)?;
         write.record_all(&image.semaphores)?;
+        write.put(crate::token_state::TOKENS, &image.tokens)?;
         write.put(keys::LAST_APPLIED, &image.last_applied)?;
         write.put(keys::MEMBERSHIP, &image.membership)?;
         write.put(keys::SNAPSHOT_META, meta)?;
@@ -247,6 +259,7 @@ impl StateMachineStore {
             self.state_tree.apply_batch(write.into_batch())?;
             *state = AppliedState {
                 semaphores: image.semaphores,
+                tokens: image.tokens,
                 last_applied: image.last_applied,
                 membership: image.membership,
             };
@@ -321,7 +334,12 @@ impl SnapshotBuilder {
         // for the serialisation (no IO happens under the lock).
         let (meta, data) = {
             let state = self.shared.lock_read();
-            let data = snapshot::encode(&state.last_applied, &state.membership, &state.semaphores)?;
+            let data = snapshot::encode(
+                &state.last_applied,
+                &state.membership,
+                &state.semaphores,
+                &state.tokens,
+            )?;
             let meta = SnapshotMeta {
                 last_log_id: state.last_applied,
                 last_membership: state.membership.clone(),

@@ -2,7 +2,7 @@
 
 use std::process::{Command, Output};
 
-use crate::{permitctl_bin, Cluster, SECRET};
+use crate::{permitctl_bin, Cluster, ADMIN_TOKEN};
 
 /// What one `permitctl` run printed.
 #[derive(Debug)]
@@ -31,7 +31,8 @@ impl From<Output> for CtlRun {
 }
 
 impl Cluster {
-    /// Runs `permitctl ARGS` against every node of the cluster, with its secret.
+    /// Runs `permitctl ARGS` against every node of the cluster, with the admin token
+    /// (and the test CA of a TLS cluster).
     /// Blocking: call it from `spawn_blocking` or accept the short stall.
     pub fn permitctl(&self, args: &[&str]) -> CtlRun {
         let endpoints: Vec<String> = self
@@ -40,13 +41,17 @@ impl Cluster {
             .filter(|node| node.is_running())
             .map(|node| node.url())
             .collect();
-        let output = Command::new(permitctl_bin())
-            .arg("--endpoints")
-            .arg(endpoints.join(","))
-            .args(["--secret", SECRET])
-            .args(args)
-            .output()
-            .expect("permitctl runs");
+        let output =
+            Command::new(permitctl_bin())
+                .arg("--endpoints")
+                .arg(endpoints.join(","))
+                .args(["--token", ADMIN_TOKEN])
+                .args(self.certs.iter().flat_map(|certs| {
+                    [std::ffi::OsStr::new("--ca-file"), certs.ca_file.as_os_str()]
+                }))
+                .args(args)
+                .output()
+                .expect("permitctl runs");
         CtlRun::from(output)
     }
 }

@@ -19,6 +19,14 @@
 //!
 //! Set `PERMITD_KEEP_DIRS=1` to keep the temporary directories (node logs are in
 //! `node-N.log` there).
+//!
+//! # Auth and TLS
+//!
+//! Every cluster runs with auth on: the cluster file carries [`ADMIN_TOKEN`] and
+//! [`Cluster::call`] sends it (use [`Cluster::call_as`] to call with another
+//! token or none). [`Settings::tls`] generates a CA and node certificates
+//! ([`certs`]) and turns on `[tls]` with mTLS on the Raft port; node URLs are
+//! then `https://` and the harness's HTTP client trusts only that CA.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -30,11 +38,14 @@ use permitd_core::contract::headers;
 use serde_json::{json, Value};
 
 pub mod bench;
+pub mod certs;
 pub mod chaos;
 pub mod ctl;
 
-/// The secret every test cluster uses.
+/// The peer secret every test cluster uses (opens `/raft/*` only).
 pub const SECRET: &str = "permitd-test-secret-0123456789";
+/// The admin token every test cluster uses.
+pub const ADMIN_TOKEN: &str = "permitd-test-admin-token-0123456789";
 /// How long a node may take to answer `/healthz`, or a cluster to elect.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
@@ -108,6 +119,8 @@ pub struct Node {
     pub raft_addr: String,
     /// The Raft address peers are told to use, if not `raft_addr` (a proxy).
     pub advertise_raft_addr: Option<String>,
+    /// `http` or `https`.
+    pub scheme: &'static str,
     /// The cluster file this node is started with.
     config: PathBuf,
     child: Option<Child>,
@@ -145,9 +158,9 @@ impl Node {
         self.child.as_ref().map(Child::id)
     }
 
-    /// `http://api_addr`.
+    /// `http(s)://api_addr`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.api_addr)
+        format!("{}://{}", self.scheme, self.api_addr)
     }
 }
 
@@ -159,6 +172,13 @@ pub struct Settings {
     pub defaults: String,
     /// More tables for the cluster file (e.g. `[limits]`), in TOML.
     pub extra_toml: String,
+    /// `[auth] enabled`; the admin token is [`ADMIN_TOKEN`] either way.
+    pub auth: bool,
+    /// Serve HTTPS with generated certificates, mTLS between peers.
+    pub tls: bool,
+    /// Node `i` sends its Raft RPCs from `127.0.0.(i+1)` ([`peer_source_ip`]),
+    /// so a proxy can tell senders apart without reading the (TLS) traffic.
+    pub distinct_source_ips: bool,
 }
 
 impl Default for Settings {
@@ -168,6 +188,9 @@ impl Default for Settings {
             defaults: "limit = 100\nroundWaitMs = 20\nroundPeriodMs = 20\ngrantTimeoutMs = 60000\n"
                 .into(),
             extra_toml: String::new(),
+            auth: true,
+            tls: false,
+            distinct_source_ips: false,
         }
     }
 }
@@ -177,7 +200,12 @@ impl Default for Settings {
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub nodes: Vec<Node>,
+    /// Sends the admin token unless a request names its own `Authorization`.
     pub http: reqwest::Client,
+    /// Sends no token at all.
+    pub bare_http: reqwest::Client,
+    /// The generated certificates of a TLS cluster.
+    pub certs: Option<certs::TestCerts>,
     settings: Settings,
 }
 
@@ -186,7 +214,7 @@ impl Cluster {
     pub async fn start(settings: Settings) -> Self {
         let cluster = Self::spawn(settings);
         cluster.wait_healthy().await;
-        let init = cluster.post_secret(1, "/cluster/init", &json!({})).await;
+        let init = cluster.post_admin(1, "/cluster/init", &json!({})).await;
         assert_eq!(init.0, 200, "init failed: {}", init.1);
         cluster.wait_for_leader().await;
         cluster
@@ -201,7 +229,7 @@ impl Cluster {
     ) -> Self {
         let cluster = Self::spawn_advertising(settings, advertise);
         cluster.wait_healthy().await;
-        let init = cluster.post_secret(1, "/cluster/init", &json!({})).await;
+        let init = cluster.post_admin(1, "/cluster/init", &json!({})).await;
         assert_eq!(init.0, 200, "init failed: {}", init.1);
         cluster.wait_for_leader().await;
         cluster
@@ -224,6 +252,10 @@ impl Cluster {
             .tempdir()
             .expect("temp dir");
         let config = dir.path().join("cluster.toml");
+        let certs = settings
+            .tls
+            .then(|| certs::generate(&dir.path().join("tls")));
+        let scheme = if settings.tls { "https" } else { "http" };
         let mut nodes: Vec<Node> = (1..=settings.nodes as u64)
             .map(|id| {
                 let raft_addr = format!("127.0.0.1:{}", free_port());
@@ -232,27 +264,24 @@ impl Cluster {
                     api_addr: format!("127.0.0.1:{}", free_port()),
                     advertise_raft_addr: advertise(id, &raft_addr),
                     raft_addr,
+                    scheme,
                     config: config.clone(),
                     child: None,
                 }
             })
             .collect();
-        std::fs::write(
-            &config,
-            cluster_toml(&nodes, &settings.defaults, &settings.extra_toml),
-        )
-        .expect("config");
+        std::fs::write(&config, cluster_toml(&nodes, &settings, certs.as_ref())).expect("config");
         for node in &mut nodes {
             node.spawn(dir.path());
         }
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("http client");
+        let http = http_client(certs.as_ref(), Some(ADMIN_TOKEN));
+        let bare_http = http_client(certs.as_ref(), None);
         Self {
             dir,
             nodes,
             http,
+            bare_http,
+            certs,
             settings,
         }
     }
@@ -328,7 +357,7 @@ impl Cluster {
         let answer = self
             .http
             .get(url)
-            .bearer_auth(SECRET)
+            .bearer_auth(ADMIN_TOKEN)
             .timeout(Duration::from_secs(2))
             .send()
             .await
@@ -380,6 +409,7 @@ impl Cluster {
             api_addr: format!("127.0.0.1:{}", free_port()),
             raft_addr: format!("127.0.0.1:{}", free_port()),
             advertise_raft_addr: None,
+            scheme: self.nodes[0].scheme,
             config: config.clone(),
             child: None,
         };
@@ -387,7 +417,7 @@ impl Cluster {
         all.push(clone_node(&node));
         std::fs::write(
             &config,
-            cluster_toml(&all, &self.settings.defaults, &self.settings.extra_toml),
+            cluster_toml(&all, &self.settings, self.certs.as_ref()),
         )
         .expect("config");
         node.spawn(self.dir.path());
@@ -395,7 +425,7 @@ impl Cluster {
         id
     }
 
-    /// A JSON call to a node's public API: `(status, body, leader header)`.
+    /// A JSON call to a node's public API with the admin token.
     pub async fn call(
         &self,
         id: u64,
@@ -403,8 +433,24 @@ impl Cluster {
         path: &str,
         body: Option<&Value>,
     ) -> Answer {
+        self.call_as(Some(ADMIN_TOKEN), id, method, path, body)
+            .await
+    }
+
+    /// A JSON call with `token` as bearer token, or none.
+    pub async fn call_as(
+        &self,
+        token: Option<&str>,
+        id: u64,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Answer {
         let url = format!("{}{path}", self.node(id).url());
-        let mut request = self.http.request(method, url);
+        let mut request = self.bare_http.request(method, url);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -423,13 +469,13 @@ impl Cluster {
         self.call(id, reqwest::Method::GET, path, None).await
     }
 
-    /// A `/cluster/*` call with the secret: `(status, body)`.
-    pub async fn post_secret(&self, id: u64, path: &str, body: &Value) -> (u16, Value) {
+    /// A `/cluster/*` call with the admin token: `(status, body)`.
+    pub async fn post_admin(&self, id: u64, path: &str, body: &Value) -> (u16, Value) {
         let url = format!("{}{path}", self.node(id).url());
         let answer = self
             .http
             .post(url)
-            .bearer_auth(SECRET)
+            .bearer_auth(ADMIN_TOKEN)
             .json(body)
             .send()
             .await
@@ -467,14 +513,31 @@ pub fn write_cluster_file(dir: &Path, count: u64) -> (PathBuf, Vec<String>) {
             api_addr: format!("127.0.0.1:{}", free_port()),
             raft_addr: format!("127.0.0.1:{}", free_port()),
             advertise_raft_addr: None,
+            scheme: "http",
             config: path.clone(),
             child: None,
         })
         .collect();
-    let settings = Settings::default();
-    let text = cluster_toml(&nodes, &settings.defaults, &settings.extra_toml);
+    let text = cluster_toml(&nodes, &Settings::default(), None);
     std::fs::write(&path, text).expect("config");
     (path, nodes.iter().map(Node::url).collect())
+}
+
+/// The loopback address node `id` sends Raft RPCs from with
+/// [`Settings::distinct_source_ips`]: `127.0.0.(id + 1)`.
+pub fn peer_source_ip(id: u64) -> std::net::Ipv4Addr {
+    let last = u8::try_from(id + 1).expect("at most 254 test nodes");
+    std::net::Ipv4Addr::new(127, 0, 0, last)
+}
+
+/// The node that sends from `ip` under [`Settings::distinct_source_ips`].
+pub fn node_of_source_ip(ip: std::net::IpAddr) -> Option<u64> {
+    match ip {
+        std::net::IpAddr::V4(v4) if v4.octets()[..3] == [127, 0, 0] && v4.octets()[3] >= 2 => {
+            Some(u64::from(v4.octets()[3]) - 1)
+        }
+        _ => None,
+    }
 }
 
 fn clone_node(node: &Node) -> Node {
@@ -483,6 +546,7 @@ fn clone_node(node: &Node) -> Node {
         api_addr: node.api_addr.clone(),
         raft_addr: node.raft_addr.clone(),
         advertise_raft_addr: node.advertise_raft_addr.clone(),
+        scheme: node.scheme,
         config: node.config.clone(),
         child: None,
     }
@@ -499,12 +563,44 @@ impl Drop for Cluster {
     }
 }
 
-fn cluster_toml(nodes: &[Node], defaults: &str, extra_toml: &str) -> String {
+/// The harness's HTTP client: trusting only the test CA of a TLS cluster, and
+/// sending `token` unless a request sets its own `Authorization`.
+fn http_client(certs: Option<&certs::TestCerts>, token: Option<&str>) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+    if let Some(token) = token {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let value = format!("Bearer {token}").parse().expect("header value");
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        builder = builder.default_headers(headers);
+    }
+    if let Some(certs) = certs {
+        let pem = std::fs::read(&certs.ca_file).expect("ca.pem");
+        builder = builder
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("CA"));
+    }
+    builder.build().expect("http client")
+}
+
+fn cluster_toml(nodes: &[Node], settings: &Settings, certs: Option<&certs::TestCerts>) -> String {
+    let Settings {
+        defaults,
+        extra_toml,
+        auth,
+        ..
+    } = settings;
     let mut text = format!(
-        "secret = \"{SECRET}\"\n\n[raft]\nheartbeat_interval_ms = 50\n\
+        "secret = \"{SECRET}\"\n\n[auth]\nenabled = {auth}\nadmin_token = \"{ADMIN_TOKEN}\"\n\n\
+         [raft]\nheartbeat_interval_ms = 50\n\
          election_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n\
          rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n[defaults]\n{defaults}\n{extra_toml}\n"
     );
+    if let Some(certs) = certs {
+        text.push_str(&format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}\nca_file = {:?}\npeer_client_auth = true\n\n",
+            certs.cert_file, certs.key_file, certs.ca_file
+        ));
+    }
     for node in nodes {
         text.push_str(&format!(
             "[[node]]\nid = {}\napi_addr = \"{}\"\nraft_addr = \"{}\"\ndata_dir = \"data/node-{}\"\n",
@@ -512,6 +608,12 @@ fn cluster_toml(nodes: &[Node], defaults: &str, extra_toml: &str) -> String {
         ));
         if let Some(addr) = &node.advertise_raft_addr {
             text.push_str(&format!("advertise_raft_addr = \"{addr}\"\n"));
+        }
+        if settings.distinct_source_ips {
+            text.push_str(&format!(
+                "peer_source_ip = \"{}\"\n",
+                peer_source_ip(node.id)
+            ));
         }
         text.push('\n');
     }

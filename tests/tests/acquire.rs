@@ -21,7 +21,9 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn client(cluster: &Cluster) -> SemaphoreClient {
     let urls: Vec<String> = cluster.nodes.iter().map(|node| node.url()).collect();
-    SemaphoreClient::new(ClientConfig::new(urls)).expect("client")
+    let mut config = ClientConfig::new(urls);
+    config.token = Some(permitd_tests::ADMIN_TOKEN.to_owned());
+    SemaphoreClient::new(config).expect("client")
 }
 
 async fn set_limit(client: &SemaphoreClient, key: &str, limit: u64) {

@@ -5,7 +5,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use permitd_tests::{eventually, free_port, granted, permitd_bin, request, write_cluster_file};
+use permitd_tests::{
+    eventually, free_port, granted, permitd_bin, request, write_cluster_file, ADMIN_TOKEN,
+};
 
 /// Kills the child on drop, whatever the test did.
 struct Guard(Child);
@@ -66,8 +68,16 @@ async fn up_initialises_once_serves_and_stops_every_node() {
     read_until(&mut lines, "initialised a new cluster");
     let leader_line = read_until(&mut lines, "leader is node");
     assert!(leader_line.contains("term"), "{leader_line}");
+    let anonymous = http
+        .post(format!("{}/v1/semaphores/up", urls[2]))
+        .json(&request("c", &[("g", 4, 1)]))
+        .send()
+        .await
+        .expect("node 3 answers");
+    assert_eq!(anonymous.status(), 401, "auth is on under `up`");
     let answer = http
         .post(format!("{}/v1/semaphores/up", urls[2]))
+        .bearer_auth(ADMIN_TOKEN)
         .json(&request("c", &[("g", 4, 1)]))
         .send()
         .await
@@ -93,6 +103,7 @@ async fn up_initialises_once_serves_and_stops_every_node() {
     let usage_ok = eventually(Duration::from_secs(10), || async {
         let Ok(answer) = http
             .get(format!("{}/v1/semaphores/up/usage", urls[0]))
+            .bearer_auth(ADMIN_TOKEN)
             .send()
             .await
         else {
@@ -126,9 +137,24 @@ async fn serve_without_config_initialises_itself_and_resumes() {
     let http = reqwest::Client::new();
     let url = format!("http://{api}/v1/semaphores/solo");
     let mut guard = start();
+    // The node generates its admin token into its data dir, readable by its
+    // owner only.
+    let token_file = dir.path().join("data").join("admin-token");
+    let generated = eventually(Duration::from_secs(15), || async {
+        std::fs::read_to_string(&token_file).is_ok_and(|token| token.len() >= 32)
+    })
+    .await;
+    assert!(generated, "an admin token was generated");
+    let admin_token = std::fs::read_to_string(&token_file).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&token_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the token file is private");
+    }
     let served = eventually(Duration::from_secs(15), || async {
         let Ok(answer) = http
             .post(&url)
+            .bearer_auth(&admin_token)
             .json(&request("c", &[("g", 3, 1)]))
             .send()
             .await
@@ -139,13 +165,20 @@ async fn serve_without_config_initialises_itself_and_resumes() {
     })
     .await;
     assert!(served, "the embedded node serves without any setup");
+    let anonymous = http.get(format!("{url}/usage")).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
     assert!(dir.path().join("data").is_dir(), "state lives in ./data");
     sigterm(&guard.0);
     assert!(wait_exit(&mut guard, Duration::from_secs(15)));
 
     let _guard = start();
     let resumed = eventually(Duration::from_secs(15), || async {
-        let Ok(answer) = http.get(format!("{url}/usage")).send().await else {
+        let Ok(answer) = http
+            .get(format!("{url}/usage"))
+            .bearer_auth(&admin_token)
+            .send()
+            .await
+        else {
             return false;
         };
         let usage: serde_json::Value = answer.json().await.unwrap_or_default();

@@ -20,7 +20,7 @@ use permitd_client::{
 };
 use permitd_core::config::{LeasePolicy, Provisioning};
 use permitd_core::{GroupConfig, KeyConfigUpdate};
-use permitd_tests::{Cluster, Settings, SECRET};
+use permitd_tests::{Cluster, Settings, ADMIN_TOKEN};
 
 /// How long all jobs of one test may take to run.
 const JOBS_TIMEOUT: Duration = Duration::from_secs(90);
@@ -114,7 +114,7 @@ impl Admission<u64> for Jobs {
 
 fn client_for(cluster: &Cluster) -> SemaphoreClient {
     let mut config = ClientConfig::new(cluster.nodes.iter().map(|node| node.url()));
-    config.secret = Some(SECRET.to_string());
+    config.token = Some(ADMIN_TOKEN.to_string());
     SemaphoreClient::new(config).unwrap()
 }
 

@@ -1,7 +1,7 @@
 //! The v1 API on every node of a three-node cluster: forwarding, linearizable
 //! usage, the error shapes, health and metrics.
 
-use permitd_tests::{granted, request, Cluster, Settings, SECRET};
+use permitd_tests::{granted, request, Cluster, Settings, ADMIN_TOKEN, SECRET};
 use reqwest::Method;
 use serde_json::json;
 
@@ -166,7 +166,7 @@ async fn unknown_routes_and_methods_answer_json(cluster: &Cluster, leader: u64) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn internal_endpoints_need_the_secret_and_health_and_metrics_answer() {
+async fn the_peer_secret_opens_raft_only_and_health_and_metrics_answer() {
     let cluster = Cluster::start(Settings::default()).await;
     let leader = cluster.wait_for_leader().await;
     let node = cluster.node(leader);
@@ -188,10 +188,19 @@ async fn internal_endpoints_need_the_secret_and_health_and_metrics_answer() {
         .unwrap();
     assert_eq!(wrong.status(), 401);
     let init_again = cluster
-        .post_secret(leader, "/cluster/init", &json!({}))
+        .post_admin(leader, "/cluster/init", &json!({}))
         .await;
     assert_eq!(init_again.0, 409, "{}", init_again.1);
-    let status = cluster
+    // The peer secret is no admin token, and the Raft listener serves /raft only.
+    let with_secret = cluster
+        .http
+        .get(format!("{}/cluster/status", node.url()))
+        .bearer_auth(SECRET)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with_secret.status(), 401);
+    let on_raft_port = cluster
         .http
         .get(format!("http://{}/cluster/status", node.raft_addr))
         .bearer_auth(SECRET)
@@ -199,9 +208,9 @@ async fn internal_endpoints_need_the_secret_and_health_and_metrics_answer() {
         .await
         .unwrap();
     assert_eq!(
-        status.status(),
-        200,
-        "the raft listener serves /cluster too"
+        on_raft_port.status(),
+        404,
+        "the raft listener serves /raft (and /cluster/restore) only"
     );
 
     for path in ["/healthz", "/readyz"] {
@@ -218,6 +227,7 @@ async fn internal_endpoints_need_the_secret_and_health_and_metrics_answer() {
     let metrics = cluster
         .http
         .get(format!("{}/metrics", node.url()))
+        .bearer_auth(ADMIN_TOKEN)
         .send()
         .await
         .unwrap()

@@ -66,6 +66,7 @@ async fn a_node_of_the_compose_cluster_file_serves_with_environment_overrides() 
         )
         .env("PERMITD_ID", "1")
         .env("PERMITD_SECRET", "a-secret-from-the-environment-0123")
+        .env("PERMITD_ADMIN_TOKEN", "an-admin-token-from-the-environment")
         .env("PERMITD_NODE_1_API_ADDR", &api)
         .env("PERMITD_NODE_1_RAFT_ADDR", &raft)
         .env("PERMITD_NODE_1_DATA_DIR", data.path())
@@ -85,7 +86,7 @@ async fn a_node_of_the_compose_cluster_file_serves_with_environment_overrides() 
     })
     .await;
     assert!(healthy, "the node listens on the overridden address");
-    // The secret from the environment guards /cluster/, not the file's.
+    // The admin token from the environment guards /cluster/, not the file's.
     let status = |secret: &'static str| {
         let http = http.clone();
         let url = format!("http://{api}/cluster/status");
@@ -99,8 +100,13 @@ async fn a_node_of_the_compose_cluster_file_serves_with_environment_overrides() 
                 .as_u16()
         }
     };
-    assert_eq!(status("a-secret-from-the-environment-0123").await, 200);
-    assert_eq!(status("set-PERMITD_SECRET-instead-of-this").await, 401);
+    assert_eq!(status("an-admin-token-from-the-environment").await, 200);
+    assert_eq!(status("set-PERMITD_ADMIN_TOKEN-instead-of-this").await, 401);
+    assert_eq!(
+        status("a-secret-from-the-environment-0123").await,
+        401,
+        "the peer secret opens /raft only"
+    );
     assert!(
         std::fs::read_dir(data.path())
             .expect("data dir")

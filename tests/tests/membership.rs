@@ -25,9 +25,7 @@ async fn a_fourth_node_joins_as_learner_and_becomes_a_voter() {
     let add = json!({"action": "addLearner", "id": id,
         "apiAddr": node.api_addr, "raftAddr": node.raft_addr});
     let follower = cluster.follower_of(leader);
-    let (status, body) = cluster
-        .post_secret(follower, "/cluster/members", &add)
-        .await;
+    let (status, body) = cluster.post_admin(follower, "/cluster/members", &add).await;
     assert_eq!(status, 200, "{body}");
     let role = |body: &serde_json::Value| {
         body["members"]
@@ -39,7 +37,7 @@ async fn a_fourth_node_joins_as_learner_and_becomes_a_voter() {
 
     let promote = json!({"action": "changeMembership", "voters": [1, 2, 3, id]});
     let (status, body) = cluster
-        .post_secret(leader, "/cluster/members", &promote)
+        .post_admin(leader, "/cluster/members", &promote)
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(role(&body).as_deref(), Some("voter"), "{body}");

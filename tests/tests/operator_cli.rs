@@ -221,6 +221,7 @@ async fn run_runner(
         let body = permitd_tests::request(&client, &[("g", 4, 1)]);
         let Ok(answer) = http
             .post(format!("{url}/v1/semaphores/r"))
+            .bearer_auth(permitd_tests::ADMIN_TOKEN)
             .json(&body)
             .send()
             .await
@@ -236,6 +237,7 @@ async fn run_runner(
         report.rounds += 1;
         if let Ok(usage) = http
             .get(format!("{url}/v1/semaphores/r/usage"))
+            .bearer_auth(permitd_tests::ADMIN_TOKEN)
             .send()
             .await
         {
@@ -254,6 +256,7 @@ async fn run_runner(
         let sync = json!({"type": "sync", "v": 1, "clientId": client, "grants": reports});
         let _ = http
             .post(format!("{url}/v1/semaphores/r"))
+            .bearer_auth(permitd_tests::ADMIN_TOKEN)
             .json(&sync)
             .send()
             .await;

@@ -22,6 +22,7 @@ fn permitctl(cluster: &Cluster) -> Command {
     let urls: Vec<String> = cluster.nodes.iter().map(|node| node.url()).collect();
     let mut command = Command::new(permitctl_bin());
     command.arg("--endpoints").arg(urls.join(","));
+    command.env("PERMITD_TOKEN", permitd_tests::ADMIN_TOKEN);
     command
 }
 

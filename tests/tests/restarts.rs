@@ -82,7 +82,7 @@ async fn a_full_cluster_restart_keeps_all_state() {
     // A fresh init is refused: the cluster resumed.
     assert_eq!(
         cluster
-            .post_secret(leader, "/cluster/init", &json!({}))
+            .post_admin(leader, "/cluster/init", &json!({}))
             .await
             .0,
         409

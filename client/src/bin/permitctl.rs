@@ -1,7 +1,9 @@
 //! `permitctl`: inspect and configure a permitd cluster.
 //!
 //! Human tables by default, `--json` for scripts. Endpoints come from
-//! `--endpoints` or `PERMITD_ENDPOINTS` (comma-separated base URLs).
+//! `--endpoints` or `PERMITD_ENDPOINTS` (comma-separated base URLs); the API
+//! token from `--token` or `PERMITD_TOKEN`; for `https://` nodes, the cluster's
+//! CA from `--ca-file` or `PERMITD_CA_FILE`.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -19,6 +21,7 @@ mod snapshot;
 use clap::{Args, Parser, Subcommand};
 use permitd_client::{ClientConfig, ClusterStatus, SemaphoreClient};
 use permitd_core::config::LeasePolicy;
+use permitd_core::tokens::TokenSpec;
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
 use serde::Serialize;
 
@@ -36,9 +39,12 @@ struct Cli {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
-    /// Bearer secret for `/cluster/` calls (the cluster file's `secret`).
-    #[arg(long, global = true, env = "PERMITD_SECRET", hide_env_values = true)]
-    secret: Option<String>,
+    /// API token sent as `Authorization: Bearer …` (admin, reader or runner).
+    #[arg(long, global = true, env = "PERMITD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// PEM file of the CA that signed the nodes' certificates (`https://` nodes).
+    #[arg(long, global = true, env = "PERMITD_CA_FILE")]
+    ca_file: Option<std::path::PathBuf>,
     /// Deadline of one call, retries included, in ms.
     #[arg(long, global = true, default_value_t = 10_000)]
     timeout_ms: u64,
@@ -60,8 +66,11 @@ enum Command {
     Keys(keys::KeysArgs),
     /// The cluster: members, leader, term, indexes.
     Status,
+    /// API tokens (admin only).
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Initialises a new cluster of every node in the asked node's cluster file
-    /// (needs `--secret`); succeeds, saying so, when it already is.
+    /// (needs the admin `--token`); succeeds, saying so, when it already is.
     Init,
     /// The cluster's members: list, add a learner, promote, remove.
     #[command(subcommand)]
@@ -112,6 +121,27 @@ struct ConfigSet {
 }
 
 #[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Creates a token and prints its secret, shown this once.
+    Create {
+        name: String,
+        /// `runner`, `reader` or `admin`.
+        #[arg(long)]
+        role: String,
+        /// Key patterns (exact, or a prefix ending in `*`); repeat or comma-separate.
+        #[arg(long = "key", value_delimiter = ',')]
+        keys: Vec<String>,
+        /// clientId patterns a runner may send; repeat or comma-separate.
+        #[arg(long = "client-id", value_delimiter = ',')]
+        client_ids: Vec<String>,
+    },
+    /// Lists tokens, without secrets.
+    List,
+    /// Revokes a token.
+    Revoke { id: u64 },
+}
+
+#[derive(Debug, Subcommand)]
 enum GroupCommand {
     /// Sets a group's cap (`--limit N` or `--unlimited`) and permission.
     Set {
@@ -151,7 +181,8 @@ async fn run(cli: Cli) -> CliResult {
     let mut config = ClientConfig::new([cli.endpoints.clone()]);
     config.call_timeout = Duration::from_millis(cli.timeout_ms);
     config.attempt_timeout = config.call_timeout;
-    config.secret = cli.secret.clone();
+    config.token = cli.token.clone();
+    config.ca_file = cli.ca_file.clone();
     let client = SemaphoreClient::new(config)?;
     let json = cli.json;
     match cli.command {
@@ -225,7 +256,66 @@ async fn run(cli: Cli) -> CliResult {
             print(json, &status, || status_table(&status))
         }
         Command::Watch { key, interval_ms } => watch(&client, &key, json, interval_ms).await,
+        Command::Token(command) => token(&client, command, json).await,
         Command::Run(args) => std::process::exit(permitd_client::run::main(&client, args).await),
+    }
+}
+
+async fn token(
+    client: &SemaphoreClient,
+    command: TokenCommand,
+    json: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    match command {
+        TokenCommand::Create {
+            name,
+            role,
+            keys,
+            client_ids,
+        } => {
+            let role = serde_json::from_value(serde_json::Value::String(role))?;
+            let spec = TokenSpec {
+                name,
+                role,
+                keys,
+                client_ids,
+            };
+            let created = client.create_token(&spec).await?;
+            let shown = serde_json::json!({"id": created.info.id, "token": created.token});
+            print(json, &shown, || {
+                format!(
+                    "token {} created; its secret, shown this once:\n{}\n",
+                    created.info.id, created.token
+                )
+            })
+        }
+        TokenCommand::List => {
+            let tokens = client.tokens().await?;
+            print(json, &tokens, || {
+                let mut text = format!(
+                    "{:<8} {:<20} {:<8} {:<24} clientIds\n",
+                    "id", "name", "role", "keys"
+                );
+                for token in &tokens {
+                    let spec = &token.spec;
+                    text.push_str(&format!(
+                        "{:<8} {:<20} {:<8} {:<24} {}\n",
+                        token.id,
+                        spec.name,
+                        format!("{:?}", spec.role).to_lowercase(),
+                        spec.keys.join(","),
+                        spec.client_ids.join(",")
+                    ));
+                }
+                text
+            })
+        }
+        TokenCommand::Revoke { id } => {
+            client.revoke_token(id).await?;
+            print(json, &serde_json::json!({"revoked": id}), || {
+                format!("token {id} revoked\n")
+            })
+        }
     }
 }
 

@@ -206,10 +206,12 @@ export interface ClusterStatus {
 export const ERROR_CODES = [
   "bad_request",
   "unauthorized",
+  "forbidden",
   "not_found",
   "method_not_allowed",
   "already_initialized",
   "membership_conflict",
+  "too_many_tokens",
   "payload_too_large",
   "unsupported_media_type",
   "too_many_pending",

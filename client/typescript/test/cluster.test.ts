@@ -16,7 +16,7 @@ import { join } from "node:path";
 
 import { AcquireError, SemaphoreClient, SemaphoreQueue, type Admission, type AdmittedItem } from "../src/index.js";
 import { FileStore } from "../src/node/index.js";
-import { answerDroppingProxy, Cluster, eventually } from "./harness.js";
+import { ADMIN_TOKEN, answerDroppingProxy, Cluster, eventually } from "./harness.js";
 
 const DRAIN_TIMEOUT_MS = 30_000;
 let cluster: Cluster;
@@ -30,7 +30,7 @@ after(async () => {
 });
 
 function client(): SemaphoreClient {
-  return new SemaphoreClient({ endpoints: cluster.urls(), callTimeoutMs: 20_000 });
+  return new SemaphoreClient({ endpoints: cluster.urls(), callTimeoutMs: 20_000, token: ADMIN_TOKEN });
 }
 
 async function drained(admin: SemaphoreClient, key: string): Promise<void> {
@@ -207,7 +207,7 @@ test("a retried request whose answer was lost gets the original answer", async (
   await admin.setKeyConfig("ts-retry", { limit: 5 });
   const proxy = await answerDroppingProxy(cluster.nodes[0]!.url);
   try {
-    const runner = new SemaphoreClient({ endpoints: [proxy.url], backoffInitialMs: 10 });
+    const runner = new SemaphoreClient({ endpoints: [proxy.url], backoffInitialMs: 10, token: ADMIN_TOKEN });
     const grant = await runner.request("ts-retry", {
       clientId: "ts-retrier",
       demand: [{ group: "wf", count: 2, oldestAt: Date.now() }],
@@ -233,7 +233,7 @@ test("a leader kill is retried onto the new leader", async () => {
   await before.release();
   const after = await admin.acquire("ts-failover", "wf", 1);
   assert.ok(after.fence > before.fence);
-  const survivor = new SemaphoreClient({ endpoints: [cluster.other(leader).url] });
+  const survivor = new SemaphoreClient({ endpoints: [cluster.other(leader).url], token: ADMIN_TOKEN });
   assert.equal((await survivor.usage("ts-failover")).granted, 1, "exactly the new permit");
   await after.release();
   await eventually(DRAIN_TIMEOUT_MS, async () => (await survivor.usage("ts-failover")).granted === 0, "released");

@@ -16,6 +16,8 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const SECRET = "permitd-test-secret-0123456789";
+/** The admin token every test cluster uses (auth is on, as in production). */
+export const ADMIN_TOKEN = "permitd-test-admin-token-0123456789";
 const START_TIMEOUT_MS = 30_000;
 const POLL_MS = 50;
 /** The package root (`client/typescript`), from `build/test/harness.js`. */
@@ -74,7 +76,7 @@ export class Cluster {
     const count = settings.nodes ?? 3;
     const defaults = settings.defaults ?? "limit = 100\nroundWaitMs = 20\nroundPeriodMs = 20\ngrantTimeoutMs = 60000\n";
     let text =
-      `secret = "${SECRET}"\n\n[raft]\nheartbeat_interval_ms = 50\nelection_timeout_min_ms = 300\n` +
+      `secret = "${SECRET}"\n\n[auth]\nadmin_token = "${ADMIN_TOKEN}"\n\n[raft]\nheartbeat_interval_ms = 50\nelection_timeout_min_ms = 300\n` +
       `election_timeout_max_ms = 600\nrpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n[defaults]\n${defaults}\n`;
     const nodes: Node[] = [];
     for (let id = 1; id <= count; id++) {
@@ -90,7 +92,7 @@ export class Cluster {
     await cluster.waitHealthy();
     const init = await fetch(`${nodes[0]!.url}/cluster/init`, {
       method: "POST",
-      headers: { "content-type": "application/json", authorization: `Bearer ${SECRET}` },
+      headers: { "content-type": "application/json", authorization: `Bearer ${ADMIN_TOKEN}` },
       body: "{}",
     });
     if (init.status !== 200) throw new Error(`init failed: ${init.status} ${await init.text()}`);
@@ -136,7 +138,7 @@ export class Cluster {
   private async status(node: Node): Promise<{ leader: number | null } | undefined> {
     try {
       const answer = await fetch(`${node.url}/cluster/status`, {
-        headers: { authorization: `Bearer ${SECRET}` },
+        headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
         signal: AbortSignal.timeout(2_000),
       });
       return answer.ok ? ((await answer.json()) as { leader: number | null }) : undefined;

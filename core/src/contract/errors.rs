@@ -16,8 +16,11 @@ use crate::validate::InvalidInput;
 pub enum ErrorCode {
     /// 400: the body, path or query is malformed or breaks a limit.
     BadRequest,
-    /// 401: the cluster secret is missing or wrong.
+    /// 401: no bearer token, or an unknown or revoked one (or, on `/raft/*`,
+    /// not the peer secret).
     Unauthorized,
+    /// 403: a known token outside its role, keys or client ids.
+    Forbidden,
     /// 404: no such route.
     NotFound,
     /// 405: the route exists, the method does not.
@@ -26,6 +29,8 @@ pub enum ErrorCode {
     AlreadyInitialized,
     /// 409: openraft refused a membership change (say, a voter that is no member).
     MembershipConflict,
+    /// 409: the cluster already holds the most API tokens it may.
+    TooManyTokens,
     /// 413: the body is larger than the limit.
     PayloadTooLarge,
     /// 415: the body is not `application/json`.
@@ -51,13 +56,15 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 18] = [
         Self::BadRequest,
         Self::Unauthorized,
+        Self::Forbidden,
         Self::NotFound,
         Self::MethodNotAllowed,
         Self::AlreadyInitialized,
         Self::MembershipConflict,
+        Self::TooManyTokens,
         Self::PayloadTooLarge,
         Self::UnsupportedMediaType,
         Self::TooManyPending,
@@ -75,10 +82,12 @@ impl ErrorCode {
         match self {
             Self::BadRequest => "bad_request",
             Self::Unauthorized => "unauthorized",
+            Self::Forbidden => "forbidden",
             Self::NotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::AlreadyInitialized => "already_initialized",
             Self::MembershipConflict => "membership_conflict",
+            Self::TooManyTokens => "too_many_tokens",
             Self::PayloadTooLarge => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::TooManyPending => "too_many_pending",
@@ -97,9 +106,10 @@ impl ErrorCode {
         match self {
             Self::BadRequest => 400,
             Self::Unauthorized => 401,
+            Self::Forbidden => 403,
             Self::NotFound => 404,
             Self::MethodNotAllowed => 405,
-            Self::AlreadyInitialized | Self::MembershipConflict => 409,
+            Self::AlreadyInitialized | Self::MembershipConflict | Self::TooManyTokens => 409,
             Self::PayloadTooLarge => 413,
             Self::UnsupportedMediaType => 415,
             Self::TooManyPending | Self::TooManyKeys => 429,

@@ -27,12 +27,16 @@ pub const CLUSTER_INIT: &str = "/cluster/init";
 pub const CLUSTER_MEMBERS: &str = "/cluster/members";
 /// `PUT`: replaces the replicated defaults of keys without a configuration.
 pub const CLUSTER_DEFAULTS: &str = "/cluster/defaults";
+
+/// `POST` an API token (admin; the secret is answered once), `GET` the list
+/// without secrets ([`crate::tokens`]).
+pub const TOKENS: &str = "/v1/tokens";
+/// `DELETE`: revokes one API token.
+pub const TOKEN: &str = "/v1/tokens/{id}";
 /// `GET`: a backup of the leader's applied state ([`crate::restore::BackupFile`]).
 pub const CLUSTER_SNAPSHOT: &str = "/cluster/snapshot";
 /// `POST` a backup file into a new cluster (to the leader's Raft listener).
 pub const CLUSTER_RESTORE: &str = "/cluster/restore";
-/// What every `/cluster/*` path starts with: those calls need the cluster secret.
-pub const CLUSTER_PREFIX: &str = "/cluster/";
 
 /// Prometheus text.
 pub const METRICS: &str = "/metrics";
@@ -42,7 +46,7 @@ pub const HEALTHZ: &str = "/healthz";
 pub const READYZ: &str = "/readyz";
 
 /// Every route above, for documentation and for checks that each is described.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 18] = [
     SEMAPHORES,
     SEMAPHORE,
     USAGE,
@@ -54,6 +58,8 @@ pub const ALL: [&str; 16] = [
     CLUSTER_INIT,
     CLUSTER_MEMBERS,
     CLUSTER_DEFAULTS,
+    TOKENS,
+    TOKEN,
     CLUSTER_SNAPSHOT,
     CLUSTER_RESTORE,
     METRICS,
@@ -85,12 +91,6 @@ pub fn segments(template: &str, params: &[&str]) -> Vec<String> {
     filled
 }
 
-/// Whether a path built from `segments` needs the cluster secret.
-pub fn is_cluster_path(segments: &[String]) -> bool {
-    let prefix = CLUSTER_PREFIX.trim_matches('/');
-    segments.first().is_some_and(|first| first == prefix)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,12 +108,5 @@ mod tests {
     #[should_panic(expected = "a value for every path parameter")]
     fn a_missing_parameter_is_a_programming_error() {
         segments(USAGE, &[]);
-    }
-
-    #[test]
-    fn only_cluster_paths_need_the_secret() {
-        assert!(is_cluster_path(&segments(CLUSTER_STATUS, &[])));
-        assert!(!is_cluster_path(&segments(USAGE, &["cluster"])));
-        assert!(!is_cluster_path(&segments(SEMAPHORES, &[])));
     }
 }

@@ -1,5 +1,5 @@
 //! `/cluster/*`: status, initialisation, membership and the replicated defaults.
-//! Every call needs the cluster secret (checked by the router's auth layer).
+//! Every call needs the admin token (checked by the router's auth layer).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -19,7 +19,6 @@ use super::error::ApiError;
 use super::extract::ApiJson;
 use super::semaphores::write;
 use crate::app::App;
-use crate::raft::{bearer, SECRET_HEADER};
 
 /// How long `/cluster/init` waits for the first leader to write the defaults.
 pub const INIT_DEFAULTS_TIMEOUT_MS: u64 = 15_000;
@@ -112,11 +111,21 @@ async fn write_defaults(app: &App, defaults: &KeyConfig) -> Result<(), ApiError>
 
 async fn defaults_via(app: &App, leader: NodeId, defaults: &KeyConfig) -> Result<(), ApiError> {
     let peer = app.peer(leader).ok_or(ApiError::NoQuorum)?;
-    let url = format!("http://{}{}", peer.api_addr, paths::CLUSTER_DEFAULTS);
-    let answer = reqwest::Client::new()
+    let url = format!(
+        "{}://{}{}",
+        app.scheme,
+        peer.api_addr,
+        paths::CLUSTER_DEFAULTS
+    );
+    let mut call = app
+        .forwarder
+        .client()
         .put(url)
-        .header(SECRET_HEADER, bearer(&app.secret))
-        .timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(5));
+    if let Some(token) = &app.auth.admin_token {
+        call = call.bearer_auth(token.expose());
+    }
+    let answer = call
         .json(defaults)
         .send()
         .await

@@ -32,6 +32,8 @@ pub enum ApiError {
     #[error("{0}")]
     Unauthorized(&'static str),
     #[error("{0}")]
+    Forbidden(&'static str),
+    #[error("{0}")]
     NotFound(String),
     #[error("method not allowed")]
     MethodNotAllowed,
@@ -63,6 +65,7 @@ impl ApiError {
         match self {
             Self::Invalid(_) | Self::BadRequest(_) => ErrorCode::BadRequest,
             Self::Unauthorized(_) => ErrorCode::Unauthorized,
+            Self::Forbidden(_) => ErrorCode::Forbidden,
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             Self::Conflict { code, .. } | Self::TooMany { code, .. } => *code,

@@ -1,5 +1,9 @@
 //! Followers forward leader-only calls to the leader: one hop, with a timeout.
 //!
+//! The caller's own `Authorization` goes along and the leader decides: a
+//! follower never vouches for a caller, so its registry lagging a revocation
+//! cannot let a revoked token through.
+//!
 //! A forwarded call carries [`headers::FORWARDED`]; a node that receives one and
 //! does not lead answers `not_leader` instead of forwarding again, so a call never
 //! bounces around a cluster that is changing leaders. Every answer names the
@@ -33,13 +37,26 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    pub fn new() -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+    /// With `tls`, the leader is reached over HTTPS, trusting only the cluster CA.
+    pub fn new(tls: Option<&crate::tls::Tls>) -> Result<Self, reqwest::Error> {
+        let mut builder = reqwest::Client::builder()
             .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
             .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .build()?;
-        Ok(Self { client })
+            .tcp_nodelay(true);
+        if let Some(tls) = tls {
+            builder = tls.client(builder)?;
+        }
+        Ok(Self {
+            client: builder.build()?,
+        })
+    }
+}
+
+impl Forwarder {
+    /// The pooled client (TLS-configured when the cluster uses TLS), for the
+    /// node's own calls to the leader.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
     }
 }
 
@@ -65,14 +82,15 @@ pub async fn to_leader(State(app): State<App>, request: Request, next: Next) -> 
     let Some(peer) = app.peer(leader) else {
         return ApiError::NoQuorum.into_response();
     };
-    forward(&app.forwarder, &peer.api_addr, request)
+    let base = format!("{}://{}", app.scheme, peer.api_addr);
+    forward(&app.forwarder, &base, request)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn forward(
     forwarder: &Forwarder,
-    addr: &str,
+    base: &str,
     request: Request,
 ) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
@@ -84,7 +102,7 @@ async fn forward(
     let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
     let mut outgoing = forwarder
         .client
-        .request(parts.method.clone(), format!("http://{addr}{path}"))
+        .request(parts.method.clone(), format!("{base}{path}"))
         .header(headers::FORWARDED, "1")
         .body(body);
     for name in REQUEST_HEADERS {
@@ -93,7 +111,7 @@ async fn forward(
         }
     }
     let answer = outgoing.send().await.map_err(|error| {
-        tracing::warn!(%error, addr, "forwarding to the leader failed");
+        tracing::warn!(%error, base, "forwarding to the leader failed");
         if error.is_timeout() {
             ApiError::Timeout
         } else if error.is_connect() {

@@ -2,8 +2,10 @@
 //! internal router (`/raft`, `/cluster`) that peers call.
 //!
 //! Layers, outermost first: a trace span per request, the body limit, then per
-//! route group the secret check (`/raft`, `/cluster`) and forwarding to the
-//! leader (v1, membership). Unknown routes and methods answer the JSON error shape.
+//! route group forwarding to the leader (v1, membership) and inside it the token
+//! check ([`crate::auth`]), so the leader decides. The internal router serves
+//! `/raft/*` only, behind the peer secret. `/healthz` and `/readyz` are open.
+//! Unknown routes and methods answer the JSON error shape.
 
 pub mod backup;
 pub mod cluster;
@@ -17,7 +19,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use permitd_core::contract::paths;
 use permitd_core::limits::MAX_BODY_BYTES;
@@ -26,6 +28,8 @@ use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 use crate::app::App;
+use crate::auth::middleware::require_token;
+use crate::auth::tokens;
 use error::ApiError;
 
 /// Largest body a peer may send on the internal listener (append entries carry
@@ -47,15 +51,21 @@ pub fn public_router(app: App) -> Router {
             paths::GROUP,
             put(semaphores::put_group).delete(semaphores::delete_group),
         )
+        .route(paths::TOKENS, post(tokens::create).get(tokens::list))
+        .route(paths::TOKEN, delete(tokens::revoke))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
         .route_layer(middleware::from_fn_with_state(
             app.clone(),
             forward::to_leader,
         ));
+    let metrics = Router::new()
+        .route(paths::METRICS, get(metrics))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_token));
     Router::new()
         .merge(v1)
         .merge(admin_router(app.clone()))
         .merge(cluster_router(app.clone()))
-        .route(paths::METRICS, get(metrics))
+        .merge(metrics)
         .route(paths::HEALTHZ, get(healthz))
         .route(paths::READYZ, get(readyz))
         .fallback(not_found)
@@ -66,13 +76,18 @@ pub fn public_router(app: App) -> Router {
         .with_state(app)
 }
 
-/// The peer-facing API, served on `raft_addr`; every route needs the secret.
+/// The peer-facing API, served on `raft_addr`: `/raft/*` behind the peer
+/// secret, and `/cluster/restore` behind the admin token (here for its larger
+/// body limit: a backup can pass the public 1 MiB).
 pub fn internal_router(app: App) -> Router {
     let raft = crate::raft::inbound::router()
         .route_layer(middleware::from_fn_with_state(app.clone(), require_secret));
+    let restore = Router::new()
+        .route(paths::CLUSTER_RESTORE, post(backup::restore))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_token));
     Router::new()
         .merge(raft)
-        .merge(cluster_router(app.clone()))
+        .merge(restore)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
@@ -86,6 +101,7 @@ pub fn internal_router(app: App) -> Router {
 fn admin_router(app: App) -> Router<App> {
     Router::new()
         .route(paths::CLIENT_RELEASE, post(holders::force_release))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
         .route_layer(middleware::from_fn_with_state(app, forward::to_leader))
 }
 
@@ -94,6 +110,7 @@ fn cluster_router(app: App) -> Router<App> {
         .route(paths::CLUSTER_MEMBERS, post(cluster::members))
         .route(paths::CLUSTER_DEFAULTS, put(cluster::put_defaults))
         .route(paths::CLUSTER_SNAPSHOT, get(backup::save))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
         .route_layer(middleware::from_fn_with_state(
             app.clone(),
             forward::to_leader,
@@ -102,8 +119,8 @@ fn cluster_router(app: App) -> Router<App> {
         .route(paths::CLUSTER_STATUS, get(cluster::status))
         .route(paths::CLUSTER_INIT, post(cluster::init))
         .route(paths::CLUSTER_RESTORE, post(backup::restore))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
         .merge(leader_only)
-        .route_layer(middleware::from_fn_with_state(app, require_secret))
 }
 
 fn trace_layer(
@@ -114,28 +131,18 @@ fn trace_layer(
         .on_response(DefaultOnResponse::new().level(Level::DEBUG))
 }
 
-/// Rejects calls without the cluster secret (401).
+/// Rejects peer calls without the peer secret (401).
 async fn require_secret(State(app): State<App>, request: Request, next: Next) -> Response {
-    let expected = crate::raft::bearer(&app.secret);
+    let expected = crate::raft::bearer(app.secret.expose());
     let given = request
         .headers()
         .get(header::AUTHORIZATION)
         .map(|value| value.as_bytes())
         .unwrap_or_default();
-    if !constant_time_eq(given, expected.as_bytes()) {
+    if !crate::auth::constant_time_eq(given, expected.as_bytes()) {
         return ApiError::Unauthorized("the cluster secret is missing or wrong").into_response();
     }
     next.run(request).await
-}
-
-/// Compares without an early exit, so the time taken does not reveal the prefix.
-fn constant_time_eq(left: &[u8], right: &[u8]) -> bool {
-    left.len() == right.len()
-        && left
-            .iter()
-            .zip(right)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
 }
 
 async fn metrics(State(app): State<App>) -> impl IntoResponse {
@@ -168,16 +175,4 @@ async fn not_found(request: Request) -> ApiError {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn constant_time_comparison() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
-    }
 }

@@ -3,7 +3,7 @@
 //!
 //! The cluster must be running and initialised (`permitd up`, or `serve` on each
 //! host and `permitctl init`), and hold no key yet: start it on empty data dirs.
-//! The backup is checked here first, then sent to the leader's Raft listener
+//! The backup is checked here first, then sent with the admin token to the leader's Raft listener
 //! (whose body limit fits large backups; the public one takes 1 MiB), which
 //! replicates it as one entry.
 
@@ -15,7 +15,7 @@ use permitd_core::contract::{paths, ClusterStatus};
 use permitd_core::restore::{BackupFile, BACKUP_FORMAT};
 
 use crate::config::{ClusterConfig, ConfigError};
-use crate::raft::{bearer, SECRET_HEADER};
+use crate::tls::Tls;
 
 /// How long to wait for the new cluster to have a leader.
 const LEADER_TIMEOUT_MS: u64 = 30_000;
@@ -47,21 +47,39 @@ pub enum RestoreError {
     Http(#[from] reqwest::Error),
     #[error("the leader refused the backup: {0}")]
     Refused(String),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+}
+
+/// `request` with the admin token, when the file (or `PERMITD_ADMIN_TOKEN`) has one.
+fn as_admin(request: reqwest::RequestBuilder, config: &ClusterConfig) -> reqwest::RequestBuilder {
+    match &config.auth.admin_token {
+        Some(token) => request.bearer_auth(token.expose()),
+        None => request,
+    }
 }
 
 pub async fn run(args: RestoreArgs) -> Result<(), RestoreError> {
     let config = ClusterConfig::load(&args.config)?;
     let file = read_backup(&args.from)?;
     let keys = file.state.keys.len();
-    let http = reqwest::Client::new();
-    let leader = find_leader(&http, &config).await?;
+    let mut builder = reqwest::Client::builder();
+    if let Some(tls) = &config.tls {
+        builder = Tls::load(tls)?.client(builder)?;
+    }
+    let http = builder.build()?;
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let leader = find_leader(&http, &config, scheme).await?;
     let raft_addr = config
         .node(leader)
         .map(|node| node.peer().raft_addr)
         .ok_or(RestoreError::NoLeader)?;
-    let answer = http
-        .post(format!("http://{raft_addr}{}", paths::CLUSTER_RESTORE))
-        .header(SECRET_HEADER, bearer(&config.secret))
+    let url = format!("{scheme}://{raft_addr}{}", paths::CLUSTER_RESTORE);
+    let answer = as_admin(http.post(url), &config)
         .timeout(Duration::from_millis(RESTORE_TIMEOUT_MS))
         .json(&file)
         .send()
@@ -98,13 +116,16 @@ fn read_backup(path: &Path) -> Result<BackupFile, RestoreError> {
     Ok(file)
 }
 
-async fn find_leader(http: &reqwest::Client, config: &ClusterConfig) -> Result<u64, RestoreError> {
+async fn find_leader(
+    http: &reqwest::Client,
+    config: &ClusterConfig,
+    scheme: &str,
+) -> Result<u64, RestoreError> {
     let deadline = Instant::now() + Duration::from_millis(LEADER_TIMEOUT_MS);
     while Instant::now() < deadline {
         for node in &config.nodes {
-            let answer = http
-                .get(format!("http://{}{}", node.api_addr, paths::CLUSTER_STATUS))
-                .header(SECRET_HEADER, bearer(&config.secret))
+            let url = format!("{scheme}://{}{}", node.api_addr, paths::CLUSTER_STATUS);
+            let answer = as_admin(http.get(url), config)
                 .timeout(Duration::from_secs(2))
                 .send()
                 .await;

@@ -3,8 +3,11 @@
 //! With `--config FILE --id N` the node takes its addresses, data directory,
 //! secret and timings from the cluster file and waits to be initialised (by
 //! `permitd up` or `POST /cluster/init`). Without `--config` it is a one-node
-//! cluster in `./data` that initialises itself: the zero-setup default. Either way,
-//! a node with existing data resumes and never initialises again.
+//! cluster in `./data` that initialises itself: the zero-setup default, with a
+//! peer secret and an admin token generated from the OS random source into
+//! `<data dir>/cluster-secret` and `<data dir>/admin-token` (mode 0600) unless
+//! `PERMITD_SECRET` / `PERMITD_ADMIN_TOKEN` name them. Either way, a node with
+//! existing data resumes and never initialises again.
 
 use std::collections::BTreeMap;
 use std::future::IntoFuture;
@@ -15,9 +18,14 @@ use clap::Args;
 use permitd_core::KeyConfig;
 
 use crate::app::{self, NodeSettings, StartError, Started};
-use crate::config::{ClusterConfig, ConfigError, RaftTimings, MIN_SECRET_BYTES};
+use crate::auth::{random_hex, write_private_file, AuthSettings, Secret};
+use crate::config::{
+    ClusterConfig, ConfigError, RaftTimings, ADMIN_TOKEN_ENV, MIN_ADMIN_TOKEN_BYTES,
+    MIN_SECRET_BYTES,
+};
 use crate::propose::ProposeError;
 use crate::shutdown::Shutdown;
+use crate::tls::{Tls, TlsListener};
 
 /// How long stopping may take before the listeners are abandoned.
 const STOP_TIMEOUT_MS: u64 = 10_000;
@@ -57,6 +65,12 @@ pub enum ServeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{name} must be at least {min} bytes")]
+    ShortSecret { name: &'static str, min: usize },
+    #[error("the OS random source failed: {0}")]
+    Random(getrandom::Error),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     #[error("server: {0}")]
     Server(std::io::Error),
 }
@@ -66,6 +80,12 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         Some(path) => clustered(path, args.id.ok_or(ServeError::MissingId)?)?,
         None => embedded(&args)?,
     };
+    if !settings.auth.enabled {
+        tracing::warn!(
+            "[auth] enabled = false: every route is open to anyone who can reach this node; \
+             for local development only"
+        );
+    }
     let started = app::start(&settings).await?;
     tracing::info!(
         id = settings.id,
@@ -77,7 +97,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     if settings.initialize_at_start {
         tokio::spawn(initialize_if_new(started.app.clone()));
     }
-    serve_until_signal(started).await
+    serve_until_signal(started, settings.tls.clone()).await
 }
 
 fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
@@ -94,6 +114,9 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         raft_addr: node.raft_addr.clone(),
         data_dir: node.data_dir.clone(),
         secret: config.secret.clone(),
+        auth: AuthSettings::new(config.auth.enabled, config.auth.admin_token.clone()),
+        tls: config.tls.as_ref().map(Tls::load).transpose()?,
+        peer_source_ip: node.peer_source_ip,
         timings: config.raft.clone(),
         defaults: config.key_defaults(),
         initial_members: members,
@@ -103,7 +126,18 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
 }
 
 fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
-    let secret = embedded_secret(&args.data_dir)?;
+    let secret = embedded_secret(
+        &args.data_dir,
+        "PERMITD_SECRET",
+        "cluster-secret",
+        MIN_SECRET_BYTES,
+    )?;
+    let admin_token = embedded_secret(
+        &args.data_dir,
+        ADMIN_TOKEN_ENV,
+        "admin-token",
+        MIN_ADMIN_TOKEN_BYTES,
+    )?;
     let peer = permitd_storage::PeerNode {
         api_addr: args.api_addr.clone(),
         raft_addr: args.raft_addr.clone(),
@@ -114,6 +148,9 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         raft_addr: args.raft_addr.clone(),
         data_dir: args.data_dir.clone(),
         secret,
+        auth: AuthSettings::new(true, Some(admin_token)),
+        tls: None,
+        peer_source_ip: None,
         timings: RaftTimings::default(),
         defaults: KeyConfig::default(),
         initial_members: BTreeMap::from([(1, peer)]),
@@ -122,41 +159,42 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
     })
 }
 
-/// The single node's cluster secret: `PERMITD_SECRET`, else one generated on
-/// first start and kept in `<data dir>/cluster-secret`.
-fn embedded_secret(data_dir: &Path) -> Result<String, ServeError> {
-    if let Ok(secret) = std::env::var("PERMITD_SECRET") {
-        if secret.len() >= MIN_SECRET_BYTES {
-            return Ok(secret);
+/// A secret of the single node: the environment variable `env` (an error when
+/// shorter than `min` bytes), else the one kept in `<data dir>/<file>`, else a
+/// new one from the OS random source, written there with mode 0600.
+fn embedded_secret(
+    data_dir: &Path,
+    env: &'static str,
+    file: &str,
+    min: usize,
+) -> Result<Secret, ServeError> {
+    if let Ok(secret) = std::env::var(env) {
+        if secret.len() < min {
+            return Err(ServeError::ShortSecret { name: env, min });
         }
+        return Ok(Secret::from(secret));
     }
-    let path = data_dir.join("cluster-secret");
+    let path = data_dir.join(file);
     let error = |source| ServeError::Secret {
         path: path.clone(),
         source,
     };
     match std::fs::read_to_string(&path) {
-        Ok(secret) if secret.trim().len() >= MIN_SECRET_BYTES => Ok(secret.trim().to_owned()),
-        _ => {
+        Ok(secret) if secret.trim().len() >= min => Ok(Secret::from(secret.trim())),
+        Ok(_) => Err(ServeError::ShortSecret {
+            name: "the secret file",
+            min,
+        }),
+        Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => {
             std::fs::create_dir_all(data_dir).map_err(error)?;
-            let secret = random_hex();
-            std::fs::write(&path, &secret).map_err(error)?;
-            tracing::info!(path = %path.display(), "generated the cluster secret");
-            Ok(secret)
+            let secret = random_hex(32).map_err(ServeError::Random)?;
+            write_private_file(&path, &secret).map_err(error)?;
+            tracing::info!(path = %path.display(), "generated {file} (mode 0600)");
+            println!("permitd: generated {file} in {}", path.display());
+            Ok(Secret::from(secret))
         }
+        Err(other) => Err(error(other)),
     }
-}
-
-/// 128 random bits as hex, from the standard library's per-process random keys.
-fn random_hex() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    (0..2)
-        .map(|round| {
-            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-            hasher.write_u64(crate::now_ms() ^ round);
-            format!("{:016x}", hasher.finish())
-        })
-        .collect()
 }
 
 async fn initialize_if_new(app: app::App) {
@@ -170,7 +208,23 @@ async fn initialize_if_new(app: app::App) {
     }
 }
 
-async fn serve_until_signal(started: Started) -> Result<(), ServeError> {
+/// Serves `router` on `listener` (plain or TLS) until `stop` triggers.
+fn spawn_server<L>(
+    listener: L,
+    router: axum::Router,
+    stop: &Shutdown,
+) -> tokio::task::JoinHandle<std::io::Result<()>>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let stop = stop.clone();
+    let server =
+        axum::serve(listener, router).with_graceful_shutdown(async move { stop.wait().await });
+    tokio::spawn(server.into_future())
+}
+
+async fn serve_until_signal(started: Started, tls: Option<Tls>) -> Result<(), ServeError> {
     let Started {
         app,
         api_listener,
@@ -178,18 +232,28 @@ async fn serve_until_signal(started: Started) -> Result<(), ServeError> {
     } = started;
     let stop_api = Shutdown::default();
     let stop_raft = Shutdown::default();
-    let api = {
-        let stop = stop_api.clone();
-        axum::serve(api_listener, crate::api::public_router(app.clone()))
-            .with_graceful_shutdown(async move { stop.wait().await })
+    let public = crate::api::public_router(app.clone());
+    let internal = crate::api::internal_router(app.clone());
+    let (api_task, raft_task) = match &tls {
+        Some(tls) => (
+            spawn_server(
+                TlsListener::new(api_listener, tls.api_server.clone())
+                    .map_err(ServeError::Server)?,
+                public,
+                &stop_api,
+            ),
+            spawn_server(
+                TlsListener::new(raft_listener, tls.raft_server.clone())
+                    .map_err(ServeError::Server)?,
+                internal,
+                &stop_raft,
+            ),
+        ),
+        None => (
+            spawn_server(api_listener, public, &stop_api),
+            spawn_server(raft_listener, internal, &stop_raft),
+        ),
     };
-    let internal = {
-        let stop = stop_raft.clone();
-        axum::serve(raft_listener, crate::api::internal_router(app.clone()))
-            .with_graceful_shutdown(async move { stop.wait().await })
-    };
-    let api_task = tokio::spawn(api.into_future());
-    let raft_task = tokio::spawn(internal.into_future());
     crate::shutdown::signal().await;
     // Stop taking calls, then fail the ones parked for a round: their clients
     // retry on another node. In-flight answers drain before the server returns.

@@ -13,7 +13,7 @@ use tokio::process::{Child, Command};
 
 use crate::cli::LogFormat;
 use crate::config::{ClusterConfig, ConfigError, NodeConfig};
-use crate::raft::{bearer, SECRET_HEADER};
+use crate::tls::Tls;
 use permitd_core::contract::{paths, ClusterStatus};
 
 /// How long a child may take to answer `/healthz`, and the cluster to elect.
@@ -39,6 +39,8 @@ pub enum UpError {
     Http(#[from] reqwest::Error),
     #[error("node {0} exited")]
     ChildExited(u64),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A started child and its node.
@@ -50,9 +52,11 @@ struct Running {
 
 pub async fn run(path: &Path, log_format: LogFormat) -> Result<(), UpError> {
     let config = ClusterConfig::load(path)?;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()?;
+    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(5));
+    if let Some(tls) = &config.tls {
+        builder = Tls::load(tls)?.client(builder)?;
+    }
+    let http = builder.build()?;
     let mut children = Vec::new();
     for node in &config.nodes {
         let child = spawn(path, node.id, log_format).map_err(|source| UpError::Spawn {
@@ -98,7 +102,7 @@ async fn bring_up(
     http: &reqwest::Client,
 ) -> Result<ClusterStatus, UpError> {
     for node in &config.nodes {
-        wait_healthy(http, node).await?;
+        wait_healthy(http, config, node).await?;
     }
     let mut initialized = false;
     for node in &config.nodes {
@@ -115,9 +119,31 @@ async fn bring_up(
     Ok(status)
 }
 
-async fn wait_healthy(http: &reqwest::Client, node: &NodeConfig) -> Result<(), UpError> {
+/// `http(s)://api_addr/path` of a node.
+fn node_url(config: &ClusterConfig, node: &NodeConfig, path: &str) -> String {
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    format!("{scheme}://{}{path}", node.api_addr)
+}
+
+/// `builder` with the admin token, when there is one.
+fn as_admin(builder: reqwest::RequestBuilder, config: &ClusterConfig) -> reqwest::RequestBuilder {
+    match &config.auth.admin_token {
+        Some(token) => builder.bearer_auth(token.expose()),
+        None => builder,
+    }
+}
+
+async fn wait_healthy(
+    http: &reqwest::Client,
+    config: &ClusterConfig,
+    node: &NodeConfig,
+) -> Result<(), UpError> {
     let deadline = Instant::now() + Duration::from_millis(START_TIMEOUT_MS);
-    let url = format!("http://{}/healthz", node.api_addr);
+    let url = node_url(config, node, paths::HEALTHZ);
     while Instant::now() < deadline {
         if let Ok(answer) = http.get(&url).send().await {
             if answer.status().is_success() {
@@ -134,10 +160,8 @@ async fn status(
     config: &ClusterConfig,
     node: &NodeConfig,
 ) -> Result<ClusterStatus, UpError> {
-    let url = format!("http://{}{}", node.api_addr, paths::CLUSTER_STATUS);
-    let answer = http
-        .get(url)
-        .header(SECRET_HEADER, bearer(&config.secret))
+    let url = node_url(config, node, paths::CLUSTER_STATUS);
+    let answer = as_admin(http.get(url), config)
         .send()
         .await?
         .error_for_status()?;
@@ -146,13 +170,14 @@ async fn status(
 
 async fn init(http: &reqwest::Client, config: &ClusterConfig) -> Result<(), UpError> {
     let first = &config.nodes[0];
-    let answer = http
-        .post(format!("http://{}{}", first.api_addr, paths::CLUSTER_INIT))
-        .header(SECRET_HEADER, bearer(&config.secret))
-        .timeout(Duration::from_millis(START_TIMEOUT_MS))
-        .json(&serde_json::json!({}))
-        .send()
-        .await?;
+    let answer = as_admin(
+        http.post(node_url(config, first, paths::CLUSTER_INIT)),
+        config,
+    )
+    .timeout(Duration::from_millis(START_TIMEOUT_MS))
+    .json(&serde_json::json!({}))
+    .send()
+    .await?;
     if answer.status().is_success() {
         Ok(())
     } else {
@@ -184,9 +209,9 @@ fn print_summary(config: &ClusterConfig, status: &ClusterStatus) {
     for node in &config.nodes {
         let role = if node.id == leader { " (leader)" } else { "" };
         println!(
-            "  node {}{role}: http://{}  raft http://{}  data {}",
+            "  node {}{role}: {}  raft {}  data {}",
             node.id,
-            node.api_addr,
+            node_url(config, node, ""),
             node.raft_addr,
             node.data_dir.display()
         );

@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{bearer, SECRET_HEADER};
+use crate::auth::Secret;
 
 /// Creates connections to peers; they share one client, hence one connection pool.
 #[derive(Debug, Clone)]
@@ -27,22 +28,36 @@ pub struct Network {
     client: reqwest::Client,
     /// This node, named in [`headers::SENDER`].
     id: NodeId,
-    secret: String,
+    secret: Secret,
     rpc_timeout: Duration,
+    /// `http` or `https`.
+    scheme: &'static str,
 }
 
 impl Network {
-    pub fn new(id: NodeId, secret: String, rpc_timeout: Duration) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+    /// With `tls`, peers are called over HTTPS, verified against the cluster CA,
+    /// with this node's certificate as client certificate.
+    pub fn new(
+        id: NodeId,
+        secret: Secret,
+        rpc_timeout: Duration,
+        tls: Option<&crate::tls::Tls>,
+        source_ip: Option<std::net::IpAddr>,
+    ) -> Result<Self, reqwest::Error> {
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(rpc_timeout)
             .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .build()?;
+            .local_address(source_ip)
+            .tcp_nodelay(true);
+        if let Some(tls) = tls {
+            builder = tls.client(builder)?;
+        }
         Ok(Self {
-            client,
+            client: builder.build()?,
             id,
             secret,
             rpc_timeout,
+            scheme: crate::tls::scheme(tls),
         })
     }
 }
@@ -81,13 +96,16 @@ impl Connection {
         Resp: DeserializeOwned,
         Err: std::error::Error + DeserializeOwned,
     {
-        let url = format!("http://{}/raft/{path}", self.target_node.raft_addr);
+        let url = format!(
+            "{}://{}/raft/{path}",
+            self.network.scheme, self.target_node.raft_addr
+        );
         let timeout = option.hard_ttl().min(self.network.rpc_timeout);
         let response = self
             .network
             .client
             .post(url)
-            .header(SECRET_HEADER, bearer(&self.network.secret))
+            .header(SECRET_HEADER, bearer(self.network.secret.expose()))
             .header(headers::SENDER, self.network.id)
             .timeout(timeout)
             .json(request)

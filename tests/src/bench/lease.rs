@@ -15,7 +15,7 @@ use permitd_client::{
 use serde_json::json;
 
 use super::stats::{last_log_index, set_key_config};
-use crate::{Cluster, SECRET};
+use crate::{Cluster, ADMIN_TOKEN};
 
 /// Items kept queued per runner.
 const BACKLOG: usize = 4_096;
@@ -72,7 +72,7 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
         "leases": {"provisioning": {"mode": "strict"}, "permitsPerLease": run.permits_per_lease}});
     set_key_config(cluster, leader, key, &config).await;
     let mut client_config = ClientConfig::new(cluster.nodes.iter().map(|node| node.url()));
-    client_config.secret = Some(SECRET.to_string());
+    client_config.token = Some(ADMIN_TOKEN.to_string());
     let client = SemaphoreClient::new(client_config).expect("client");
     let cycles = Arc::new(AtomicU64::new(0));
     let started = Instant::now();

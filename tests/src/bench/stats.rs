@@ -1,11 +1,11 @@
-//! Small helpers: quantiles of samples, HTTP calls with the cluster secret,
+//! Small helpers: quantiles of samples, HTTP calls with the admin token,
 //! the leader's log index and a process's resident memory.
 
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{Cluster, SECRET};
+use crate::{Cluster, ADMIN_TOKEN};
 
 /// The `q` quantile (0..=1) of `samples` by nearest rank; `NaN` when empty.
 pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
@@ -20,16 +20,16 @@ pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
 /// How long a configuration write retries a cluster that is electing.
 const CONFIG_RETRY_FOR: Duration = Duration::from_secs(20);
 
-/// `PUT` with the cluster secret through any node (followers forward); retries
+/// `PUT` with the admin token through any node (followers forward); retries
 /// 503 (an election) for a while, then panics unless it answers 200.
-pub async fn put_secret(cluster: &Cluster, id: u64, path: &str, body: &Value) {
+pub async fn put_admin(cluster: &Cluster, id: u64, path: &str, body: &Value) {
     let url = format!("{}{path}", cluster.node(id).url());
     let deadline = Instant::now() + CONFIG_RETRY_FOR;
     loop {
         let answer = cluster
             .http
             .put(&url)
-            .bearer_auth(SECRET)
+            .bearer_auth(ADMIN_TOKEN)
             .json(body)
             .send()
             .await
@@ -47,7 +47,7 @@ pub async fn put_secret(cluster: &Cluster, id: u64, path: &str, body: &Value) {
 
 /// `PUT /cluster/defaults` (every key without a config of its own).
 pub async fn set_defaults(cluster: &Cluster, leader: u64, defaults: &Value) {
-    put_secret(cluster, leader, "/cluster/defaults", defaults).await;
+    put_admin(cluster, leader, "/cluster/defaults", defaults).await;
 }
 
 /// `PUT /v1/semaphores/{key}/config`; retries 503 for a while, then panics

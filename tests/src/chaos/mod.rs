@@ -33,7 +33,7 @@ use random::RandomState;
 use report::{KeyReport, Report};
 use workload::{JobLog, JobRecord, KeySpec, RunnerHandle, GRANT_TIMEOUT_MS, LEASE_TTL_MS};
 
-use crate::{Cluster, Node, Settings, SECRET};
+use crate::{Cluster, Node, Settings, ADMIN_TOKEN};
 
 /// The environment variable that replays a run.
 pub const REPLAY_VARIABLE: &str = "CHAOS_RANDOM_STATE";
@@ -60,6 +60,9 @@ pub struct Profile {
     pub name: &'static str,
     /// The fault phase ends by then (after the start of the faults).
     pub fault_cap: Duration,
+    /// HTTPS everywhere and mTLS between peers (`CHAOS_TLS=0` turns it off).
+    /// Auth is always on: runners use runner tokens, the nemesis the admin token.
+    pub tls: bool,
 }
 
 impl Profile {
@@ -87,6 +90,7 @@ impl Profile {
                     seconds,
                     name: "soak",
                     fault_cap: Duration::from_secs(seconds + 120),
+                    tls: tls_from_env(),
                 }
             }
             Err(_) => Self {
@@ -94,9 +98,14 @@ impl Profile {
                 seconds: CI_SECONDS,
                 name: "ci",
                 fault_cap: CI_FAULT_CAP,
+                tls: tls_from_env(),
             },
         }
     }
+}
+
+fn tls_from_env() -> bool {
+    std::env::var("CHAOS_TLS").map_or(true, |text| text.trim() != "0")
 }
 
 /// The cluster and the workload running on it.
@@ -105,7 +114,7 @@ pub struct Workload {
     cluster: Cluster,
     network: Network,
     specs: Vec<KeySpec>,
-    /// Configures keys and reads usage; carries the cluster secret.
+    /// Configures keys and reads usage; carries the admin token.
     admin: SemaphoreClient,
     log: Arc<JobLog>,
     findings: Arc<Findings>,
@@ -118,8 +127,8 @@ pub struct Workload {
 pub async fn run(profile: Profile) -> Report {
     let origin = Instant::now();
     eprintln!(
-        "{REPLAY_VARIABLE}={} (profile {}, {} s of faults)",
-        profile.random_state, profile.name, profile.seconds
+        "{REPLAY_VARIABLE}={} (profile {}, {} s of faults, tls {})",
+        profile.random_state, profile.name, profile.seconds, profile.tls
     );
     let workload = start_workload(&profile).await;
     warm_up(&workload.log).await;
@@ -139,18 +148,25 @@ pub async fn run(profile: Profile) -> Report {
 pub async fn start_workload(profile: &Profile) -> Workload {
     let specs = workload::key_specs();
     let network = Network::new();
-    let cluster = Cluster::start_advertising(Settings::default(), |id, raft_addr| {
-        Some(network.front(id, raft_addr))
-    })
-    .await;
+    let settings = Settings {
+        tls: profile.tls,
+        distinct_source_ips: true,
+        ..Settings::default()
+    };
+    let cluster =
+        Cluster::start_advertising(settings, |id, raft_addr| Some(network.front(id, raft_addr)))
+            .await;
     let endpoints: Vec<String> = cluster.nodes.iter().map(Node::url).collect();
-    let admin = workload::chaos_client(endpoints.clone(), SECRET);
+    let ca_file = cluster.certs.as_ref().map(|certs| certs.ca_file.clone());
+    let admin = workload::chaos_client(endpoints.clone(), ADMIN_TOKEN, ca_file.clone());
     workload::configure(&admin, &specs).await;
+    let runner_token = workload::runner_token(&admin, &specs).await;
+
     let log = Arc::new(JobLog::new());
     let findings = Arc::new(Findings::default());
     let runners = (0..RUNNERS)
         .map(|index| {
-            let client = workload::chaos_client(endpoints.clone(), SECRET);
+            let client = workload::chaos_client(endpoints.clone(), &runner_token, ca_file.clone());
             RunnerHandle::start(index, client, &specs, log.clone(), profile.random_state)
         })
         .collect();

@@ -3,8 +3,10 @@
 //!
 //! Each node advertises its proxy's address as its Raft address
 //! (`advertise_raft_addr`), so every Raft RPC *to* node `i` passes through
-//! proxy `i`. The sender of a connection is the node named in the first
-//! request's `x-permitd-from` header (connections are pooled per sending
+//! proxy `i`. The sender of a connection is told by its source address when
+//! nodes send from distinct loopback addresses (`peer_source_ip`, needed over
+//! TLS, where the proxy sees only ciphertext), else by the node named in the
+//! first request's `x-permitd-from` header (connections are pooled per sending
 //! process, so a connection never changes sender). A link is cut when either end
 //! is isolated: then the proxy stops forwarding and silently swallows what the
 //! client sends (a blackhole, so the sender sees timeouts rather than a quick
@@ -98,12 +100,23 @@ impl Network {
 
     async fn serve(&self, mut client: TcpStream, to: u64, target: String) {
         let mut changes = self.inner.changes.subscribe();
-        let Ok(Some((head, from))) = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client))
-            .await
-            .map(Result::ok)
-            .map(Option::flatten)
-        else {
-            return;
+        let by_address = client
+            .peer_addr()
+            .ok()
+            .and_then(|peer| crate::node_of_source_ip(peer.ip()));
+        let (head, from) = match by_address {
+            Some(from) => (Vec::new(), Some(from)),
+            None => {
+                let Ok(Some(head_and_from)) =
+                    tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client))
+                        .await
+                        .map(Result::ok)
+                        .map(Option::flatten)
+                else {
+                    return;
+                };
+                head_and_from
+            }
         };
         if self.blocked(from, to) {
             return blackhole(client).await;

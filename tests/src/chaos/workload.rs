@@ -15,6 +15,7 @@ use permitd_client::{
     SemaphoreQueue, StateConfig,
 };
 use permitd_core::config::{Amount, LeasePolicy, Provisioning};
+use permitd_core::tokens::{Role, TokenSpec};
 use permitd_core::KeyConfigUpdate;
 use rand::Rng;
 
@@ -116,11 +117,37 @@ pub async fn configure(client: &SemaphoreClient, specs: &[KeySpec]) {
     }
 }
 
+/// A runner token for the workload's keys and runners' client ids, created
+/// with the admin client (retried: the cluster may still be settling).
+pub async fn runner_token(admin: &SemaphoreClient, specs: &[KeySpec]) -> String {
+    let spec = TokenSpec {
+        name: "chaos-runners".into(),
+        role: Role::Runner,
+        keys: specs.iter().map(|spec| spec.key.to_string()).collect(),
+        client_ids: vec!["chaos-runner-*".into()],
+    };
+    for _ in 0..50 {
+        match admin.create_token(&spec).await {
+            Ok(created) => return created.token,
+            Err(error) => {
+                eprintln!("creating the runner token: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    panic!("no runner token could be created");
+}
+
 /// A client with short attempts, so a call stuck on a paused or cut-off node
 /// moves on to another one.
-pub fn chaos_client(endpoints: Vec<String>, secret: &str) -> SemaphoreClient {
+pub fn chaos_client(
+    endpoints: Vec<String>,
+    token: &str,
+    ca_file: Option<std::path::PathBuf>,
+) -> SemaphoreClient {
     let mut config = ClientConfig::new(endpoints);
-    config.secret = Some(secret.to_string());
+    config.token = Some(token.to_string());
+    config.ca_file = ca_file;
     config.attempt_timeout = Duration::from_secs(3);
     config.call_timeout = Duration::from_secs(20);
     SemaphoreClient::new(config).expect("chaos client")

@@ -4,7 +4,7 @@
 //! `promote` makes a member a voter, `remove` drops a voter. Promote and remove
 //! read the current voters and propose the whole new set, so run one change at a
 //! time: two concurrent edits would each start from the same set. Membership
-//! calls need the cluster secret and go to the leader (any node forwards).
+//! calls need the admin token and go to the leader (any node forwards).
 
 use std::collections::BTreeSet;
 

@@ -11,7 +11,7 @@ use super::{print, CliResult};
 
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
-    /// Saves the leader's applied state to FILE (needs `--secret`).
+    /// Saves the leader's applied state to FILE (needs the admin `--token`).
     Save { file: PathBuf },
 }
 

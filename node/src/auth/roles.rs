@@ -1,0 +1,180 @@
+//! What each role may do: every authenticated route is one [`Action`], and
+//! [`decide`] is the whole table.
+//!
+//! | action | runner | reader | admin |
+//! |---|---|---|---|
+//! | `POST /v1/semaphores/{key}` (request, sync) | keys + clientId | – | yes |
+//! | `GET /v1/semaphores/{key}/usage` | keys | yes | yes |
+//! | `GET /v1/semaphores/{key}/config`, `GET /v1/semaphores` | – | yes | yes |
+//! | `GET /metrics` | – | yes | yes |
+//! | `PUT …/config`, `PUT`/`DELETE …/groups/{group}` | – | – | yes |
+//! | `/v1/tokens*`, `/cluster/*` | – | – | yes |
+
+use axum::http::Method;
+use permitd_core::contract::paths;
+use permitd_core::tokens::{any_matches, Role, TokenRecord};
+
+/// What a route does, as far as permissions go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// A `request` or `sync` on a key, by a `clientId` (`None`: not readable).
+    Post {
+        key: Option<String>,
+        client_id: Option<String>,
+    },
+    Usage {
+        key: Option<String>,
+    },
+    ReadConfig,
+    ListKeys,
+    Metrics,
+    /// Key and group configuration changes.
+    WriteConfig,
+    Tokens,
+    Cluster,
+}
+
+/// Why a token may not do an action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Role,
+    Key,
+    ClientId,
+}
+
+impl Refusal {
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::Role => "this token's role may not do this",
+            Self::Key => "this token may not use this key",
+            Self::ClientId => "this token may not act for this clientId",
+        }
+    }
+}
+
+/// The action of a matched route, or `None` for an open route.
+pub fn action_of(method: &Method, matched_path: &str, key: Option<String>) -> Option<Action> {
+    let action = match (method.as_str(), matched_path) {
+        (_, paths::HEALTHZ | paths::READYZ) => return None,
+        ("POST", paths::SEMAPHORE) => Action::Post {
+            key,
+            client_id: None,
+        },
+        ("GET", paths::USAGE) => Action::Usage { key },
+        ("GET", paths::KEY_CONFIG) => Action::ReadConfig,
+        ("GET", paths::SEMAPHORES) => Action::ListKeys,
+        ("GET", paths::METRICS) => Action::Metrics,
+        (_, paths::KEY_CONFIG | paths::GROUP) => Action::WriteConfig,
+        (_, paths::TOKENS | paths::TOKEN) => Action::Tokens,
+        // `/cluster/*`, and anything added later, is for admins only.
+        _ => Action::Cluster,
+    };
+    Some(action)
+}
+
+/// Whether `token` may do `action`.
+pub fn decide(token: &TokenRecord, action: &Action) -> Result<(), Refusal> {
+    let spec = &token.spec;
+    let key_allowed = |key: &Option<String>| match key {
+        Some(key) if any_matches(&spec.keys, key) => Ok(()),
+        _ => Err(Refusal::Key),
+    };
+    match (spec.role, action) {
+        (Role::Admin, _) => Ok(()),
+        (Role::Runner, Action::Post { key, client_id }) => {
+            key_allowed(key)?;
+            match client_id {
+                Some(client_id) if any_matches(&spec.client_ids, client_id) => Ok(()),
+                _ => Err(Refusal::ClientId),
+            }
+        }
+        (Role::Runner, Action::Usage { key }) => key_allowed(key),
+        (
+            Role::Reader,
+            Action::Usage { .. } | Action::ReadConfig | Action::ListKeys | Action::Metrics,
+        ) => Ok(()),
+        _ => Err(Refusal::Role),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use permitd_core::tokens::TokenSpec;
+
+    fn token(role: Role) -> TokenRecord {
+        TokenRecord {
+            id: 1,
+            hash: String::new(),
+            created_at_ms: 0,
+            spec: TokenSpec {
+                name: "t".into(),
+                role,
+                keys: vec!["acct-*".into()],
+                client_ids: vec!["eu-*".into()],
+            },
+        }
+    }
+
+    fn post(key: &str, client_id: &str) -> Action {
+        Action::Post {
+            key: Some(key.into()),
+            client_id: Some(client_id.into()),
+        }
+    }
+
+    #[test]
+    fn runners_stay_within_their_keys_and_client_ids() {
+        let runner = token(Role::Runner);
+        assert_eq!(decide(&runner, &post("acct-1", "eu-7")), Ok(()));
+        assert_eq!(decide(&runner, &post("other", "eu-7")), Err(Refusal::Key));
+        assert_eq!(
+            decide(&runner, &post("acct-1", "us-7")),
+            Err(Refusal::ClientId)
+        );
+        let unreadable = Action::Post {
+            key: Some("acct-1".into()),
+            client_id: None,
+        };
+        assert_eq!(decide(&runner, &unreadable), Err(Refusal::ClientId));
+        let usage = Action::Usage {
+            key: Some("acct-1".into()),
+        };
+        assert_eq!(decide(&runner, &usage), Ok(()));
+        for action in [Action::ReadConfig, Action::Metrics, Action::Tokens] {
+            assert_eq!(decide(&runner, &action), Err(Refusal::Role));
+        }
+    }
+
+    #[test]
+    fn readers_read_and_admins_do_everything() {
+        let reader = token(Role::Reader);
+        assert_eq!(decide(&reader, &Action::Metrics), Ok(()));
+        assert_eq!(decide(&reader, &post("acct-1", "eu-1")), Err(Refusal::Role));
+        assert_eq!(decide(&reader, &Action::WriteConfig), Err(Refusal::Role));
+        let admin = token(Role::Admin);
+        assert_eq!(decide(&admin, &Action::Cluster), Ok(()));
+    }
+
+    #[test]
+    fn routes_map_to_actions() {
+        assert_eq!(action_of(&Method::GET, paths::HEALTHZ, None), None);
+        assert_eq!(
+            action_of(&Method::DELETE, paths::SEMAPHORE, None),
+            Some(Action::Cluster),
+            "an unlisted method on a key is for admins only"
+        );
+        assert_eq!(
+            action_of(&Method::PUT, paths::GROUP, None),
+            Some(Action::WriteConfig)
+        );
+        assert_eq!(
+            action_of(&Method::DELETE, paths::TOKEN, None),
+            Some(Action::Tokens)
+        );
+        assert_eq!(
+            action_of(&Method::GET, "/cluster/status", None),
+            Some(Action::Cluster)
+        );
+    }
+}

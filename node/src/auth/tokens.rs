@@ -1,0 +1,81 @@
+//! `/v1/tokens`: create (the secret is answered once), list (no secrets) and
+//! revoke API tokens. Admin only (the auth layer checks); runs on the leader.
+//!
+//! A new token is `pmt_` + 256 bits from the OS random source in hex. Only its
+//! SHA-256 goes into the log entry, so no replica, log or snapshot holds it.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use permitd_core::contract::ErrorCode;
+use permitd_core::limits::MAX_TOKENS;
+use permitd_core::tokens::{validate_token_spec, CreatedToken, TokenInfo, TokenList, TokenSpec};
+use permitd_storage::Command;
+
+use super::{hash_token, random_hex, to_hex};
+use crate::api::error::ApiError;
+use crate::api::extract::{ApiJson, ApiPath};
+use crate::api::semaphores::{linearizable, write};
+use crate::app::App;
+
+/// What every generated token starts with, so a leaked one is recognisable.
+pub const TOKEN_PREFIX: &str = "pmt_";
+/// Random bytes in a generated token.
+pub const TOKEN_RANDOM_BYTES: usize = 32;
+
+/// A fresh token secret.
+pub fn generate_token() -> Result<String, ApiError> {
+    let random = random_hex(TOKEN_RANDOM_BYTES)
+        .map_err(|error| ApiError::Internal(format!("OS random source: {error}")))?;
+    Ok(format!("{TOKEN_PREFIX}{random}"))
+}
+
+/// `POST /v1/tokens`.
+pub async fn create(
+    State(app): State<App>,
+    ApiJson(spec): ApiJson<TokenSpec>,
+) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
+    validate_token_spec(&spec)?;
+    if app.state.read_tokens(|tokens| tokens.len()) >= MAX_TOKENS {
+        return Err(ApiError::Conflict {
+            code: ErrorCode::TooManyTokens,
+            message: format!("the cluster already holds {MAX_TOKENS} tokens; revoke one first"),
+        });
+    }
+    let token = generate_token()?;
+    let command = Command::CreateToken {
+        now_ms: crate::now_ms(),
+        hash: to_hex(&hash_token(&token)),
+        spec,
+    };
+    let info = write(&app, command).await?.into_token_created()?;
+    tracing::info!(id = info.id, name = %info.spec.name, role = ?info.spec.role, "token created");
+    Ok((StatusCode::CREATED, Json(CreatedToken { token, info })))
+}
+
+/// `GET /v1/tokens`, linearizable.
+pub async fn list(State(app): State<App>) -> Result<Json<TokenList>, ApiError> {
+    linearizable(&app).await?;
+    let tokens = app
+        .state
+        .read_tokens(|tokens| tokens.list().map(TokenInfo::from).collect());
+    Ok(Json(TokenList { tokens }))
+}
+
+/// `DELETE /v1/tokens/{id}`.
+pub async fn revoke(
+    State(app): State<App>,
+    ApiPath(id): ApiPath<u64>,
+) -> Result<StatusCode, ApiError> {
+    let known = app
+        .state
+        .read_tokens(|tokens| tokens.list().any(|token| token.id == id));
+    if !known {
+        return Err(ApiError::NotFound(format!("no token {id}")));
+    }
+    write(&app, Command::RevokeToken { id })
+        .await?
+        .into_done()?;
+    tracing::info!(id, "token revoked");
+    Ok(StatusCode::NO_CONTENT)
+}
