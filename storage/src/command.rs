@@ -6,7 +6,7 @@
 
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
 use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
-use permitd_core::{Event, InvalidInput};
+use permitd_core::{Event, InvalidInput, KeyLimitReached};
 use serde::{Deserialize, Serialize};
 
 /// One key's share of a round entry.
@@ -80,6 +80,9 @@ pub enum CommandResult {
     KeyConfig { config: KeyConfig },
     /// The command was rejected by validation inside apply; nothing changed.
     Rejected { error: InvalidInput },
+    /// The command would have created keys past the cluster's key limit; nothing
+    /// changed.
+    KeyLimit { max: usize },
 }
 
 /// Why a result does not hold the answer its caller expects.
@@ -88,6 +91,9 @@ pub enum Refused {
     /// Validation inside apply rejected the command; nothing changed.
     #[error(transparent)]
     Rejected(#[from] InvalidInput),
+    /// The command would have created keys past the key limit; nothing changed.
+    #[error(transparent)]
+    KeyLimit(#[from] KeyLimitReached),
     /// The result is of another command: a bug, never a matter of input.
     #[error("apply answered {got} where {expected} was expected")]
     OtherAnswer {
@@ -133,12 +139,19 @@ impl CommandResult {
     fn refused(self, expected: &'static str) -> Refused {
         let got = match self {
             Self::Rejected { error } => return Refused::Rejected(error),
+            Self::KeyLimit { max } => return Refused::KeyLimit(KeyLimitReached { max }),
             Self::Done => "done",
             Self::Round { .. } => "round",
             Self::Synced { .. } => "synced",
             Self::KeyConfig { .. } => "keyConfig",
         };
         Refused::OtherAnswer { expected, got }
+    }
+}
+
+impl From<KeyLimitReached> for CommandResult {
+    fn from(error: KeyLimitReached) -> Self {
+        Self::KeyLimit { max: error.max }
     }
 }
 

@@ -112,6 +112,10 @@ impl From<Refused> for ApiError {
     fn from(refused: Refused) -> Self {
         match refused {
             Refused::Rejected(error) => Self::Invalid(error),
+            Refused::KeyLimit(error) => Self::TooMany {
+                code: ErrorCode::TooManyKeys,
+                message: error.to_string(),
+            },
             other @ Refused::OtherAnswer { .. } => Self::Internal(other.to_string()),
         }
     }
