@@ -101,7 +101,7 @@ fn apply_here(value: &mut Value, mutation: &Mutation) {
             items.pop();
         }
         (Mutation::Duplicate, Value::Array(items)) => {
-            let copies: Vec<Value> = items.iter().cloned().collect();
+            let copies = items.to_vec();
             items.extend(copies);
         }
         (Mutation::AddField(name, new), Value::Object(map)) => {

@@ -73,3 +73,44 @@ async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
     };
     tokio::time::timeout(wait, read_to_end).await.is_ok()
 }
+
+/// Connections the node serves at once in the limit test.
+const MAX_CONNECTIONS: usize = 4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_connection_limit_a_connection_waits_for_a_free_one() {
+    let settings = Settings {
+        nodes: 1,
+        extra_toml: format!(
+            "[limits]\nheader_read_timeout_ms = {HEADER_READ_TIMEOUT_MS}\n\
+             max_connections = {MAX_CONNECTIONS}\n"
+        ),
+        ..Settings::default()
+    };
+    let cluster = Cluster::start(settings).await;
+    let node = cluster.wait_for_leader().await;
+    let addr = cluster.node(node).api_addr.clone();
+    let opened = Instant::now();
+    let mut silent = Vec::with_capacity(MAX_CONNECTIONS);
+    for _ in 0..MAX_CONNECTIONS {
+        silent.push(TcpStream::connect(&addr).await.expect("connect"));
+    }
+    // Queued behind the silent ones, which hold every permit until their header
+    // timeout closes them: it cannot be answered sooner.
+    let mut next = TcpStream::connect(&addr).await.expect("connect");
+    let health = b"GET /healthz HTTP/1.1\r\nHost: permitd\r\nConnection: close\r\n\r\n";
+    next.write_all(health).await.expect("write");
+    let mut answer = Vec::new();
+    let wait = Duration::from_millis(HEADER_READ_TIMEOUT_MS) + CLOSE_SLACK;
+    tokio::time::timeout(wait, next.read_to_end(&mut answer))
+        .await
+        .expect("answered once a connection was freed")
+        .expect("read");
+    let waited = opened.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        waited >= Duration::from_millis(HEADER_READ_TIMEOUT_MS),
+        "served after {waited:?}, before any silent connection was closed"
+    );
+}
