@@ -5,7 +5,7 @@
 //! shared by every key of the entry, so ids never repeat within it).
 
 use permitd_core::validate::{
-    validate_group, validate_key, validate_permit_request, validate_sync,
+    validate_client_id, validate_group, validate_key, validate_permit_request, validate_sync,
 };
 use permitd_core::{Event, IdAllocator, InvalidInput, KeyLimitReached, Semaphores};
 
@@ -92,6 +92,12 @@ fn check(command: &Command) -> Result<(), InvalidInput> {
             validate_group(group)
         }
         Command::SetDefaults { .. } => Ok(()),
+        Command::ForceRelease { key, client_id, .. } => {
+            validate_key(key)?;
+            validate_client_id(client_id)
+        }
+        // Checked row by row inside `Semaphores::restore`.
+        Command::Restore { .. } => Ok(()),
     }
 }
 
@@ -100,7 +106,7 @@ fn check(command: &Command) -> Result<(), InvalidInput> {
 /// A round entry is refused whole (its callers get `too_many_keys` and retry), since
 /// its answer has no place for one key's refusal; the leader's own check before
 /// proposing makes that a race at the limit, not a habit. Commands that never
-/// create a key (reclaim, removals) always pass.
+/// create a key (reclaim, removals, force release) always pass.
 fn check_room(semaphores: &Semaphores, command: &Command) -> Result<(), KeyLimitReached> {
     match command {
         Command::Round { keys, .. } => {
@@ -109,10 +115,14 @@ fn check_room(semaphores: &Semaphores, command: &Command) -> Result<(), KeyLimit
         Command::Sync { key, .. }
         | Command::SetKeyConfig { key, .. }
         | Command::SetGroup { key, .. } => semaphores.room_for([key.as_str()]),
+        // Restore checks its own key count (`Backup::check`, into an empty state);
+        // force release acts only on a key held already.
         Command::Reclaim { .. }
         | Command::RemoveGroup { .. }
         | Command::RemoveKey { .. }
-        | Command::SetDefaults { .. } => Ok(()),
+        | Command::SetDefaults { .. }
+        | Command::ForceRelease { .. }
+        | Command::Restore { .. } => Ok(()),
     }
 }
 
@@ -178,6 +188,23 @@ fn run(
             applier.semaphores.remove_key(key);
             CommandResult::Done
         }
+        Command::ForceRelease {
+            now_ms,
+            key,
+            client_id,
+        } => {
+            let (released, events) = applier.semaphores.force_release(key, client_id, *now_ms);
+            applier.push_events(key, events);
+            CommandResult::Released { released }
+        }
+        Command::Restore { backup } => match applier.semaphores.restore(backup) {
+            Ok(()) => CommandResult::Restored {
+                keys: backup.keys.len() as u64,
+            },
+            Err(error) => CommandResult::RestoreRefused {
+                reason: error.to_string(),
+            },
+        },
     };
     // Single-call commands (and a rejected one, which changed nothing) land here.
     applier.persist()?;

@@ -116,6 +116,7 @@ impl From<Refused> for ApiError {
                 code: ErrorCode::TooManyKeys,
                 message: error.to_string(),
             },
+            Refused::NotRestored(reason) => Self::BadRequest(reason),
             other @ Refused::OtherAnswer { .. } => Self::Internal(other.to_string()),
         }
     }
