@@ -37,6 +37,8 @@ pub struct NodeSettings {
     pub initialize_at_start: bool,
     /// Requests that may wait for one key's round; 429 beyond.
     pub max_pending_per_key: usize,
+    /// Round and sync entries in flight at once (`[limits] entries_in_flight`).
+    pub entries_in_flight: usize,
 }
 
 /// Why a node could not start.
@@ -132,6 +134,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         state.clone(),
         leadership.clone(),
         settings.max_pending_per_key,
+        settings.entries_in_flight,
     );
     crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
     crate::events::start(state.clone());

@@ -5,7 +5,9 @@
 //! data directories are resolved against the file's folder, so the same file works
 //! from any working directory.
 
-use permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY;
+use permitd_core::limits::{
+    DEFAULT_ENTRIES_IN_FLIGHT, MAX_ENTRIES_IN_FLIGHT, MAX_PENDING_REQUESTS_PER_KEY,
+};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -72,16 +74,19 @@ pub struct NodeConfig {
 /// Per-node bounds on what clients may park, tighter than the built-in maxima
 /// where an operator wants it (and tests need a small one).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct NodeLimits {
     /// Requests that may wait for one key's round on the leader; 429 beyond.
     pub max_pending_per_key: usize,
+    /// Round and sync entries the leader may have in flight at once.
+    pub entries_in_flight: usize,
 }
 
 impl Default for NodeLimits {
     fn default() -> Self {
         Self {
             max_pending_per_key: MAX_PENDING_REQUESTS_PER_KEY,
+            entries_in_flight: DEFAULT_ENTRIES_IN_FLIGHT,
         }
     }
 }
@@ -167,6 +172,12 @@ impl ClusterConfig {
         if !(1..=MAX_PENDING_REQUESTS_PER_KEY).contains(&pending) {
             return invalid(format!(
                 "[limits] max_pending_per_key must be 1 to {MAX_PENDING_REQUESTS_PER_KEY}"
+            ));
+        }
+        let in_flight = self.limits.entries_in_flight;
+        if !(1..=MAX_ENTRIES_IN_FLIGHT).contains(&in_flight) {
+            return invalid(format!(
+                "[limits] entries_in_flight must be 1 to {MAX_ENTRIES_IN_FLIGHT}"
             ));
         }
         validate_key_config(&self.key_defaults())

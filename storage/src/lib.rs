@@ -45,7 +45,7 @@ mod state_machine;
 
 use std::path::{Path, PathBuf};
 
-pub use command::{Command, CommandResult, KeyRound};
+pub use command::{Command, CommandResult, KeyRound, KeySync};
 pub use error::StorageError;
 pub use format::STORAGE_FORMAT_VERSION;
 pub use log_store::LogStore;

@@ -99,6 +99,7 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         initial_members: members,
         initialize_at_start: false,
         max_pending_per_key: config.limits.max_pending_per_key,
+        entries_in_flight: config.limits.entries_in_flight,
     })
 }
 
@@ -119,6 +120,7 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: true,
         max_pending_per_key: permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY,
+        entries_in_flight: permitd_core::limits::DEFAULT_ENTRIES_IN_FLIGHT,
     })
 }
 
