@@ -97,12 +97,9 @@ impl World {
                 prop_assert_eq!(answer, remembered, "a retry replays the answer");
                 continue;
             }
-            if ask.request_id.is_some() && !answer.grants.is_empty() {
+            if let (Some(request_id), false) = (ask.request_id, answer.grants.is_empty()) {
                 let kept = self.remembered();
-                let id = (
-                    CLIENTS[ask.client].to_owned(),
-                    format!("r{}", ask.request_id.unwrap()),
-                );
+                let id = (CLIENTS[ask.client].to_owned(), format!("r{request_id}"));
                 prop_assert!(kept.contains_key(&id), "an answer with grants is kept");
             }
             let reports = answer.grants.iter().map(|granted| GrantReport {

@@ -23,7 +23,7 @@ use permitd_core::limits::{
     MAX_PENDING_REQUESTS_PER_KEY,
 };
 use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
-use permitd_storage::{Command, CommandResult, KeyRound, KeySync};
+use permitd_storage::{Command, KeyRound, KeySync, Refused};
 use tokio::sync::{oneshot, watch, Notify};
 use tracing::Instrument;
 
@@ -40,6 +40,8 @@ pub enum RoundError {
     Propose(#[from] ProposeError),
     #[error("{pending} requests already wait for this key's round")]
     TooManyPending { pending: usize },
+    #[error(transparent)]
+    Refused(#[from] Refused),
     #[error("the round's result did not match its requests")]
     Mismatch,
 }
@@ -236,8 +238,12 @@ impl Rounds {
         self.inner.wake.notify_one();
         let elapsed = started.elapsed();
         let _entered = span.enter();
-        match result {
-            Ok((CommandResult::Round { answers, synced }, _))
+        let answered = match result {
+            Ok((result, _)) => result.into_round().map_err(RoundError::from),
+            Err(error) => Err(error.into()),
+        };
+        match answered {
+            Ok((answers, synced))
                 if answers.len() == replies.rounds.len() && synced.len() == replies.syncs.len() =>
             {
                 for (reply, answer) in replies.syncs.into_iter().zip(synced) {
@@ -248,7 +254,7 @@ impl Rounds {
                 }
             }
             Ok(_) => replies.fail(RoundError::Mismatch),
-            Err(error) => replies.fail(error.into()),
+            Err(error) => replies.fail(error),
         }
     }
 

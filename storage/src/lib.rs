@@ -45,7 +45,7 @@ mod state_machine;
 
 use std::path::{Path, PathBuf};
 
-pub use command::{Command, CommandResult, KeyRound, KeySync};
+pub use command::{Command, CommandResult, KeyRound, KeySync, Refused};
 pub use error::StorageError;
 pub use format::STORAGE_FORMAT_VERSION;
 pub use log_store::LogStore;
@@ -70,8 +70,8 @@ impl std::fmt::Display for PeerNode {
     }
 }
 
-/// Raft node ids.
-pub type NodeId = u64;
+/// Raft node ids: the contract's, so a status answer and the Raft group agree.
+pub use permitd_core::contract::cluster::NodeId;
 
 openraft::declare_raft_types!(
     /// permitd's openraft type configuration.
