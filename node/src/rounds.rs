@@ -132,6 +132,16 @@ impl Rounds {
         .into())
     }
 
+    /// Copies of the requests waiting for `key`'s next round, in arrival order
+    /// (for the operators' holders view; empty on a follower).
+    pub fn waiting(&self, key: &str) -> Vec<PermitRequest> {
+        let schedule = self.schedule();
+        schedule
+            .waiting(key)
+            .map(|waiting| waiting.request.clone())
+            .collect()
+    }
+
     /// Parks `request` (`bytes` as received) for `key`'s next round and waits
     /// for its answer.
     pub async fn request(

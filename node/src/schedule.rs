@@ -213,6 +213,14 @@ impl<R, S> Schedule<R, S> {
             .map_or(0, |pending| pending.requests.len())
     }
 
+    /// The requests parked for `key`, in arrival order.
+    pub fn waiting(&self, key: &str) -> impl Iterator<Item = &R> {
+        self.keys
+            .get(key)
+            .into_iter()
+            .flat_map(|pending| pending.requests.iter().map(|(request, _)| request))
+    }
+
     /// Requests and syncs parked in all.
     pub fn parked(&self) -> usize {
         self.syncs.len()
@@ -495,6 +503,8 @@ mod tests {
         );
         schedule.park("b", 9, 1, timings(1, 1), t0).unwrap();
         assert_eq!((schedule.pending("a"), schedule.parked()), (4, 5));
+        let waiting: Vec<u32> = schedule.waiting("a").copied().collect();
+        assert_eq!(waiting, [0, 1, 2, 3], "in arrival order");
     }
 
     #[test]
