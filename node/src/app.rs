@@ -39,6 +39,8 @@ pub struct NodeSettings {
     pub max_pending_per_key: usize,
     /// Timeouts and connection limits of the node's listeners.
     pub edge: crate::edge::EdgeLimits,
+    /// Round and sync entries in flight at once (`[limits] entries_in_flight`).
+    pub entries_in_flight: usize,
 }
 
 /// Why a node could not start.
@@ -134,6 +136,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         state.clone(),
         leadership.clone(),
         settings.max_pending_per_key,
+        settings.entries_in_flight,
     );
     crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
     crate::events::start(state.clone());

@@ -7,8 +7,8 @@
 //! setting of the file (see `config_env.rs`).
 
 use permitd_core::limits::{
-    BODY_READ_TIMEOUT_MS, HEADER_READ_TIMEOUT_MS, MAX_CONNECTIONS_PER_LISTENER,
-    MAX_PENDING_REQUESTS_PER_KEY,
+    BODY_READ_TIMEOUT_MS, DEFAULT_ENTRIES_IN_FLIGHT, HEADER_READ_TIMEOUT_MS,
+    MAX_CONNECTIONS_PER_LISTENER, MAX_ENTRIES_IN_FLIGHT, MAX_PENDING_REQUESTS_PER_KEY,
 };
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -87,6 +87,8 @@ pub struct NodeLimits {
     pub body_read_timeout_ms: u64,
     /// Connections one listener serves at once.
     pub max_connections: usize,
+    /// Round and sync entries the leader may have in flight at once.
+    pub entries_in_flight: usize,
 }
 
 impl Default for NodeLimits {
@@ -96,6 +98,7 @@ impl Default for NodeLimits {
             header_read_timeout_ms: HEADER_READ_TIMEOUT_MS,
             body_read_timeout_ms: BODY_READ_TIMEOUT_MS,
             max_connections: MAX_CONNECTIONS_PER_LISTENER,
+            entries_in_flight: DEFAULT_ENTRIES_IN_FLIGHT,
         }
     }
 }
@@ -136,6 +139,11 @@ impl NodeLimits {
         if !(1..=MAX_CONNECTIONS_PER_LISTENER).contains(&self.max_connections) {
             return Err(format!(
                 "[limits] max_connections must be 1 to {MAX_CONNECTIONS_PER_LISTENER}"
+            ));
+        }
+        if !(1..=MAX_ENTRIES_IN_FLIGHT).contains(&self.entries_in_flight) {
+            return Err(format!(
+                "[limits] entries_in_flight must be 1 to {MAX_ENTRIES_IN_FLIGHT}"
             ));
         }
         Ok(())

@@ -11,7 +11,7 @@ use permitd_core::{Event, IdAllocator, InvalidInput, KeyLimitReached, Semaphores
 
 use crate::rows::WriteSet;
 use crate::state_machine::Applied;
-use crate::{Command, CommandResult, StorageError};
+use crate::{Command, CommandResult, KeySync, StorageError};
 
 /// Runs engine calls for one entry and records what each changed.
 struct Applier<'a> {
@@ -77,10 +77,16 @@ pub(crate) fn apply_command(
 /// reference: no copy of the entry's requests.
 fn check(command: &Command) -> Result<(), InvalidInput> {
     match command {
-        Command::Round { keys, .. } => keys.iter().try_for_each(|round| {
-            validate_key(&round.key)?;
-            round.requests.iter().try_for_each(validate_permit_request)
-        }),
+        Command::Round { keys, syncs, .. } => {
+            syncs.iter().try_for_each(|sync| {
+                validate_key(&sync.key)?;
+                validate_sync(&sync.sync)
+            })?;
+            keys.iter().try_for_each(|round| {
+                validate_key(&round.key)?;
+                round.requests.iter().try_for_each(validate_permit_request)
+            })
+        }
         Command::Sync { key, sync, .. } => {
             validate_key(key)?;
             validate_sync(sync)
@@ -133,7 +139,18 @@ fn run(
     command: &Command,
 ) -> Result<CommandResult, StorageError> {
     let result = match command {
-        Command::Round { now_ms, keys } => {
+        Command::Round {
+            now_ms,
+            syncs,
+            keys,
+        } => {
+            let mut synced = Vec::with_capacity(syncs.len());
+            for KeySync { key, sync } in syncs {
+                let outcome = applier.semaphores.sync(key, *now_ms, sync);
+                applier.persist()?;
+                applier.push_events(key, outcome.events);
+                synced.push(outcome.answer);
+            }
             let mut ids = IdAllocator::new(log_index);
             let mut answers = Vec::with_capacity(keys.len());
             for round in keys {
@@ -145,7 +162,7 @@ fn run(
                 applier.push_events(&round.key, outcome.events);
                 answers.push(outcome.answers);
             }
-            CommandResult::Round { answers }
+            CommandResult::Round { answers, synced }
         }
         Command::Sync { now_ms, key, sync } => {
             let outcome = applier.semaphores.sync(key, *now_ms, sync);

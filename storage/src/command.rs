@@ -20,14 +20,30 @@ pub struct KeyRound {
     pub requests: Vec<PermitRequest>,
 }
 
+/// One client's sync of one key, riding a round entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeySync {
+    pub key: String,
+    pub sync: PermitSync,
+}
+
 /// A Raft log entry's payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum Command {
-    /// Rounds of one or more keys that fell due together, at the leader's `now`.
+    /// Syncs that arrived since the last entry left, then the rounds of the keys
+    /// that fell due, at the leader's `now`. Syncs apply first, in arrival
+    /// order, so the permits they return are granted by the rounds of the same
+    /// entry.
     #[serde(rename_all = "camelCase")]
-    Round { now_ms: u64, keys: Vec<KeyRound> },
-    /// One client's sync of one key.
+    Round {
+        now_ms: u64,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        syncs: Vec<KeySync>,
+        keys: Vec<KeyRound>,
+    },
+    /// One client's sync of one key, alone (logs from before syncs rode rounds).
     #[serde(rename_all = "camelCase")]
     Sync {
         now_ms: u64,
@@ -85,8 +101,13 @@ pub enum CommandResult {
     /// `SetGroup`, `SetDefaults`.
     #[default]
     Done,
-    /// Per key of a round entry (same order), one answer per request (same order).
-    Round { answers: Vec<Vec<PermitGrant>> },
+    /// Per key of a round entry (same order), one answer per request (same
+    /// order); one answer per sync of the entry (same order).
+    Round {
+        answers: Vec<Vec<PermitGrant>>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        synced: Vec<PermitSyncResult>,
+    },
     /// The answer to a `Sync`.
     Synced { answer: PermitSyncResult },
     /// The effective configuration after `SetKeyConfig`.
@@ -126,10 +147,10 @@ pub enum Refused {
 }
 
 impl CommandResult {
-    /// The answers of a [`Command::Round`].
-    pub fn into_round(self) -> Result<Vec<Vec<PermitGrant>>, Refused> {
+    /// The answers of a [`Command::Round`]: per key per request, and per sync.
+    pub fn into_round(self) -> Result<(Vec<Vec<PermitGrant>>, Vec<PermitSyncResult>), Refused> {
         match self {
-            Self::Round { answers } => Ok(answers),
+            Self::Round { answers, synced } => Ok((answers, synced)),
             other => Err(other.refused("round")),
         }
     }

@@ -46,7 +46,7 @@ mod state_machine;
 
 use std::path::{Path, PathBuf};
 
-pub use command::{Command, CommandResult, KeyRound, Refused};
+pub use command::{Command, CommandResult, KeyRound, KeySync, Refused};
 pub use error::StorageError;
 pub use format::STORAGE_FORMAT_VERSION;
 pub use log_store::LogStore;

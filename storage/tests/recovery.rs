@@ -64,7 +64,7 @@ async fn reopened_store_equals_a_fresh_replay_of_its_log() {
     let expected_applied = first.state_machine.applied_state().await.unwrap();
     let granted = results
         .iter()
-        .filter(|result| matches!(result, CommandResult::Round { answers } if answers.iter().flatten().any(|answer| !answer.grants.is_empty())))
+        .filter(|result| matches!(result, CommandResult::Round { answers, .. } if answers.iter().flatten().any(|answer| !answer.grants.is_empty())))
         .count();
     assert!(
         granted > 50,
@@ -149,7 +149,7 @@ async fn apply_announces_touched_keys_and_events() {
         .apply([normal(1, command)])
         .await
         .unwrap();
-    let CommandResult::Round { answers } = &results[0] else {
+    let CommandResult::Round { answers, .. } = &results[0] else {
         panic!("{results:?}")
     };
     assert_eq!(answers.len(), 2);
@@ -354,7 +354,11 @@ fn round(now_ms: u64, keys: Vec<Vec<PermitRequest>>) -> Command {
             requests,
         })
         .collect();
-    Command::Round { now_ms, keys }
+    Command::Round {
+        now_ms,
+        syncs: Vec::new(),
+        keys,
+    }
 }
 
 /// The engine drops a key that holds nothing and forgets its pending changes; a
@@ -369,7 +373,7 @@ async fn a_key_emptied_and_refilled_by_one_entry_leaves_no_stale_rows() {
         .apply([normal(1, round(10_000, vec![vec![request(2, vec![])]]))])
         .await
         .unwrap();
-    let CommandResult::Round { answers } = &results[0] else {
+    let CommandResult::Round { answers, .. } = &results[0] else {
         panic!("{results:?}")
     };
     let grant = &answers[0][0].grants[0];

@@ -31,7 +31,7 @@ pub const DEFAULT_LIST_KEYS: usize = 1_000;
 pub const MAX_LIST_KEYS: usize = 10_000;
 
 /// `POST /v1/semaphores/{key}`: a `request` waits for the key's round, a `sync`
-/// is proposed at once.
+/// for the next entry to leave (shared with other syncs and keys' rounds).
 pub async fn post(
     State(app): State<App>,
     ApiPath(key): ApiPath<String>,
@@ -40,18 +40,14 @@ pub async fn post(
     validate_key(&key)?;
     let message = parse_request(&body)?;
     check_room_for(&app, &key)?;
+    let bytes = body.len();
     match message {
         SemaphoreRequest::Request(request) => {
-            let answer = app.rounds.request(&key, request).await?;
+            let answer = app.rounds.request(&key, request, bytes).await?;
             Ok(Json(SemaphoreResponse::Grant(answer)))
         }
         SemaphoreRequest::Sync(sync) => {
-            let command = Command::Sync {
-                now_ms: crate::now_ms(),
-                key,
-                sync,
-            };
-            let answer = write(&app, command).await?.into_synced()?;
+            let answer = app.rounds.sync(&key, sync, bytes).await?;
             Ok(Json(SemaphoreResponse::Synced(answer)))
         }
     }

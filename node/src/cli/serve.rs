@@ -100,6 +100,7 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         initialize_at_start: false,
         max_pending_per_key: config.limits.max_pending_per_key,
         edge: config.limits.edge(),
+        entries_in_flight: config.limits.entries_in_flight,
     })
 }
 
@@ -121,6 +122,7 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         initialize_at_start: true,
         max_pending_per_key: permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY,
         edge: crate::edge::EdgeLimits::default(),
+        entries_in_flight: permitd_core::limits::DEFAULT_ENTRIES_IN_FLIGHT,
     })
 }
 

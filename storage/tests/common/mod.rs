@@ -214,6 +214,7 @@ impl Workload {
         }
         Command::Round {
             now_ms: self.now_ms,
+            syncs: Vec::new(),
             keys: rounds,
         }
     }
@@ -300,7 +301,7 @@ impl Workload {
 
     /// Learns the grants and leases an applied command handed out.
     pub fn observe(&mut self, command: &Command, result: &CommandResult) {
-        let (Command::Round { keys, .. }, CommandResult::Round { answers }) = (command, result)
+        let (Command::Round { keys, .. }, CommandResult::Round { answers, .. }) = (command, result)
         else {
             return;
         };
