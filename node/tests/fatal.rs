@@ -38,6 +38,7 @@ async fn a_stopped_raft_core_fails_healthz_and_ends_the_wait() {
         initialize_at_start: false,
         max_pending_per_key: 10,
         edge: EdgeLimits::default(),
+        entries_in_flight: permitd_core::limits::DEFAULT_ENTRIES_IN_FLIGHT,
     };
     let started = app::start(&settings).await.expect("node starts");
     let app = started.app;

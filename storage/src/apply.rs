@@ -115,9 +115,11 @@ fn check(command: &Command) -> Result<(), InvalidInput> {
 /// create a key (reclaim, removals, force release) always pass.
 fn check_room(semaphores: &Semaphores, command: &Command) -> Result<(), KeyLimitReached> {
     match command {
-        Command::Round { keys, .. } => {
-            semaphores.room_for(keys.iter().map(|round| round.key.as_str()))
-        }
+        Command::Round { keys, syncs, .. } => semaphores.room_for(
+            keys.iter()
+                .map(|round| round.key.as_str())
+                .chain(syncs.iter().map(|sync| sync.key.as_str())),
+        ),
         Command::Sync { key, .. }
         | Command::SetKeyConfig { key, .. }
         | Command::SetGroup { key, .. } => semaphores.room_for([key.as_str()]),
@@ -279,6 +281,7 @@ mod tests {
                     requests: vec![request.clone()],
                 })
                 .collect(),
+            syncs: vec![],
         }
     }
 
