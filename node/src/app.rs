@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::forward::Forwarder;
-use crate::config::RaftTimings;
+use crate::config::{RaftTimings, StorageSettings};
 use crate::leadership::{watch_leadership, Leadership};
 use crate::raft::network::Network;
 use crate::raft::Raft;
@@ -29,6 +29,7 @@ pub struct NodeSettings {
     pub data_dir: PathBuf,
     pub secret: String,
     pub timings: RaftTimings,
+    pub storage: StorageSettings,
     /// Written into the replicated state right after initialisation.
     pub defaults: KeyConfig,
     /// The voters `/cluster/init` creates: every node of the config file.
@@ -106,6 +107,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     let raft_listener = bind(&settings.raft_addr).await?;
     let options = permitd_storage::Options {
         dir: settings.data_dir.clone(),
+        cache_capacity_bytes: settings.storage.cache_capacity_bytes(),
     };
     let opened = permitd_storage::open(&options)
         .await

@@ -47,6 +47,8 @@ pub struct ClusterConfig {
     pub defaults: KeyConfigUpdate,
     #[serde(default)]
     pub limits: NodeLimits,
+    #[serde(default)]
+    pub storage: StorageSettings,
     #[serde(rename = "node")]
     pub nodes: Vec<NodeConfig>,
 }
@@ -86,7 +88,34 @@ impl Default for NodeLimits {
     }
 }
 
-/// Raft timings, in milliseconds.
+/// How each node's store uses memory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSettings {
+    /// Bound of sled's page cache, in MiB. The state machine is held in memory
+    /// anyway; the cache only speeds up reading old log entries for a lagging
+    /// follower.
+    pub cache_capacity_mib: u64,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        Self {
+            cache_capacity_mib: permitd_storage::DEFAULT_CACHE_CAPACITY_BYTES / (1024 * 1024),
+        }
+    }
+}
+
+impl StorageSettings {
+    pub fn cache_capacity_bytes(&self) -> u64 {
+        self.cache_capacity_mib.saturating_mul(1024 * 1024)
+    }
+}
+
+/// Raft timings, in milliseconds. The defaults suit loopback or one LAN: a
+/// follower stands for election after the leader lease (openraft 0.9 sets it to
+/// `election_timeout_max_ms`) plus its election timeout, so a dead leader is
+/// replaced in about `2 × election_timeout_max_ms` at worst (see `cluster.toml`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RaftTimings {
@@ -102,9 +131,9 @@ pub struct RaftTimings {
 impl Default for RaftTimings {
     fn default() -> Self {
         Self {
-            heartbeat_interval_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            heartbeat_interval_ms: 40,
+            election_timeout_min_ms: 120,
+            election_timeout_max_ms: 240,
             rpc_timeout_ms: 1_000,
             snapshot_every_logs: 5_000,
         }
@@ -162,6 +191,9 @@ impl ClusterConfig {
             || raft.election_timeout_max_ms <= raft.election_timeout_min_ms
         {
             return invalid("need 0 < heartbeat < election min < election max".into());
+        }
+        if self.storage.cache_capacity_mib == 0 {
+            return invalid("[storage] cache_capacity_mib must be at least 1".into());
         }
         let pending = self.limits.max_pending_per_key;
         if !(1..=MAX_PENDING_REQUESTS_PER_KEY).contains(&pending) {

@@ -43,7 +43,7 @@ mod rows;
 mod snapshot;
 mod state_machine;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub use command::{Command, CommandResult, KeyRound};
 pub use error::StorageError;
@@ -83,11 +83,29 @@ openraft::declare_raft_types!(
         SnapshotData = std::io::Cursor<Vec<u8>>,
 );
 
-/// Where the store lives.
+/// sled's page cache when no setting says otherwise, in bytes. The state
+/// machine lives in memory and the log is read back only for lagging followers,
+/// so sled's cache serves little: a small one keeps the node's memory for the
+/// state (sled's own default is 1 GiB).
+pub const DEFAULT_CACHE_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Where the store lives, and how much memory sled may cache.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// The node's data dir; the sled database is `dir/sled`.
     pub dir: PathBuf,
+    /// Bound of sled's page cache, in bytes.
+    pub cache_capacity_bytes: u64,
+}
+
+impl Options {
+    /// A store in `dir` with the default cache bound.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            cache_capacity_bytes: DEFAULT_CACHE_CAPACITY_BYTES,
+        }
+    }
 }
 
 /// An opened store: give `log` and `state_machine` to `openraft::Raft::new`.
@@ -103,8 +121,8 @@ pub async fn open(options: &Options) -> Result<Opened, StorageError> {
     let dir = options.dir.clone();
     // sled's open and the state load read the whole state tree: blocking IO.
     let task = tokio::task::spawn_blocking({
-        let dir = dir.clone();
-        move || open_blocking(&dir)
+        let options = options.clone();
+        move || open_blocking(&options)
     });
     match task.await {
         Ok(opened) => opened,
@@ -116,13 +134,19 @@ pub async fn open(options: &Options) -> Result<Opened, StorageError> {
     }
 }
 
-fn open_blocking(dir: &Path) -> Result<Opened, StorageError> {
+fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
+    let dir = options.dir.as_path();
     std::fs::create_dir_all(dir).map_err(|source| StorageError::CreateDir {
         dir: dir.to_owned(),
         source,
     })?;
     let db = sled::Config::new()
         .path(dir.join("sled"))
+        .cache_capacity(options.cache_capacity_bytes)
+        // Every write that must survive a crash flushes before it is
+        // acknowledged (see `log_store.rs`); sled's background flush every
+        // 500 ms would only add disk writes that compete with those.
+        .flush_every_ms(None)
         .open()
         .map_err(|source| StorageError::Open {
             dir: dir.to_owned(),

@@ -164,9 +164,7 @@ async fn apply_announces_touched_keys_and_events() {
 /// The error opening `dir` gives, past any lock a just-dropped store still holds
 /// (see `common::open_dir`).
 async fn open_error(dir: &std::path::Path) -> StorageError {
-    let options = Options {
-        dir: dir.to_owned(),
-    };
+    let options = Options::new(dir.to_owned());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match open(&options).await {

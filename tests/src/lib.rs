@@ -489,10 +489,19 @@ impl Drop for Cluster {
     }
 }
 
+/// Raft heartbeat of every test cluster, in ms (the `cluster.toml` values).
+pub const HEARTBEAT_INTERVAL_MS: u64 = 40;
+/// Shortest election timeout of every test cluster, in ms.
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 120;
+/// Longest election timeout of every test cluster, in ms; openraft 0.9 also
+/// uses it as the leader lease, so a follower elects after up to twice this.
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 240;
+
 fn cluster_toml(nodes: &[Node], defaults: &str, extra_toml: &str) -> String {
     let mut text = format!(
-        "secret = \"{SECRET}\"\n\n[raft]\nheartbeat_interval_ms = 50\n\
-         election_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n\
+        "secret = \"{SECRET}\"\n\n[raft]\nheartbeat_interval_ms = {HEARTBEAT_INTERVAL_MS}\n\
+         election_timeout_min_ms = {ELECTION_TIMEOUT_MIN_MS}\n\
+         election_timeout_max_ms = {ELECTION_TIMEOUT_MAX_MS}\n\
          rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n[defaults]\n{defaults}\n{extra_toml}\n"
     );
     for node in nodes {

@@ -56,7 +56,7 @@ pub fn public_router(app: App) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(trace_layer())
+        .layer(trace_layer(Level::INFO))
         .with_state(app)
 }
 
@@ -70,7 +70,9 @@ pub fn internal_router(app: App) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
-        .layer(trace_layer())
+        // Peers call `/raft/append` for every heartbeat and entry: a span per call
+        // at INFO would cost more than the call and drown the log.
+        .layer(trace_layer(Level::DEBUG))
         .with_state(app)
 }
 
@@ -89,11 +91,13 @@ fn cluster_router(app: App) -> Router<App> {
         .route_layer(middleware::from_fn_with_state(app, require_secret))
 }
 
+/// A span per request at `level` (responses are logged at DEBUG).
 fn trace_layer(
+    level: Level,
 ) -> TraceLayer<tower_http::classify::SharedClassifier<tower_http::classify::ServerErrorsAsFailures>>
 {
     TraceLayer::new_for_http()
-        .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+        .make_span_with(DefaultMakeSpan::new().level(level))
         .on_response(DefaultOnResponse::new().level(Level::DEBUG))
 }
 

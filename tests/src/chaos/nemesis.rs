@@ -19,10 +19,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use super::proxy::Network;
-use crate::Cluster;
-
-/// Longest election timeout of the harness's cluster file, in ms.
-pub const ELECTION_TIMEOUT_MAX_MS: u64 = 600;
+use crate::{Cluster, ELECTION_TIMEOUT_MAX_MS};
 /// How long the cluster may take to recover from one fault.
 pub const RECOVERY_TIMEOUT: Duration = Duration::from_secs(45);
 
