@@ -124,8 +124,17 @@ pub struct RaftTimings {
     pub election_timeout_max_ms: u64,
     /// Timeout of one Raft RPC to a peer.
     pub rpc_timeout_ms: u64,
-    /// Log entries between two snapshots.
+    /// Log entries between two snapshots (node `i` waits `(1 + (i-1)/4)` times
+    /// as many, so that the nodes of a cluster snapshot at different indexes).
     pub snapshot_every_logs: u64,
+    /// Log entries kept behind a snapshot, so that a follower that lagged
+    /// briefly (a restart, a pause) catches up from the log, not a snapshot.
+    #[serde(default = "default_log_kept_after_snapshot")]
+    pub log_kept_after_snapshot: u64,
+}
+
+fn default_log_kept_after_snapshot() -> u64 {
+    10_000
 }
 
 impl Default for RaftTimings {
@@ -136,6 +145,7 @@ impl Default for RaftTimings {
             election_timeout_max_ms: 240,
             rpc_timeout_ms: 1_000,
             snapshot_every_logs: 5_000,
+            log_kept_after_snapshot: default_log_kept_after_snapshot(),
         }
     }
 }

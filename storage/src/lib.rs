@@ -9,10 +9,12 @@
 //! | tree | key | value |
 //! |---|---|---|
 //! | default | `permitd_format_version` | on-disk format version, u32 BE (also in the file `<dir>/format_version`: see `format.rs`) |
-//! | `log` | entry index, u64 BE | JSON `Entry<TypeConfig>` |
-//! | `raft` | `vote`, `committed`, `last_purged` | JSON vote / log ids |
-//! | `state` | `0x00` + name: `last_applied`, `membership`, `cluster` (defaults and clock), `snapshot_meta`, `snapshot_data` | JSON; the snapshot data raw |
-//! | `state` | `0x01` + u32 BE length + key + row kind (`0` meta, `1` grant id, `2` lease id, `3` u32 BE length + clientId + requestId) | JSON of the core value |
+//! | `log` | entry index, u64 BE | `Entry<TypeConfig>` |
+//! | `raft` | `vote`, `committed`, `last_purged` | vote / log ids |
+//! | `state` | `0x00` + name: `last_applied`, `membership`, `cluster` (defaults and clock), `snapshot_meta` | the value; the snapshot's data is a file (`snapshot.rs`) |
+//! | `state` | `0x01` + u32 BE length + key + row kind (`0` meta, `1` grant id, `2` lease id, `3` u32 BE length + clientId + requestId) | the core value |
+//!
+//! Every value is encoded by [`codec`] (MessagePack); the Raft RPC bodies too.
 //!
 //! # Data flow
 //!
@@ -34,6 +36,7 @@
 //! fails [`open`] with an error naming the dir, never with a panic.
 
 mod apply;
+pub mod codec;
 pub mod command;
 mod error;
 mod format;

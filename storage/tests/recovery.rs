@@ -257,9 +257,12 @@ async fn another_format_version_is_refused() {
 async fn another_format_version_in_the_marker_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(open_dir(dir.path()).await);
-    std::fs::write(dir.path().join("format_version"), "2\n").unwrap();
+    // Version 1 is the JSON format of earlier builds: refused, never migrated.
+    std::fs::write(dir.path().join("format_version"), "1\n").unwrap();
     let error = open_error(dir.path()).await;
-    assert!(error.to_string().contains("format version 2"), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("format version 1"), "{error}");
+    assert!(message.contains("does not migrate"), "{error}");
     std::fs::write(dir.path().join("format_version"), "\x00garbage").unwrap();
     let error = open_error(dir.path()).await;
     assert_refused_as(&error, "incompatible", dir.path());

@@ -149,6 +149,8 @@ pub struct Settings {
     pub defaults: String,
     /// More tables for the cluster file (e.g. `[limits]`), in TOML.
     pub extra_toml: String,
+    /// More lines of the `[raft]` table, in TOML.
+    pub raft_toml: String,
 }
 
 impl Default for Settings {
@@ -158,6 +160,7 @@ impl Default for Settings {
             defaults: "limit = 100\nroundWaitMs = 20\nroundPeriodMs = 20\ngrantTimeoutMs = 60000\n"
                 .into(),
             extra_toml: String::new(),
+            raft_toml: String::new(),
         }
     }
 }
@@ -227,11 +230,7 @@ impl Cluster {
                 }
             })
             .collect();
-        std::fs::write(
-            &config,
-            cluster_toml(&nodes, &settings.defaults, &settings.extra_toml),
-        )
-        .expect("config");
+        std::fs::write(&config, cluster_toml(&nodes, &settings)).expect("config");
         for node in &mut nodes {
             node.spawn(dir.path());
         }
@@ -375,11 +374,7 @@ impl Cluster {
         };
         let mut all: Vec<Node> = self.nodes.iter().map(clone_node).collect();
         all.push(clone_node(&node));
-        std::fs::write(
-            &config,
-            cluster_toml(&all, &self.settings.defaults, &self.settings.extra_toml),
-        )
-        .expect("config");
+        std::fs::write(&config, cluster_toml(&all, &self.settings)).expect("config");
         node.spawn(self.dir.path());
         self.nodes.push(node);
         id
@@ -462,7 +457,7 @@ pub fn write_cluster_file(dir: &Path, count: u64) -> (PathBuf, Vec<String>) {
         })
         .collect();
     let settings = Settings::default();
-    let text = cluster_toml(&nodes, &settings.defaults, &settings.extra_toml);
+    let text = cluster_toml(&nodes, &settings);
     std::fs::write(&path, text).expect("config");
     (path, nodes.iter().map(Node::url).collect())
 }
@@ -497,12 +492,18 @@ pub const ELECTION_TIMEOUT_MIN_MS: u64 = 120;
 /// uses it as the leader lease, so a follower elects after up to twice this.
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 240;
 
-fn cluster_toml(nodes: &[Node], defaults: &str, extra_toml: &str) -> String {
+fn cluster_toml(nodes: &[Node], settings: &Settings) -> String {
+    let Settings {
+        defaults,
+        extra_toml,
+        raft_toml,
+        ..
+    } = settings;
     let mut text = format!(
         "secret = \"{SECRET}\"\n\n[raft]\nheartbeat_interval_ms = {HEARTBEAT_INTERVAL_MS}\n\
          election_timeout_min_ms = {ELECTION_TIMEOUT_MIN_MS}\n\
          election_timeout_max_ms = {ELECTION_TIMEOUT_MAX_MS}\n\
-         rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n[defaults]\n{defaults}\n{extra_toml}\n"
+         rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n{raft_toml}\n[defaults]\n{defaults}\n{extra_toml}\n"
     );
     for node in nodes {
         text.push_str(&format!(
