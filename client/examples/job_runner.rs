@@ -1,7 +1,8 @@
-//! A job runner after the seed's account-concurrency example.
+//! A job runner for the account-concurrency example: "each account may run N
+//! jobs at once, each of its workflows at most M".
 //!
 //! Jobs of several accounts are spread over runner shards by a stable hash of
-//! the account (one `SemaphoreQueue` per shard, as the seed's `JobShard`); each
+//! the account (one `SemaphoreQueue` per shard); each
 //! account is a semaphore key with its own limit, each workflow a group with its
 //! own cap. Admitted jobs run as tokio tasks for a random time, some fail; either
 //! way the permit returns through `release`, and `finished` recovers any release
@@ -43,7 +44,7 @@ struct Args {
     workflows: usize,
     #[arg(long, default_value_t = 2_000)]
     jobs: usize,
-    /// Runner shards per account (the seed's `shardFor` width).
+    /// Runner shards per account.
     #[arg(long, default_value_t = 2)]
     shards: u32,
     /// Running jobs allowed per account.
@@ -139,7 +140,7 @@ impl Runner {
     }
 }
 
-/// The seed's `shardFor`: a stable hash of the account, `width` shards each.
+/// The shard of an account: a stable hash of the account, `width` shards each.
 fn shard_for(account: &str, width: u32) -> String {
     let hash = account
         .chars()

@@ -19,19 +19,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use permitd_core::contract::{headers, paths, ClusterStatus, ErrorAnswer, KeyList, KeyUsage};
 use permitd_core::protocol::{
     PermitGrant, PermitRequest, PermitSync, PermitSyncResult, SemaphoreRequest, SemaphoreResponse,
 };
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::backoff::{Backoff, DEFAULT_INITIAL_DELAY_MS, DEFAULT_MAX_DELAY_MS};
 use crate::error::ClientError;
-use crate::leader::{
-    find_ready, parse_endpoints, Endpoint, LeaderHint, LeaderTracker, LEADER_HEADER,
-};
+use crate::leader::{find_ready, parse_endpoints, Endpoint, LeaderHint, LeaderTracker};
 
 /// Default deadline of one call, retries included.
 pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 30_000;
@@ -83,51 +82,6 @@ impl ClientConfig {
             secret: None,
         }
     }
-}
-
-/// One key and its usage, as `GET /v1/semaphores` lists them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeyUsage {
-    pub key: String,
-    pub usage: Usage,
-}
-
-#[derive(Debug, Deserialize)]
-struct KeysAnswer {
-    keys: Vec<KeyUsage>,
-}
-
-/// `GET /cluster/status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterStatus {
-    /// The answering node's id.
-    pub id: u64,
-    pub leader: Option<u64>,
-    pub term: u64,
-    pub last_log_index: Option<u64>,
-    pub last_applied: Option<u64>,
-    #[serde(default)]
-    pub members: Vec<ClusterMember>,
-}
-
-/// One member of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClusterMember {
-    pub id: u64,
-    pub addr: String,
-    pub role: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct ErrorAnswer {
-    error: ErrorBody,
-}
-
-#[derive(Debug, Deserialize)]
-struct ErrorBody {
-    code: String,
-    message: String,
 }
 
 /// A cheaply cloneable handle on the cluster; clones share the leader and the
@@ -243,12 +197,12 @@ impl SemaphoreClient {
 
     /// The key's linearizable usage.
     pub async fn usage(&self, key: &str) -> Result<Usage, ClientError> {
-        self.get(&semaphore_path(key, Some("usage"))).await
+        self.get(&paths::segments(paths::USAGE, &[key])).await
     }
 
     /// The key's effective configuration.
     pub async fn key_config(&self, key: &str) -> Result<KeyConfig, ClientError> {
-        self.get(&semaphore_path(key, Some("config"))).await
+        self.get(&paths::segments(paths::KEY_CONFIG, &[key])).await
     }
 
     /// Replaces the key's configuration (omitted fields take the cluster
@@ -258,7 +212,8 @@ impl SemaphoreClient {
         key: &str,
         update: &KeyConfigUpdate,
     ) -> Result<KeyConfig, ClientError> {
-        self.put(&semaphore_path(key, Some("config")), update).await
+        self.put(&paths::segments(paths::KEY_CONFIG, &[key]), update)
+            .await
     }
 
     /// Sets one group's cap and permission.
@@ -268,7 +223,8 @@ impl SemaphoreClient {
         group: &str,
         config: &GroupConfig,
     ) -> Result<GroupConfig, ClientError> {
-        let answer: serde_json::Value = self.put(&group_path(key, group), config).await?;
+        let path = paths::segments(paths::GROUP, &[key, group]);
+        let answer: serde_json::Value = self.put(&path, config).await?;
         // Whatever the node echoes, what it applied is what was sent.
         Ok(serde_json::from_value(answer).unwrap_or_else(|_| config.clone()))
     }
@@ -276,22 +232,25 @@ impl SemaphoreClient {
     /// Removes one group's settings (no cap, permitted).
     pub async fn delete_group(&self, key: &str, group: &str) -> Result<(), ClientError> {
         let _: serde_json::Value = self
-            .call::<(), _>(Method::DELETE, &group_path(key, group), None)
+            .call::<(), _>(
+                Method::DELETE,
+                &paths::segments(paths::GROUP, &[key, group]),
+                None,
+            )
             .await?;
         Ok(())
     }
 
-    /// Every key with state, with its usage.
+    /// Every key with state, with its usage (the first page of
+    /// [`permitd_core::contract::ListQuery::default`]).
     pub async fn keys(&self) -> Result<Vec<KeyUsage>, ClientError> {
-        let path = ["v1", "semaphores"].map(String::from);
-        let answer: KeysAnswer = self.get(&path).await?;
+        let answer: KeyList = self.get(&paths::segments(paths::SEMAPHORES, &[])).await?;
         Ok(answer.keys)
     }
 
     /// The cluster's membership, leader, term and indexes, as some node sees them.
     pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
-        let path = ["cluster", "status"].map(String::from);
-        self.get(&path).await
+        self.get(&paths::segments(paths::CLUSTER_STATUS, &[])).await
     }
 
     /// The status of every endpoint, each asked directly (no leader routing);
@@ -312,7 +271,7 @@ impl SemaphoreClient {
     }
 
     async fn status_of(&self, endpoint: &Endpoint) -> Result<ClusterStatus, ClientError> {
-        let url = endpoint.url(&["cluster", "status"]);
+        let url = endpoint.url(&paths::segments(paths::CLUSTER_STATUS, &[]));
         let mut builder = self
             .inner
             .http
@@ -350,7 +309,7 @@ impl SemaphoreClient {
 
     fn unexpected(&self, key: &str, reason: &str) -> ClientError {
         ClientError::UnexpectedAnswer {
-            url: format!("/v1/semaphores/{key}"),
+            url: paths::SEMAPHORE.replace("{key}", key),
             reason: reason.to_string(),
         }
     }
@@ -366,8 +325,8 @@ impl SemaphoreClient {
         key: &str,
         message: SemaphoreRequest,
     ) -> Result<SemaphoreResponse, ClientError> {
-        self.call(Method::POST, &semaphore_path(key, None), Some(&message))
-            .await
+        let path = paths::segments(paths::SEMAPHORE, &[key]);
+        self.call(Method::POST, &path, Some(&message)).await
     }
 
     async fn get<R: DeserializeOwned>(&self, path: &[String]) -> Result<R, ClientError> {
@@ -389,7 +348,7 @@ impl SemaphoreClient {
         path: &[String],
         body: Option<&B>,
     ) -> Result<R, ClientError> {
-        let authorised = is_cluster_path(path);
+        let authorised = paths::is_cluster_path(path);
         let config = &self.inner.config;
         let body = body
             .map(serde_json::to_vec)
@@ -404,8 +363,7 @@ impl SemaphoreClient {
             let endpoint = self.tracker().pick();
             let remaining = deadline.saturating_duration_since(Instant::now());
             let timeout = remaining.min(config.attempt_timeout);
-            let segments: Vec<&str> = path.iter().map(String::as_str).collect();
-            let url = endpoint.url(&segments);
+            let url = endpoint.url(path);
             let attempt = self
                 .attempt(
                     &endpoint,
@@ -493,7 +451,7 @@ impl SemaphoreClient {
         let status = response.status();
         let hint = response
             .headers()
-            .get(LEADER_HEADER)
+            .get(headers::LEADER)
             .and_then(|value| value.to_str().ok())
             .and_then(LeaderHint::parse);
         let retry_after_ms = response
@@ -560,11 +518,6 @@ impl SemaphoreClient {
     }
 }
 
-/// `/cluster/` calls carry the cluster's secret; `/v1/` calls never do.
-fn is_cluster_path(path: &[String]) -> bool {
-    path.first().is_some_and(|segment| segment == "cluster")
-}
-
 fn is_retryable(status: StatusCode) -> bool {
     matches!(
         status,
@@ -575,25 +528,21 @@ fn is_retryable(status: StatusCode) -> bool {
     )
 }
 
-/// The error of a non-success answer: the server's `{"error": {code, message}}`,
-/// or the status and the start of the body.
+/// The error of a non-success answer: the contract's error body, or the status
+/// and the start of the body when something else answered.
 fn rejected(status: StatusCode, body: &[u8]) -> ClientError {
     match serde_json::from_slice::<ErrorAnswer>(body) {
-        Ok(answer) => ClientError::Rejected {
+        Ok(ErrorAnswer { error }) => ClientError::Rejected {
             status: status.as_u16(),
-            code: answer.error.code,
-            message: answer.error.message,
+            code: error.code,
+            message: error.message,
+            field: error.field,
         },
         Err(_) => {
             let text = String::from_utf8_lossy(&body[..body.len().min(MAX_ERROR_BODY_BYTES)]);
-            ClientError::Rejected {
+            ClientError::Http {
                 status: status.as_u16(),
-                code: status
-                    .canonical_reason()
-                    .unwrap_or("unknown")
-                    .to_lowercase()
-                    .replace(' ', "_"),
-                message: text.into_owned(),
+                body: text.into_owned(),
             }
         }
     }
@@ -606,19 +555,6 @@ fn decode<R: DeserializeOwned>(url: &reqwest::Url, body: &[u8]) -> Result<R, Cli
     })
 }
 
-/// Path segments of `/v1/semaphores/{key}[/{tail}]`; each is percent-encoded later.
-pub fn semaphore_path(key: &str, tail: Option<&str>) -> Vec<String> {
-    let mut path = vec!["v1".to_string(), "semaphores".to_string(), key.to_string()];
-    path.extend(tail.map(String::from));
-    path
-}
-
-fn group_path(key: &str, group: &str) -> Vec<String> {
-    let mut path = semaphore_path(key, Some("groups"));
-    path.push(group.to_string());
-    path
-}
-
 /// Milliseconds since the Unix epoch by this machine's clock.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -628,19 +564,23 @@ pub fn now_ms() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use permitd_core::contract::ErrorCode;
+
     use super::*;
 
     #[test]
-    fn error_bodies_map_to_codes() {
-        let body = br#"{"error":{"code":"bad_request","message":"count must be an integer"}}"#;
+    fn error_bodies_map_to_codes_and_fields() {
+        let body = br#"{"error":{"code":"bad_request","message":"demand.count is 2000000000; the maximum is 1000000000","field":"demand.count"}}"#;
         let error = rejected(StatusCode::BAD_REQUEST, body);
-        assert_eq!(error.code(), Some("bad_request"));
+        assert_eq!(error.code(), Some(ErrorCode::BadRequest));
+        assert_eq!(error.field(), Some("demand.count"));
         assert_eq!(
             error.to_string(),
-            "400 bad_request: count must be an integer"
+            "400 bad_request: demand.count is 2000000000; the maximum is 1000000000"
         );
         let plain = rejected(StatusCode::NOT_FOUND, b"nope");
-        assert_eq!(plain.code(), Some("not_found"));
+        assert_eq!(plain.code(), None);
+        assert_eq!(plain.to_string(), "404: nope");
     }
 
     #[test]
@@ -662,19 +602,11 @@ mod tests {
     #[test]
     fn paths_put_the_key_in_one_segment() {
         let endpoint = Endpoint::parse("http://n:1").unwrap();
-        let path = group_path("acct/7", "wf 1");
-        let segments: Vec<&str> = path.iter().map(String::as_str).collect();
+        let path = paths::segments(paths::GROUP, &["acct/7", "wf 1"]);
         assert_eq!(
-            endpoint.url(&segments).as_str(),
+            endpoint.url(&path).as_str(),
             "http://n:1/v1/semaphores/acct%2F7/groups/wf%201"
         );
-    }
-
-    #[test]
-    fn only_cluster_calls_carry_the_secret() {
-        assert!(is_cluster_path(&["cluster", "status"].map(String::from)));
-        assert!(!is_cluster_path(&semaphore_path("cluster", Some("usage"))));
-        assert!(!is_cluster_path(&["v1", "semaphores"].map(String::from)));
     }
 
     #[test]
@@ -685,13 +617,5 @@ mod tests {
         ));
         assert!(SemaphoreClient::connect(["ftp://x"]).is_err());
         assert!(SemaphoreClient::connect(["127.0.0.1:7001,127.0.0.1:7002"]).is_ok());
-    }
-
-    #[test]
-    fn cluster_status_parses_the_design_shape() {
-        let text = r#"{"id":1,"leader":2,"term":3,"lastLogIndex":10,"lastApplied":9,
-            "members":[{"id":1,"addr":"127.0.0.1:7001","role":"follower"}]}"#;
-        let status: ClusterStatus = serde_json::from_str(text).unwrap();
-        assert_eq!((status.leader, status.members.len()), (Some(2), 1));
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use permitd_core::contract::ErrorCode;
+
 /// Why a call to the cluster failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -14,13 +16,20 @@ pub enum ClientError {
     /// The HTTP client could not be built (TLS backend, for instance).
     #[error("cannot build the HTTP client: {0}")]
     Build(String),
-    /// The server answered with a non-retryable error (4xx other than 429).
+    /// The server answered with a non-retryable error (4xx other than 429) in
+    /// the contract's error body.
     #[error("{status} {code}: {message}")]
     Rejected {
         status: u16,
-        code: String,
+        code: ErrorCode,
         message: String,
+        /// The offending input field, when the server named one.
+        field: Option<String>,
     },
+    /// Something answered an error without the contract's body (a proxy in
+    /// front of the cluster, say); `body` is its start.
+    #[error("{status}: {body}")]
+    Http { status: u16, body: String },
     /// The per-call deadline passed while the call was still being retried.
     #[error("no answer within {deadline:?} after {attempts} attempts; last error: {last}")]
     DeadlineExceeded {
@@ -35,9 +44,17 @@ pub enum ClientError {
 
 impl ClientError {
     /// The server's error code, when the server rejected the call.
-    pub fn code(&self) -> Option<&str> {
+    pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            Self::Rejected { code, .. } => Some(code),
+            Self::Rejected { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// The input field the server named in its rejection, if any.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::Rejected { field, .. } => field.as_deref(),
             _ => None,
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! Any node accepts any call (a follower forwards to the leader), so the leader
 //! is an optimisation: asking it directly saves a hop. Every v1 answer names the
-//! leader in [`LEADER_HEADER`]; permitd sends the leader's node id there (a URL is
+//! leader in [`permitd_core::contract::headers::LEADER`]; permitd sends the leader's node id there (a URL is
 //! accepted too). An id is mapped to an endpoint once the endpoints' ids are
 //! known (the client asks each node's `/cluster/status` in the background when
 //! an unknown id shows up). Until then the tracker learns by trying: a node that
@@ -27,9 +27,6 @@ use reqwest::{StatusCode, Url};
 use serde::Deserialize;
 
 use crate::error::ClientError;
-
-/// The response header in which a node names the leader's API base URL.
-pub const LEADER_HEADER: &str = "x-permitd-leader";
 /// Most endpoints one client remembers (configured plus learned).
 pub const MAX_ENDPOINTS: usize = 64;
 
@@ -85,7 +82,7 @@ impl Endpoint {
 
     /// The URL of `segments` under this base, each segment percent-encoded (a key
     /// may hold `/`, `?`, spaces or any other character).
-    pub fn url(&self, segments: &[&str]) -> Url {
+    pub fn url<S: AsRef<str>>(&self, segments: &[S]) -> Url {
         let mut url = self.base.clone();
         {
             // `parse` rejected URLs that cannot be a base, so this cannot fail.
@@ -93,7 +90,7 @@ impl Endpoint {
                 .path_segments_mut()
                 .expect("endpoint URLs are base URLs");
             path.pop_if_empty();
-            path.extend(segments);
+            path.extend(segments.iter().map(AsRef::as_ref));
         }
         url
     }
@@ -118,7 +115,7 @@ pub fn parse_endpoints(text: &str) -> Result<Vec<Endpoint>, ClientError> {
     Ok(endpoints)
 }
 
-/// What a node's [`LEADER_HEADER`] says: the leader's node id (what permitd
+/// What a node's [`permitd_core::contract::headers::LEADER`] says: the leader's node id (what permitd
 /// sends) or its API base URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaderHint {

@@ -8,7 +8,7 @@
 //!   failures with capped, jittered exponential backoff ([`backoff`]) inside a
 //!   per-call deadline, always sends a `requestId` so a retried request gets the
 //!   original answer, and honours each key's `nextRequestAt`.
-//! - [`SemaphoreQueue`] ([`queue`]): the seed's queue. Items `{id, key, group,
+//! - [`SemaphoreQueue`] ([`queue`]): the job queue. Items `{id, key, group,
 //!   body}` wait for a permit; the queue asks each key's holder with its demand
 //!   and oldest enqueue time, draws lease permits locally (one per item), claims
 //!   grants, admits items through the application's [`Admission`], takes
@@ -29,8 +29,10 @@ pub mod error;
 pub mod leader;
 pub mod queue;
 
-pub use client::{ClientConfig, ClusterMember, ClusterStatus, KeyUsage, SemaphoreClient};
+pub use client::{ClientConfig, SemaphoreClient};
 pub use error::{ClientError, QueueError};
+/// The wire shapes the client reads, from the one contract both sides share.
+pub use permitd_core::contract::{ClusterMember, ClusterStatus, ErrorCode, KeyUsage, MemberRole};
 pub use queue::{
     Admission, AdmittedItem, EnqueueOutcome, ItemStatus, Permit, QueueConfig, QueueCounts,
     QueueItem, ReleaseOutcome, SemaphoreQueue, ShutdownReport, StateConfig,

@@ -1,8 +1,8 @@
 //! `requestId` de-duplication: a retried request gets the original answer.
 //!
-//! The seed cannot tell a lost reply from a slow client, so a retry after a lost
-//! reply gets new grants while the old ones stay reserved until their claim
-//! deadline. Here the state remembers, per (key, clientId), the answers to its
+//! A holder cannot tell a lost reply from a slow client: without help, a retry
+//! after a lost reply gets new grants while the old ones stay reserved until
+//! their claim deadline. So the state remembers, per (key, clientId), the answers to its
 //! latest requestIds until every grant in them is claimed or past its deadline;
 //! a retry with the same requestId takes part in no round and gets that answer.
 

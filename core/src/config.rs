@@ -1,7 +1,7 @@
-//! Replicated configuration: what the seed took as application callbacks.
+//! Replicated configuration of keys and groups.
 //!
-//! The seed's `limit()`, `groupLimit()` and `canGrant()` become a per-key
-//! [`KeyConfig`] and per-(key, group) [`GroupConfig`], changed through log entries
+//! A key's limit, timings and lease policy are a [`KeyConfig`], a group's cap and
+//! permission a [`GroupConfig`], changed through log entries
 //! so that every replica applies the same values and they survive any node's loss.
 //! Keys without their own configuration take the cluster-wide defaults.
 
@@ -34,7 +34,7 @@ impl KeyConfig {
 }
 
 impl Default for KeyConfig {
-    /// The seed's defaults, with a limit of 100 (the seed has no default limit).
+    /// The defaults of keys nobody configured (docs/protocol.md, "Key configuration").
     fn default() -> Self {
         Self {
             limit: 100,
@@ -68,7 +68,7 @@ pub struct LeasePolicy {
 }
 
 impl LeasePolicy {
-    /// The seed's lease defaults for a provisioning mode.
+    /// The default lease policy for a provisioning mode.
     pub fn with_provisioning(provisioning: Provisioning) -> Self {
         Self {
             provisioning,
@@ -199,8 +199,8 @@ impl Budgets {
     /// Permits grants may still receive. Besides their own budget, grants stay
     /// under the ceiling together with the lease footprint: after a limit change
     /// shrinks one budget, what the other kind holds beyond its budget is charged
-    /// here (the seed checks each budget alone, and `under`/`over` could then pass
-    /// the ceiling). May be negative when usage is above a lowered limit.
+    /// here (checking each budget alone would let `under`/`over` pass the
+    /// ceiling). May be negative when usage is above a lowered limit.
     pub fn grant_room(&self, granted: u64, leased: u64) -> i64 {
         let own = self.grants as i64 - granted as i64;
         let shared = self.ceiling as i64 - granted as i64 - leased as i64;
@@ -323,7 +323,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn config_parses_the_design_example_with_seed_defaults() {
+    fn config_parses_the_documented_example_with_default_lease_settings() {
         let text = r#"{"limit": 100, "roundWaitMs": 1000, "roundPeriodMs": 2000,
             "grantTimeoutMs": 10000, "leases": {"provisioning": {"mode": "strict"}}}"#;
         let config: KeyConfig = serde_json::from_str(text).unwrap();

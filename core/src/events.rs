@@ -1,4 +1,4 @@
-//! Lifecycle events, named as the seed names them. Apply returns them; the node
+//! Lifecycle events (docs/protocol.md, "Events"). Apply returns them; the node
 //! emits them (tracing, metrics) once the entry is committed and applied.
 
 use serde::Serialize;
@@ -61,7 +61,7 @@ pub enum Event {
 }
 
 impl Event {
-    /// The seed's name of the event.
+    /// The event's name in logs and reports.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Round { .. } => "round",

@@ -260,7 +260,7 @@ fn retire(
     state.put_lease(id, Some(lease));
 }
 
-/// An unreported lease is assumed fully drawn, as the seed does.
+/// An unreported lease is assumed fully drawn: its undrawn headroom is unknown.
 fn undrawn(state: &KeyState, round: &LeaseRound<'_>, id: LeaseId) -> u64 {
     let permits = state.leases()[&id].permits;
     permits

@@ -26,6 +26,7 @@
 
 pub mod answers;
 pub mod config;
+pub mod contract;
 pub mod events;
 pub mod ids;
 pub mod leases;
@@ -39,9 +40,6 @@ pub mod state;
 pub mod sync;
 pub mod usage;
 pub mod validate;
-
-#[cfg(test)]
-mod rules;
 
 pub use config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
 pub use events::Event;

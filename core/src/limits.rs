@@ -33,7 +33,8 @@ pub const MAX_LIMIT: u64 = 1_000_000;
 /// the largest integer JSON peers represent exactly.
 pub const MAX_TIMESTAMP_MS: u64 = (1 << 53) - 1;
 /// Longest delay a configuration may name (`roundWaitMs`, `roundPeriodMs`,
-/// `grantTimeoutMs`, `ttlMs`), in ms: the seed's 2^31 - 1 (about 24.8 days).
+/// `grantTimeoutMs`, `ttlMs`), in ms: 2^31 - 1 (about 24.8 days), the longest
+/// timer delay common runtimes accept.
 pub const MAX_DELAY_MS: u64 = (1 << 31) - 1;
 /// Largest lease provisioning ratio (`{"ratio": r}`); 1.0 reserves the whole limit.
 pub const MAX_PROVISIONING_RATIO: f64 = 1_000.0;

@@ -1,4 +1,5 @@
-//! The wire protocol, version 1: the seed's message shapes as serde types.
+//! The wire protocol, version 1: the semaphore messages as serde types
+//! (docs/protocol.md, "Messages").
 //!
 //! JSON field names are camelCase and exact; every message carries `"v": 1`, and an
 //! unknown `type` or `v` fails to parse. Parsing checks shapes and types (a negative

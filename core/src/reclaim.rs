@@ -1,10 +1,10 @@
 //! The claim deadline: unclaimed permits return to the pool.
 //!
 //! Runs at the start of every round and as its own log entry when the leader's
-//! timer for the earliest claim deadline fires (the seed's alarm). Uses the claim
+//! timer for the earliest claim deadline fires. Uses the claim
 //! deadline index, so its cost is the number of grants reclaimed, not held.
 //!
-//! Leases have a claim deadline too (beyond the seed): a lease its client never
+//! Leases have a claim deadline too: a lease its client never
 //! reported by then is deleted. The client draws from a lease only once a report
 //! of it was answered, so nothing can be running under such a lease; without
 //! this, a lease whose reply was lost would hold its footprint forever.

@@ -48,7 +48,7 @@ fn apply_grant_report(
         grant.permits
     };
     if permits < grant.permits {
-        // The seed shrinks such a grant silently; the reclaim is the same, so say so.
+        // Shrinking the grant here is the reclaim its deadline called for: say so.
         events.push(reclaimed_event(id, &grant, now_ms));
     }
     let claimed = grant.claimed.max(report.claimed.min(permits));

@@ -1,4 +1,5 @@
-//! One allocation round of one key: the seed's algorithm as a pure function.
+//! One allocation round of one key, as a pure function (docs/protocol.md, "A
+//! round, in order").
 //!
 //! In order: requests that retry a remembered `requestId` are set aside; every
 //! other request's grant and lease reports are applied in arrival order; grants
@@ -199,7 +200,7 @@ fn allocate_grants(
             continue;
         }
         // A capped group's room counts its lease footprint too, so grants plus
-        // leases never pass the cap (the seed counts grants only here).
+        // leases never pass the cap.
         let group_room = policy.limit.map_or(i64::MAX, |limit| {
             let used = state
                 .tally()

@@ -218,7 +218,7 @@ impl Semaphores {
             .is_some_and(|state| state.meta().groups.contains_key(group));
         if !known && groups >= MAX_CONFIGURED_GROUPS_PER_KEY {
             return Err(InvalidInput::TooMany {
-                field: "groups",
+                field: "groups".into(),
                 len: groups + 1,
                 max: MAX_CONFIGURED_GROUPS_PER_KEY,
             });

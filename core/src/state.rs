@@ -62,9 +62,9 @@ pub struct Lease {
     pub permits: u64,
     /// High-water mark of drawn permits the client returned.
     pub released: u64,
-    /// High-water mark of permits the client reported drawn. The seed keeps no such
-    /// mark; without it a stale retired report could shrink a lease below what was
-    /// drawn and free capacity twice.
+    /// High-water mark of permits the client reported drawn. Without it a stale
+    /// retired report could shrink a lease below what was drawn and free capacity
+    /// twice.
     pub drawn: u64,
     pub created_at_ms: u64,
     /// Refreshed by every report; the lease is retired once `now` reaches this.
@@ -72,7 +72,7 @@ pub struct Lease {
     /// No more permits may be drawn; the footprint stays until the client settles.
     pub retired: bool,
     /// The client reported the lease at least once. Until then it must not draw
-    /// from it (permitd's rule, beyond the seed): a lease whose answer was lost is
+    /// from it (docs/protocol.md, "Reclaim"): a lease whose answer was lost is
     /// otherwise never reported and its footprint would stay forever.
     #[serde(default)]
     pub acknowledged: bool,
@@ -108,8 +108,8 @@ pub struct KeyMeta {
     /// The last round left lease demand unserved or grants blocked by leases.
     pub contended: bool,
     /// Settings changed since the last round: every lease's eligibility is checked
-    /// again at the next round (the seed re-checks every round; settings only change
-    /// through log entries, so checking after a change is the same and cheaper).
+    /// again at the next round (settings only change through log entries, so
+    /// checking after a change equals checking every round, and costs less).
     pub recheck_leases: bool,
 }
 

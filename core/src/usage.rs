@@ -33,7 +33,7 @@ pub struct GroupUsage {
 }
 
 /// Usage of `state` at `now_ms`, counting unclaimed permits past their claim
-/// deadline as already reclaimed (as the seed does), and unacknowledged leases
+/// deadline as already reclaimed, and unacknowledged leases
 /// past theirs likewise. Costs the number of groups
 /// plus the number of such overdue grants, not the number of grants.
 pub fn usage(state: &KeyState, config: &KeyConfig, now_ms: u64) -> Usage {

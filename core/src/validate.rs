@@ -3,7 +3,10 @@
 //! A message that passes here cannot make a round panic, overflow or do unbounded
 //! work; one that fails changes nothing and gets an error that names the field.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Amount, GroupConfig, KeyConfig, LeasePolicy, Provisioning};
 use crate::limits::*;
@@ -11,39 +14,64 @@ use crate::protocol::{
     Demand, GrantReport, LeaseReport, PermitRequest, PermitSync, SemaphoreRequest,
 };
 
-/// What is wrong with an input. Every variant names the offending field.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+/// The name of the offending field, as the wire spells it (`demand.count`).
+/// Borrowed when validation names it, owned when a rejection is decoded again.
+pub type FieldName = Cow<'static, str>;
+
+/// What is wrong with an input. Every variant but `Malformed` names the offending
+/// field; the HTTP error body carries it as `field` ([`InvalidInput::field`]).
+/// Serialisable, because a rejection inside apply travels back to the leader in
+/// the entry's result.
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub enum InvalidInput {
     #[error("malformed message: {0}")]
     Malformed(String),
     #[error("{field} must not be empty")]
-    Empty { field: &'static str },
+    Empty { field: FieldName },
     #[error("{field} is {len} bytes long; the maximum is {max}")]
     TooLong {
-        field: &'static str,
+        field: FieldName,
         len: usize,
         max: usize,
     },
     #[error("{field} must not contain control characters")]
-    ControlCharacter { field: &'static str },
+    ControlCharacter { field: FieldName },
     #[error("{field} has {len} entries; the maximum is {max}")]
     TooMany {
-        field: &'static str,
+        field: FieldName,
         len: usize,
         max: usize,
     },
     #[error("{field} is {value}; the maximum is {max}")]
     TooLarge {
-        field: &'static str,
+        field: FieldName,
         value: u64,
         max: u64,
     },
     #[error("{field} must be at least 1")]
-    NotPositive { field: &'static str },
+    NotPositive { field: FieldName },
     #[error("{field} must be a finite ratio between 0 and {max}")]
-    BadRatio { field: &'static str, max: f64 },
+    BadRatio { field: FieldName, max: f64 },
     #[error("demand names group {group:?} more than once")]
     DuplicateGroup { group: String },
+}
+
+impl InvalidInput {
+    /// The offending field; `None` when the message could not be parsed at all.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::Malformed(_) => None,
+            Self::Empty { field }
+            | Self::TooLong { field, .. }
+            | Self::ControlCharacter { field }
+            | Self::TooMany { field, .. }
+            | Self::TooLarge { field, .. }
+            | Self::NotPositive { field }
+            | Self::BadRatio { field, .. } => Some(field),
+            Self::DuplicateGroup { .. } => Some("demand.group"),
+        }
+    }
 }
 
 type Checked = Result<(), InvalidInput>;
@@ -94,38 +122,52 @@ pub fn validate_group(group: &str) -> Checked {
 
 fn name(field: &'static str, value: &str, max: usize) -> Checked {
     if value.is_empty() {
-        return Err(InvalidInput::Empty { field });
+        return Err(InvalidInput::Empty {
+            field: field.into(),
+        });
     }
     if value.len() > max {
         return Err(InvalidInput::TooLong {
-            field,
+            field: field.into(),
             len: value.len(),
             max,
         });
     }
     if value.chars().any(char::is_control) {
-        return Err(InvalidInput::ControlCharacter { field });
+        return Err(InvalidInput::ControlCharacter {
+            field: field.into(),
+        });
     }
     Ok(())
 }
 
 fn count(field: &'static str, len: usize, max: usize) -> Checked {
     if len > max {
-        return Err(InvalidInput::TooMany { field, len, max });
+        return Err(InvalidInput::TooMany {
+            field: field.into(),
+            len,
+            max,
+        });
     }
     Ok(())
 }
 
 fn at_most(field: &'static str, value: u64, max: u64) -> Checked {
     if value > max {
-        return Err(InvalidInput::TooLarge { field, value, max });
+        return Err(InvalidInput::TooLarge {
+            field: field.into(),
+            value,
+            max,
+        });
     }
     Ok(())
 }
 
 fn positive_at_most(field: &'static str, value: u64, max: u64) -> Checked {
     if value == 0 {
-        return Err(InvalidInput::NotPositive { field });
+        return Err(InvalidInput::NotPositive {
+            field: field.into(),
+        });
     }
     at_most(field, value, max)
 }
@@ -212,7 +254,7 @@ fn amount(field: &'static str, amount: &Amount) -> Checked {
             Ok(())
         }
         Amount::Ratio { .. } => Err(InvalidInput::BadRatio {
-            field,
+            field: field.into(),
             max: MAX_PROVISIONING_RATIO,
         }),
     }
@@ -255,7 +297,7 @@ mod tests {
         assert_eq!(
             parse_request(message.as_bytes()),
             Err(InvalidInput::TooLong {
-                field: "clientId",
+                field: "clientId".into(),
                 len: long.len(),
                 max: MAX_CLIENT_ID_BYTES
             })
@@ -264,13 +306,9 @@ mod tests {
             r#""demand":[{{"group":"g","count":{},"oldestAt":1}}]"#,
             MAX_COUNT + 1
         );
-        assert!(matches!(
-            request_with(&body),
-            Err(InvalidInput::TooLarge {
-                field: "demand.count",
-                ..
-            })
-        ));
+        let error = request_with(&body).unwrap_err();
+        assert!(matches!(error, InvalidInput::TooLarge { .. }), "{error}");
+        assert_eq!(error.field(), Some("demand.count"));
     }
 
     #[test]
@@ -297,13 +335,9 @@ mod tests {
             .map(|n| format!(r#"{{"leaseId":"l{n}","drawn":0,"released":0}}"#))
             .collect();
         let body = format!(r#""leases":[{}]"#, reports.join(","));
-        assert!(matches!(
-            request_with(&body),
-            Err(InvalidInput::TooMany {
-                field: "leases",
-                ..
-            })
-        ));
+        let error = request_with(&body).unwrap_err();
+        assert!(matches!(error, InvalidInput::TooMany { .. }), "{error}");
+        assert_eq!(error.field(), Some("leases"));
     }
 
     #[test]
@@ -315,7 +349,7 @@ mod tests {
         assert_eq!(
             validate_key_config(&config),
             Err(InvalidInput::NotPositive {
-                field: "roundWaitMs"
+                field: "roundWaitMs".into()
             })
         );
         config.round_wait_ms = MAX_DELAY_MS + 1;

@@ -1,4 +1,6 @@
-//! Claim-deadline timers: the seed's alarm, kept by the leader.
+//! Claim-deadline timers, kept by the leader: when a key's earliest claim
+//! deadline passes, a reclaim entry returns its unclaimed permits without waiting
+//! for a request (docs/protocol.md, "Reclaim").
 //!
 //! A grant's (or a lease's) unclaimed permits return to the pool at its claim
 //! deadline. Rounds reclaim as they run, but a key nobody asks about has no round,

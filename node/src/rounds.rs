@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY;
 use permitd_core::protocol::{PermitGrant, PermitRequest};
-use permitd_storage::{Command, CommandResult, KeyRound};
+use permitd_storage::{Command, KeyRound, Refused};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tracing::Instrument;
 
@@ -48,6 +48,8 @@ pub enum RoundError {
     Propose(#[from] ProposeError),
     #[error("{pending} requests already wait for this key's round")]
     TooManyPending { pending: usize },
+    #[error(transparent)]
+    Refused(#[from] Refused),
     #[error("the round's result did not match its requests")]
     Mismatch,
 }
@@ -266,10 +268,16 @@ impl Rounds {
             .await;
         let elapsed = started.elapsed();
         let answers = match result {
-            Ok((CommandResult::Round { answers }, _)) if answers.len() == keys.len() => Ok(answers),
-            Ok(_) => Err(RoundError::Mismatch),
+            Ok((result, _)) => result.into_round().map_err(RoundError::from),
             Err(error) => Err(error.into()),
-        };
+        }
+        .and_then(|answers| {
+            if answers.len() == keys.len() {
+                Ok(answers)
+            } else {
+                Err(RoundError::Mismatch)
+            }
+        });
         let _entered = span.enter();
         for (index, replies) in batch.replies.into_iter().enumerate() {
             let key_answers = answers.as_ref().map(|all| &all[index]);

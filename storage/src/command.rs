@@ -60,34 +60,91 @@ pub enum Command {
 }
 
 /// What applying a [`Command`] answers; the leader replies from it.
+///
+/// openraft carries one result type for every entry, so this is one enum; callers
+/// read it through the accessor of the command they proposed
+/// ([`CommandResult::into_round`] for a `Round`, and so on), which hands back the
+/// typed answer or the typed rejection. No caller matches on the variants.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum CommandResult {
-    /// Entries without an answer: blank, membership, reclaim, removals.
+    /// Entries without an answer: blank, membership, reclaim, removals,
+    /// `SetGroup`, `SetDefaults`.
     #[default]
     Done,
     /// Per key of a round entry (same order), one answer per request (same order).
-    Round {
-        answers: Vec<Vec<PermitGrant>>,
-    },
-    Synced {
-        answer: PermitSyncResult,
-    },
+    Round { answers: Vec<Vec<PermitGrant>> },
+    /// The answer to a `Sync`.
+    Synced { answer: PermitSyncResult },
     /// The effective configuration after `SetKeyConfig`.
-    KeyConfig {
-        config: KeyConfig,
-    },
+    KeyConfig { config: KeyConfig },
     /// The command was rejected by validation inside apply; nothing changed.
-    Rejected {
-        message: String,
+    Rejected { error: InvalidInput },
+}
+
+/// Why a result does not hold the answer its caller expects.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refused {
+    /// Validation inside apply rejected the command; nothing changed.
+    #[error(transparent)]
+    Rejected(#[from] InvalidInput),
+    /// The result is of another command: a bug, never a matter of input.
+    #[error("apply answered {got} where {expected} was expected")]
+    OtherAnswer {
+        expected: &'static str,
+        got: &'static str,
     },
+}
+
+impl CommandResult {
+    /// The answers of a [`Command::Round`].
+    pub fn into_round(self) -> Result<Vec<Vec<PermitGrant>>, Refused> {
+        match self {
+            Self::Round { answers } => Ok(answers),
+            other => Err(other.refused("round")),
+        }
+    }
+
+    /// The answer of a [`Command::Sync`].
+    pub fn into_synced(self) -> Result<PermitSyncResult, Refused> {
+        match self {
+            Self::Synced { answer } => Ok(answer),
+            other => Err(other.refused("synced")),
+        }
+    }
+
+    /// The effective configuration after a [`Command::SetKeyConfig`].
+    pub fn into_key_config(self) -> Result<KeyConfig, Refused> {
+        match self {
+            Self::KeyConfig { config } => Ok(config),
+            other => Err(other.refused("keyConfig")),
+        }
+    }
+
+    /// The outcome of a command without an answer (`SetGroup`, `SetDefaults`,
+    /// `RemoveGroup`, `RemoveKey`, `Reclaim`).
+    pub fn into_done(self) -> Result<(), Refused> {
+        match self {
+            Self::Done => Ok(()),
+            other => Err(other.refused("done")),
+        }
+    }
+
+    fn refused(self, expected: &'static str) -> Refused {
+        let got = match self {
+            Self::Rejected { error } => return Refused::Rejected(error),
+            Self::Done => "done",
+            Self::Round { .. } => "round",
+            Self::Synced { .. } => "synced",
+            Self::KeyConfig { .. } => "keyConfig",
+        };
+        Refused::OtherAnswer { expected, got }
+    }
 }
 
 impl From<InvalidInput> for CommandResult {
     fn from(error: InvalidInput) -> Self {
-        Self::Rejected {
-            message: error.to_string(),
-        }
+        Self::Rejected { error }
     }
 }
 
@@ -95,4 +152,40 @@ impl From<InvalidInput> for CommandResult {
 #[derive(Debug, Clone, Default)]
 pub struct AppliedEvents {
     pub events: Vec<(String, Event)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accessors_hand_back_the_typed_answer_or_the_typed_rejection() {
+        assert_eq!(CommandResult::Done.into_done(), Ok(()));
+        let rejected = CommandResult::from(InvalidInput::Empty {
+            field: "key".into(),
+        });
+        let Err(Refused::Rejected(error)) = rejected.into_key_config() else {
+            panic!("a rejection stays a rejection");
+        };
+        assert_eq!(error.field(), Some("key"));
+        assert_eq!(
+            CommandResult::Done.into_round(),
+            Err(Refused::OtherAnswer {
+                expected: "round",
+                got: "done"
+            })
+        );
+    }
+
+    #[test]
+    fn a_rejection_survives_encoding_with_its_field() {
+        let result = CommandResult::from(InvalidInput::TooLarge {
+            field: "demand.count".into(),
+            value: 7,
+            max: 5,
+        });
+        let text = serde_json::to_string(&result).unwrap();
+        let decoded: CommandResult = serde_json::from_str(&text).unwrap();
+        assert_eq!(decoded, result);
+    }
 }

@@ -48,7 +48,7 @@ mod state_machine;
 
 use std::path::PathBuf;
 
-pub use command::{Command, CommandResult, KeyRound};
+pub use command::{Command, CommandResult, KeyRound, Refused};
 pub use error::StorageError;
 pub use format::STORAGE_FORMAT_VERSION;
 pub use log_store::LogStore;
@@ -73,8 +73,8 @@ impl std::fmt::Display for PeerNode {
     }
 }
 
-/// Raft node ids.
-pub type NodeId = u64;
+/// Raft node ids: the contract's, so a status answer and the Raft group agree.
+pub use permitd_core::contract::cluster::NodeId;
 
 openraft::declare_raft_types!(
     /// permitd's openraft type configuration.

@@ -32,12 +32,12 @@ fn acknowledged_entries_survive_sigkill() {
         return child(Path::new(&dir));
     }
     let dir = tempfile::tempdir().unwrap();
-    let seed = SystemTime::now()
+    let start = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64;
-    eprintln!("crash test seed {seed}");
-    let mut rng = Rng::new(seed);
+    eprintln!("crash test random start {start}");
+    let mut rng = Rng::new(start);
     let mut acknowledged = 0;
     for _ in 0..KILLS {
         let acked = run_and_kill(dir.path(), 20 + rng.below(300));

@@ -20,10 +20,10 @@ const ENTRIES: u64 = 400;
 /// Returns the entries and each one's result.
 async fn run_workload(
     opened: &mut Opened,
-    seed: u64,
+    start: u64,
 ) -> (Vec<Entry<TypeConfig>>, Vec<CommandResult>) {
-    let mut workload = Workload::new(seed);
-    let mut rng = Rng::new(seed);
+    let mut workload = Workload::new(start);
+    let mut rng = Rng::new(start);
     let members = Membership::new(vec![BTreeSet::from([1, 2, 3])], None);
     let mut entries = vec![
         blank(1),

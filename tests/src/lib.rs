@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use permitd_core::contract::headers;
 use serde_json::{json, Value};
 
 pub mod bench;
@@ -548,7 +549,7 @@ impl Answer {
                 .and_then(|value| value.to_str().ok())
                 .map(str::to_owned)
         };
-        let leader = header("x-permitd-leader").and_then(|value| value.parse().ok());
+        let leader = header(headers::LEADER).and_then(|value| value.parse().ok());
         let retry_after = header("retry-after");
         let status = answer.status().as_u16();
         let body = answer.json().await.unwrap_or(Value::Null);

@@ -1,6 +1,7 @@
-//! The seed's account-concurrency example end to end over HTTP: one key per
-//! account, workflow caps as group limits, a workflow that is not permitted,
-//! cumulative reports, and the claim-deadline reclaim.
+//! The account-concurrency example end to end over HTTP ("account A may run 10
+//! jobs at once, its workflow wf-capped at most 3"): one key per account,
+//! workflow caps as group limits, a workflow that is not permitted, cumulative
+//! reports, and the claim-deadline reclaim. The scenario runs as named phases.
 
 use std::time::Duration;
 
@@ -51,15 +52,34 @@ async fn configure(cluster: &Cluster, leader: u64) {
     assert_eq!(off.status, 200, "{}", off.body);
 }
 
+/// The phases share one cluster and one account; each takes what the previous
+/// left (the answers of the first round, the account's usage).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn account_limits_workflow_caps_reports_and_reclaim() {
     let cluster = Cluster::start(Settings::default()).await;
     let leader = cluster.wait_for_leader().await;
     let follower = cluster.follower_of(leader);
     configure(&cluster, leader).await;
+    let (a, b) = one_round_shares_the_account_limit(&cluster, leader, follower).await;
+    every_node_reports_the_same_usage(&cluster).await;
+    reports_free_capacity_once_and_only_for_their_owner(&cluster, leader, follower, &a).await;
+    the_reclaim_timer_returns_unclaimed_permits(&cluster, leader, follower).await;
+    a_late_claim_of_a_reclaimed_grant_finds_nothing(&cluster, follower, &b).await;
+    the_freed_room_goes_to_the_next_runner(&cluster, follower).await;
+}
 
-    // Two runners ask within one round wait: runner-a's work is older.
-    let path = format!("/v1/semaphores/{KEY}");
+fn semaphore_path() -> String {
+    format!("/v1/semaphores/{KEY}")
+}
+
+/// Two runners ask within one round wait; runner-a's work is older. Returns
+/// both answers.
+async fn one_round_shares_the_account_limit(
+    cluster: &Cluster,
+    leader: u64,
+    follower: u64,
+) -> (Value, Value) {
+    let path = semaphore_path();
     let runner_a = request(
         "runner-a",
         &[("wf-capped", 5, 1_000), ("wf-open", 4, 1_000)],
@@ -94,8 +114,10 @@ async fn account_limits_workflow_caps_reports_and_reclaim() {
         Some(fence),
         "one round"
     );
+    (a.body, b.body)
+}
 
-    // Usage is the same from every node.
+async fn every_node_reports_the_same_usage(cluster: &Cluster) {
     for node in [1, 2, 3] {
         let usage = cluster.usage(node, KEY).await;
         assert_eq!(usage["granted"], 10, "node {node}: {usage}");
@@ -106,10 +128,19 @@ async fn account_limits_workflow_caps_reports_and_reclaim() {
         );
         assert_eq!(usage["groups"]["wf-open"], json!({"granted": 7}));
     }
+}
 
-    // runner-a reports: the capped work finished, the open work runs.
-    let capped_id = grant_of(&a.body, "wf-capped")["grantId"].clone();
-    let open_id = grant_of(&a.body, "wf-open")["grantId"].clone();
+/// runner-a reports: the capped work finished, the open work runs. The same
+/// report again frees nothing twice; another client's report is unknown.
+async fn reports_free_capacity_once_and_only_for_their_owner(
+    cluster: &Cluster,
+    leader: u64,
+    follower: u64,
+    a: &Value,
+) {
+    let path = semaphore_path();
+    let capped_id = grant_of(a, "wf-capped")["grantId"].clone();
+    let open_id = grant_of(a, "wf-open")["grantId"].clone();
     let sync = json!({"type": "sync", "v": 1, "clientId": "runner-a", "grants": [
         {"grantId": capped_id, "claimed": 3, "released": 3},
         {"grantId": open_id, "claimed": 4, "released": 0}]});
@@ -123,17 +154,22 @@ async fn account_limits_workflow_caps_reports_and_reclaim() {
         .map(|result| result["status"].as_str().unwrap())
         .collect();
     assert_eq!(statuses, ["ok", "ok"]);
-    // The same report again frees nothing twice; another client's report is unknown.
     assert_eq!(cluster.post(leader, &path, &sync).await.status, 200);
     let stolen = json!({"type": "sync", "v": 1, "clientId": "runner-b", "grants": [
         {"grantId": open_id, "claimed": 4, "released": 4}]});
     let stolen = cluster.post(leader, &path, &stolen).await;
     assert_eq!(stolen.body["grantResults"][0]["status"], "not_found");
     assert_eq!(cluster.usage(follower, KEY).await["granted"], 7);
+}
 
-    // runner-b never claims its grant: the reclaim timer returns it, with no
-    // request from anyone (the log grows by a reclaim entry, and a follower's
-    // gauge, refreshed only when an entry touching the key applies, drops).
+/// runner-b never claims its grant: the reclaim timer returns it, with no
+/// request from anyone (the log grows by a reclaim entry, and a follower's
+/// gauge, refreshed only when an entry touching the key applies, drops).
+async fn the_reclaim_timer_returns_unclaimed_permits(
+    cluster: &Cluster,
+    leader: u64,
+    follower: u64,
+) {
     let index_before = cluster.status(leader).await.unwrap()["lastLogIndex"].as_u64();
     let reclaimed = eventually(Duration::from_secs(10), || async {
         let metrics = cluster
@@ -150,25 +186,31 @@ async fn account_limits_workflow_caps_reports_and_reclaim() {
     let index_after = cluster.status(leader).await.unwrap()["lastLogIndex"].as_u64();
     assert!(index_after > index_before, "a reclaim entry was appended");
     assert_eq!(cluster.usage(leader, KEY).await["granted"], 4);
+}
 
-    // A late claim of the reclaimed grant finds nothing: with no permit claimed,
-    // the reclaim removed the grant whole.
-    let late_id = grant_of(&b.body, "wf-open")["grantId"].clone();
+/// With no permit claimed, the reclaim removed runner-b's grant whole.
+async fn a_late_claim_of_a_reclaimed_grant_finds_nothing(
+    cluster: &Cluster,
+    follower: u64,
+    b: &Value,
+) {
+    let late_id = grant_of(b, "wf-open")["grantId"].clone();
     let late = json!({"type": "sync", "v": 1, "clientId": "runner-b", "grants": [
         {"grantId": late_id, "claimed": 3, "released": 0}]});
-    let late = cluster.post(follower, &path, &late).await;
+    let late = cluster.post(follower, &semaphore_path(), &late).await;
     assert_eq!(
         late.body["grantResults"][0]["status"], "not_found",
         "{}",
         late.body
     );
     assert_eq!(late.body["grantResults"][0]["claimed"], 0);
+}
 
-    // The freed room goes to the next runner.
+async fn the_freed_room_goes_to_the_next_runner(cluster: &Cluster, follower: u64) {
     let next = cluster
         .post(
             follower,
-            &path,
+            &semaphore_path(),
             &request("runner-c", &[("wf-open", 10, 3_000)]),
         )
         .await;

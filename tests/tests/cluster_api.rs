@@ -61,13 +61,31 @@ async fn rejections_answer_json_errors_and_change_nothing() {
     let leader = cluster.wait_for_leader().await;
     let follower = cluster.follower_of(leader);
     let before = cluster.status(leader).await.unwrap()["lastLogIndex"].clone();
-    let path = "/v1/semaphores/strict";
-    for (body, what) in [
+    bad_messages_answer_400_naming_the_field(&cluster, leader, follower).await;
+    bodies_of_the_wrong_type_or_size_are_refused(&cluster, follower).await;
+    a_bad_configuration_names_its_field(&cluster, leader).await;
+    unknown_routes_and_methods_answer_json(&cluster, leader).await;
+    let after = cluster.status(leader).await.unwrap()["lastLogIndex"].clone();
+    assert_eq!(before, after, "no rejected call reached the log");
+    assert_eq!(cluster.usage(leader, "strict").await["granted"], 0);
+}
+
+const REJECTED_PATH: &str = "/v1/semaphores/strict";
+
+/// On the leader and through a follower alike.
+async fn bad_messages_answer_400_naming_the_field(cluster: &Cluster, leader: u64, follower: u64) {
+    let path = REJECTED_PATH;
+    for (body, what, field) in [
         (
             json!({"type": "request", "v": 2, "clientId": "c"}),
             "version",
+            None,
         ),
-        (json!({"type": "grab", "v": 1, "clientId": "c"}), "type"),
+        (
+            json!({"type": "grab", "v": 1, "clientId": "c"}),
+            "type",
+            None,
+        ),
         (
             request("c", &[("g", 1, 1)])
                 .as_object()
@@ -78,24 +96,31 @@ async fn rejections_answer_json_errors_and_change_nothing() {
                 })
                 .unwrap(),
             "negative count",
+            None,
         ),
         (
             json!({"type": "request", "v": 1, "clientId": ""}),
             "empty client",
+            Some("clientId"),
         ),
         (
             json!({"type": "request", "v": 1, "clientId": "c", "demand": [
             {"group": "g", "count": 1, "oldestAt": 1}, {"group": "g", "count": 1, "oldestAt": 1}]}),
             "duplicate group",
+            Some("demand.group"),
         ),
     ] {
         for node in [leader, follower] {
             let answer = cluster.post(node, path, &body).await;
             assert_eq!(answer.status, 400, "{what}: {}", answer.body);
             assert_eq!(answer.code(), "bad_request", "{what}");
+            assert_eq!(answer.body["error"]["field"].as_str(), field, "{what}");
         }
     }
-    let url = format!("{}{path}", cluster.node(follower).url());
+}
+
+async fn bodies_of_the_wrong_type_or_size_are_refused(cluster: &Cluster, follower: u64) {
+    let url = format!("{}{REJECTED_PATH}", cluster.node(follower).url());
     let not_json = cluster.http.post(&url).body("{}").send().await.unwrap();
     assert_eq!(not_json.status(), 415);
     let broken = cluster
@@ -116,6 +141,9 @@ async fn rejections_answer_json_errors_and_change_nothing() {
         .await
         .unwrap();
     assert_eq!(huge.status(), 413);
+}
+
+async fn a_bad_configuration_names_its_field(cluster: &Cluster, leader: u64) {
     let bad_config = cluster
         .put(
             leader,
@@ -124,15 +152,17 @@ async fn rejections_answer_json_errors_and_change_nothing() {
         )
         .await;
     assert_eq!(bad_config.status, 400, "{}", bad_config.body);
+    assert_eq!(bad_config.body["error"]["field"], "roundWaitMs");
+}
+
+async fn unknown_routes_and_methods_answer_json(cluster: &Cluster, leader: u64) {
     let unknown = cluster.get(leader, "/v2/nothing").await;
     assert_eq!((unknown.status, unknown.code()), (404, "not_found"));
-    let method = cluster.call(leader, Method::DELETE, path, None).await;
+    let method = cluster
+        .call(leader, Method::DELETE, REJECTED_PATH, None)
+        .await;
     assert_eq!(method.status, 405);
     assert!(method.body["error"]["message"].is_string());
-
-    let after = cluster.status(leader).await.unwrap()["lastLogIndex"].clone();
-    assert_eq!(before, after, "no rejected call reached the log");
-    assert_eq!(cluster.usage(leader, "strict").await["granted"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -108,5 +108,8 @@ async fn a_follower_restarted_empty_catches_up_from_a_snapshot_under_load() {
         applied[0] > 0 && applied.iter().all(|index| *index == applied[0])
     })
     .await;
-    assert!(in_step, "every node, the rebuilt one too, applied the same log");
+    assert!(
+        in_step,
+        "every node, the rebuilt one too, applied the same log"
+    );
 }

@@ -347,12 +347,13 @@ fn status_table(status: &ClusterStatus) -> String {
             vec![
                 member.id.to_string(),
                 member.addr.clone(),
-                member.role.clone(),
+                member.raft_addr.clone(),
+                member.role.as_str().to_owned(),
             ]
         })
         .collect();
     text.push('\n');
-    text.push_str(&table(&["MEMBER", "ADDR", "ROLE"], &rows));
+    text.push_str(&table(&["MEMBER", "ADDR", "RAFT ADDR", "ROLE"], &rows));
     text
 }
 

@@ -1,4 +1,5 @@
-//! [`SemaphoreQueue`]: the seed's queue, as one background task per queue.
+//! [`SemaphoreQueue`]: a job queue that admits items only under a permit, as one
+//! background task per queue.
 //!
 //! The application enqueues items `{id, key, group, body}`; the queue asks the
 //! holder of each key for permits, admits items under confirmed grant claims or

@@ -8,9 +8,12 @@ use axum::extract::State;
 use axum::Json;
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use permitd_core::config::{KeyConfig, KeyConfigUpdate};
+use permitd_core::contract::{
+    paths, ClusterMember, ClusterStatus, ErrorCode, MemberRole, MembershipChange,
+};
 use permitd_core::validate::validate_key_config;
+use permitd_core::InvalidInput;
 use permitd_storage::{Command, NodeId, PeerNode};
-use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::extract::ApiJson;
@@ -21,54 +24,29 @@ use crate::raft::{bearer, SECRET_HEADER};
 /// How long `/cluster/init` waits for the first leader to write the defaults.
 pub const INIT_DEFAULTS_TIMEOUT_MS: u64 = 15_000;
 
-/// One member in `/cluster/status`.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Member {
-    pub id: NodeId,
-    pub addr: String,
-    pub raft_addr: String,
-    /// `voter` or `learner`.
-    pub role: String,
-}
-
-/// The answer of `GET /cluster/status`.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Status {
-    pub id: NodeId,
-    pub leader: Option<NodeId>,
-    pub term: u64,
-    pub last_log_index: Option<u64>,
-    pub last_applied: Option<u64>,
-    pub initialized: bool,
-    pub members: Vec<Member>,
-}
-
 /// `GET /cluster/status`: this node's view.
-pub async fn status(State(app): State<App>) -> Json<Status> {
+pub async fn status(State(app): State<App>) -> Json<ClusterStatus> {
     Json(current_status(&app))
 }
 
-pub fn current_status(app: &App) -> Status {
+pub fn current_status(app: &App) -> ClusterStatus {
     let metrics = app.raft.metrics().borrow().clone();
     let membership = metrics.membership_config.membership();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
     let members = membership
         .nodes()
-        .map(|(id, node)| Member {
+        .map(|(id, node)| ClusterMember {
             id: *id,
             addr: node.api_addr.clone(),
             raft_addr: node.raft_addr.clone(),
             role: if voters.contains(id) {
-                "voter"
+                MemberRole::Voter
             } else {
-                "learner"
-            }
-            .into(),
+                MemberRole::Learner
+            },
         })
         .collect();
-    Status {
+    ClusterStatus {
         id: app.id,
         leader: metrics.current_leader,
         term: metrics.current_term,
@@ -84,7 +62,7 @@ pub fn current_status(app: &App) -> Status {
 pub async fn init(
     State(app): State<App>,
     ApiJson(_): ApiJson<serde_json::Map<String, serde_json::Value>>,
-) -> Result<Json<Status>, ApiError> {
+) -> Result<Json<ClusterStatus>, ApiError> {
     initialize(&app).await?;
     Ok(Json(current_status(&app)))
 }
@@ -96,7 +74,7 @@ pub async fn initialize(app: &App) -> Result<(), ApiError> {
         Ok(()) => {}
         Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
             return Err(ApiError::Conflict {
-                code: "already_initialized",
+                code: ErrorCode::AlreadyInitialized,
                 message: "this node already belongs to an initialised cluster".into(),
             })
         }
@@ -118,7 +96,8 @@ async fn write_defaults(app: &App, defaults: &KeyConfig) -> Result<(), ApiError>
                 let command = Command::SetDefaults {
                     defaults: defaults.clone(),
                 };
-                write(app, command).await.map(|_| ())
+                let written = write(app, command).await;
+                written.and_then(|result| result.into_done().map_err(ApiError::from))
             }
             Some(leader) => defaults_via(app, leader, defaults).await,
         };
@@ -133,7 +112,7 @@ async fn write_defaults(app: &App, defaults: &KeyConfig) -> Result<(), ApiError>
 
 async fn defaults_via(app: &App, leader: NodeId, defaults: &KeyConfig) -> Result<(), ApiError> {
     let peer = app.peer(leader).ok_or(ApiError::NoQuorum)?;
-    let url = format!("http://{}/cluster/defaults", peer.api_addr);
+    let url = format!("http://{}{}", peer.api_addr, paths::CLUSTER_DEFAULTS);
     let answer = reqwest::Client::new()
         .put(url)
         .header(SECRET_HEADER, bearer(&app.secret))
@@ -159,30 +138,15 @@ pub async fn put_defaults(
     let command = Command::SetDefaults {
         defaults: defaults.clone(),
     };
-    write(&app, command).await?;
+    write(&app, command).await?.into_done()?;
     Ok(Json(defaults))
 }
 
 /// `POST /cluster/members` (leader only).
-#[derive(Debug, Deserialize)]
-#[serde(tag = "action", rename_all = "camelCase", deny_unknown_fields)]
-pub enum MembershipChange {
-    /// Adds a node as a learner and waits until it has caught up.
-    #[serde(rename_all = "camelCase")]
-    AddLearner {
-        id: NodeId,
-        api_addr: String,
-        raft_addr: String,
-    },
-    /// Makes exactly these nodes the voters; every one must already be a member.
-    #[serde(rename_all = "camelCase")]
-    ChangeMembership { voters: BTreeSet<NodeId> },
-}
-
 pub async fn members(
     State(app): State<App>,
     ApiJson(change): ApiJson<MembershipChange>,
-) -> Result<Json<Status>, ApiError> {
+) -> Result<Json<ClusterStatus>, ApiError> {
     let result = match change {
         MembershipChange::AddLearner {
             id,
@@ -197,7 +161,8 @@ pub async fn members(
         }
         MembershipChange::ChangeMembership { voters } => {
             if voters.is_empty() {
-                return Err(ApiError::BadRequest("voters must not be empty".into()));
+                let field = "voters".into();
+                return Err(InvalidInput::Empty { field }.into());
             }
             app.raft.change_membership(voters, false).await
         }
@@ -214,7 +179,7 @@ pub async fn members(
         }
         Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(error))) => {
             Err(ApiError::Conflict {
-                code: "membership_conflict",
+                code: ErrorCode::MembershipConflict,
                 message: error.to_string(),
             })
         }

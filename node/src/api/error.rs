@@ -1,15 +1,17 @@
 //! The one mapping from every failure the API can meet to an HTTP answer.
 //!
-//! Every error answers `{"error": {"code", "message"}}` with an exact status;
-//! the unavailable ones (503, 429) carry `Retry-After`. Internal details are
-//! logged here, not sent.
+//! Every error answers the contract's body (`{"error": {"code", "message",
+//! "field"?}}`, [`permitd_core::contract::errors`]) with the status its code
+//! implies; the unavailable ones (503, 429) carry `Retry-After`. A validation
+//! error keeps its type up to here, so the answer names the offending field.
+//! Internal details are logged here, not sent.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use permitd_core::contract::{headers, ErrorAnswer, ErrorCode};
 use permitd_core::InvalidInput;
-use permitd_storage::NodeId;
-use serde_json::json;
+use permitd_storage::{NodeId, Refused};
 
 use crate::propose::ProposeError;
 use crate::rounds::RoundError;
@@ -17,12 +19,14 @@ use crate::rounds::RoundError;
 /// Seconds a client should wait before retrying an unavailable node.
 pub const RETRY_AFTER_SECONDS: u64 = 1;
 
-/// The header that names the leader on every v1 answer.
-pub const LEADER_HEADER: &str = "x-permitd-leader";
-
 /// Everything the API can answer other than success.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// A body, path or query that breaks a limit or cannot be parsed; the answer
+    /// names the field when validation knew it.
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+    /// A path or query axum could not extract.
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -32,13 +36,13 @@ pub enum ApiError {
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error("{message}")]
-    Conflict { code: &'static str, message: String },
+    Conflict { code: ErrorCode, message: String },
     #[error("request body is larger than {max} bytes")]
     PayloadTooLarge { max: usize },
     #[error("expected Content-Type: application/json")]
     UnsupportedMediaType,
     #[error("{message}")]
-    TooMany { code: &'static str, message: String },
+    TooMany { code: ErrorCode, message: String },
     #[error("this node is not the leader")]
     NotLeader { leader: Option<NodeId> },
     #[error("no leader is known: the cluster has no quorum or is electing one")]
@@ -54,65 +58,62 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    fn status_and_code(&self) -> (StatusCode, &'static str) {
+    /// The code; its status follows from it ([`ErrorCode::status`]).
+    fn code(&self) -> ErrorCode {
         match self {
-            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
-            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
-            Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
-            Self::Conflict { code, .. } => (StatusCode::CONFLICT, code),
-            Self::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
-            Self::UnsupportedMediaType => {
-                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
-            }
-            Self::TooMany { code, .. } => (StatusCode::TOO_MANY_REQUESTS, code),
-            Self::NotLeader { .. } => (StatusCode::SERVICE_UNAVAILABLE, "not_leader"),
-            Self::NoQuorum => (StatusCode::SERVICE_UNAVAILABLE, "no_quorum"),
-            Self::LeaderChanged => (StatusCode::SERVICE_UNAVAILABLE, "leader_changed"),
-            Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
-            Self::Timeout => (StatusCode::SERVICE_UNAVAILABLE, "timeout"),
-            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            Self::Invalid(_) | Self::BadRequest(_) => ErrorCode::BadRequest,
+            Self::Unauthorized(_) => ErrorCode::Unauthorized,
+            Self::NotFound(_) => ErrorCode::NotFound,
+            Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
+            Self::Conflict { code, .. } | Self::TooMany { code, .. } => *code,
+            Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
+            Self::NotLeader { .. } => ErrorCode::NotLeader,
+            Self::NoQuorum => ErrorCode::NoQuorum,
+            Self::LeaderChanged => ErrorCode::LeaderChanged,
+            Self::ShuttingDown => ErrorCode::ShuttingDown,
+            Self::Timeout => ErrorCode::Timeout,
+            Self::Internal(_) => ErrorCode::Internal,
         }
     }
 
-    fn retry_after(&self) -> bool {
-        matches!(
-            self,
-            Self::TooMany { .. }
-                | Self::NotLeader { .. }
-                | Self::NoQuorum
-                | Self::LeaderChanged
-                | Self::ShuttingDown
-                | Self::Timeout
-        )
+    fn body(&self) -> ErrorAnswer {
+        match self {
+            Self::Invalid(error) => ErrorAnswer::from(error),
+            other => ErrorAnswer::new(other.code(), other.to_string()),
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, code) = self.status_and_code();
+        let code = self.code();
+        let status =
+            StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if let Self::Internal(detail) = &self {
             tracing::error!(%detail, "internal error");
         }
-        let body = json!({"error": {"code": code, "message": self.to_string()}});
-        let mut response = (status, Json(body)).into_response();
-        let headers = response.headers_mut();
-        if self.retry_after() {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+        let mut response = (status, Json(self.body())).into_response();
+        let response_headers = response.headers_mut();
+        if code.retry_after() {
+            response_headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
         if let Self::NotLeader {
             leader: Some(leader),
         } = self
         {
-            headers.insert(LEADER_HEADER, HeaderValue::from(leader));
+            response_headers.insert(headers::LEADER, HeaderValue::from(leader));
         }
         response
     }
 }
 
-impl From<InvalidInput> for ApiError {
-    fn from(error: InvalidInput) -> Self {
-        Self::BadRequest(error.to_string())
+impl From<Refused> for ApiError {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::Rejected(error) => Self::Invalid(error),
+            other @ Refused::OtherAnswer { .. } => Self::Internal(other.to_string()),
+        }
     }
 }
 
@@ -133,9 +134,10 @@ impl From<RoundError> for ApiError {
         match error {
             RoundError::Propose(error) => error.into(),
             RoundError::TooManyPending { .. } => Self::TooMany {
-                code: "too_many_pending",
+                code: ErrorCode::TooManyPending,
                 message: error.to_string(),
             },
+            RoundError::Refused(refused) => refused.into(),
             RoundError::Mismatch => Self::Internal(error.to_string()),
         }
     }
@@ -150,7 +152,7 @@ mod tests {
         let response = ApiError::NotLeader { leader: Some(2) }.into_response();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
-        assert_eq!(response.headers()[LEADER_HEADER], "2");
+        assert_eq!(response.headers()[headers::LEADER], "2");
         let response = ApiError::BadRequest("x".into()).into_response();
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
         assert!(response.headers().get(header::RETRY_AFTER).is_none());
@@ -159,6 +161,23 @@ mod tests {
     #[test]
     fn a_propose_error_without_leader_is_no_quorum() {
         let error: ApiError = ProposeError::NotLeader { leader: None }.into();
-        assert_eq!(error.status_and_code().1, "no_quorum");
+        assert_eq!(error.code(), ErrorCode::NoQuorum);
+    }
+
+    #[tokio::test]
+    async fn a_rejection_inside_apply_answers_400_naming_the_field() {
+        let refused = Refused::Rejected(InvalidInput::TooMany {
+            field: "groups".into(),
+            len: 10_001,
+            max: 10_000,
+        });
+        let response = ApiError::from(refused).into_response();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let answer: ErrorAnswer = serde_json::from_slice(&body).unwrap();
+        assert_eq!(answer.error.code, ErrorCode::BadRequest);
+        assert_eq!(answer.error.field.as_deref(), Some("groups"));
     }
 }

@@ -9,6 +9,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::{header, request::Parts, StatusCode};
 use permitd_core::limits::MAX_BODY_BYTES;
+use permitd_core::InvalidInput;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -42,7 +43,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
         let JsonBytes(bytes) = JsonBytes::from_request(request, state).await?;
         serde_json::from_slice(&bytes)
             .map(Self)
-            .map_err(|error| ApiError::BadRequest(format!("malformed message: {error}")))
+            .map_err(|error| InvalidInput::Malformed(error.to_string()).into())
     }
 }
 

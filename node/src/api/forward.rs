@@ -1,9 +1,9 @@
 //! Followers forward leader-only calls to the leader: one hop, with a timeout.
 //!
-//! A forwarded call carries [`FORWARDED_HEADER`]; a node that receives one and does
-//! not lead answers `not_leader` instead of forwarding again, so a call never
+//! A forwarded call carries [`headers::FORWARDED`]; a node that receives one and
+//! does not lead answers `not_leader` instead of forwarding again, so a call never
 //! bounces around a cluster that is changing leaders. Every answer names the
-//! leader in [`LEADER_HEADER`].
+//! leader in [`headers::LEADER`].
 
 use std::time::Duration;
 
@@ -12,13 +12,11 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use permitd_core::contract::headers;
 use permitd_core::limits::MAX_BODY_BYTES;
 
-use super::error::{ApiError, LEADER_HEADER};
+use super::error::ApiError;
 use crate::app::App;
-
-/// Marks a call a follower forwarded.
-pub const FORWARDED_HEADER: &str = "x-permitd-forwarded";
 
 /// How long a follower waits for the leader's answer. A forwarded request waits
 /// for its round, so this is generous.
@@ -52,13 +50,13 @@ pub async fn to_leader(State(app): State<App>, request: Request, next: Next) -> 
         let mut response = next.run(request).await;
         response
             .headers_mut()
-            .insert(LEADER_HEADER, HeaderValue::from(app.id));
+            .insert(headers::LEADER, HeaderValue::from(app.id));
         return response;
     }
     let Some(leader) = leadership.leader else {
         return ApiError::NoQuorum.into_response();
     };
-    if request.headers().contains_key(FORWARDED_HEADER) {
+    if request.headers().contains_key(headers::FORWARDED) {
         return ApiError::NotLeader {
             leader: Some(leader),
         }
@@ -87,7 +85,7 @@ async fn forward(
     let mut outgoing = forwarder
         .client
         .request(parts.method.clone(), format!("http://{addr}{path}"))
-        .header(FORWARDED_HEADER, "1")
+        .header(headers::FORWARDED, "1")
         .body(body);
     for name in REQUEST_HEADERS {
         if let Some(value) = parts.headers.get(name) {
@@ -115,7 +113,7 @@ async fn relay(answer: reqwest::Response) -> Result<Response, ApiError> {
     let mut headers = Vec::new();
     for name in RESPONSE_HEADERS
         .iter()
-        .chain([&HeaderName::from_static(LEADER_HEADER)])
+        .chain([&HeaderName::from_static(headers::LEADER)])
     {
         if let Some(value) = answer.headers().get(name) {
             headers.push((name.clone(), value.clone()));

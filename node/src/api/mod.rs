@@ -17,6 +17,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use permitd_core::contract::paths;
 use permitd_core::limits::MAX_BODY_BYTES;
 use serde_json::json;
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
@@ -32,15 +33,15 @@ pub const MAX_RAFT_BODY_BYTES: usize = 128 * 1024 * 1024;
 /// The public API, served on `api_addr`.
 pub fn public_router(app: App) -> Router {
     let v1 = Router::new()
-        .route("/v1/semaphores", get(semaphores::list))
-        .route("/v1/semaphores/{key}", post(semaphores::post))
-        .route("/v1/semaphores/{key}/usage", get(semaphores::usage))
+        .route(paths::SEMAPHORES, get(semaphores::list))
+        .route(paths::SEMAPHORE, post(semaphores::post))
+        .route(paths::USAGE, get(semaphores::usage))
         .route(
-            "/v1/semaphores/{key}/config",
+            paths::KEY_CONFIG,
             get(semaphores::get_config).put(semaphores::put_config),
         )
         .route(
-            "/v1/semaphores/{key}/groups/{group}",
+            paths::GROUP,
             put(semaphores::put_group).delete(semaphores::delete_group),
         )
         .route_layer(middleware::from_fn_with_state(
@@ -50,9 +51,9 @@ pub fn public_router(app: App) -> Router {
     Router::new()
         .merge(v1)
         .merge(cluster_router(app.clone()))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route(paths::METRICS, get(metrics))
+        .route(paths::HEALTHZ, get(healthz))
+        .route(paths::READYZ, get(readyz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -78,15 +79,15 @@ pub fn internal_router(app: App) -> Router {
 
 fn cluster_router(app: App) -> Router<App> {
     let leader_only = Router::new()
-        .route("/cluster/members", post(cluster::members))
-        .route("/cluster/defaults", put(cluster::put_defaults))
+        .route(paths::CLUSTER_MEMBERS, post(cluster::members))
+        .route(paths::CLUSTER_DEFAULTS, put(cluster::put_defaults))
         .route_layer(middleware::from_fn_with_state(
             app.clone(),
             forward::to_leader,
         ));
     Router::new()
-        .route("/cluster/status", get(cluster::status))
-        .route("/cluster/init", post(cluster::init))
+        .route(paths::CLUSTER_STATUS, get(cluster::status))
+        .route(paths::CLUSTER_INIT, post(cluster::init))
         .merge(leader_only)
         .route_layer(middleware::from_fn_with_state(app, require_secret))
 }

@@ -10,6 +10,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
+use permitd_core::contract::{ErrorCode, KeyList, KeyUsage, ListQuery};
 use permitd_core::limits::MAX_KEYS;
 use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
 use permitd_core::validate::{
@@ -17,7 +18,6 @@ use permitd_core::validate::{
 };
 use permitd_core::Usage;
 use permitd_storage::{Command, CommandResult};
-use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, JsonBytes};
@@ -52,10 +52,8 @@ pub async fn post(
                 key,
                 sync,
             };
-            match write(&app, command).await? {
-                CommandResult::Synced { answer } => Ok(Json(SemaphoreResponse::Synced(answer))),
-                other => Err(unexpected(other)),
-            }
+            let answer = write(&app, command).await?.into_synced()?;
+            Ok(Json(SemaphoreResponse::Synced(answer)))
         }
     }
 }
@@ -67,7 +65,7 @@ fn check_room_for(app: &App, key: &str) -> Result<(), ApiError> {
         .read(|semaphores| semaphores.key(key).is_none() && semaphores.keys().len() >= MAX_KEYS);
     if full {
         return Err(ApiError::TooMany {
-            code: "too_many_keys",
+            code: ErrorCode::TooManyKeys,
             message: format!("the cluster already holds {MAX_KEYS} keys"),
         });
     }
@@ -111,10 +109,9 @@ pub async fn put_config(
         .read(|semaphores| update.resolve(semaphores.defaults()));
     validate_key_config(&resolved)?;
     check_room_for(&app, &key)?;
-    match write(&app, Command::SetKeyConfig { key, update }).await? {
-        CommandResult::KeyConfig { config } => Ok(Json(config)),
-        other => Err(unexpected(other)),
-    }
+    let command = Command::SetKeyConfig { key, update };
+    let config = write(&app, command).await?.into_key_config()?;
+    Ok(Json(config))
 }
 
 /// `PUT /v1/semaphores/{key}/groups/{group}`: one group's cap and permission.
@@ -132,10 +129,8 @@ pub async fn put_group(
         group,
         config: config.clone(),
     };
-    match write(&app, command).await? {
-        CommandResult::Done => Ok(Json(config)),
-        other => Err(unexpected(other)),
-    }
+    write(&app, command).await?.into_done()?;
+    Ok(Json(config))
 }
 
 /// `DELETE /v1/semaphores/{key}/groups/{group}`: back to no cap, permitted.
@@ -145,33 +140,9 @@ pub async fn delete_group(
 ) -> Result<StatusCode, ApiError> {
     validate_key(&key)?;
     validate_group(&group)?;
-    match write(&app, Command::RemoveGroup { key, group }).await? {
-        CommandResult::Done => Ok(StatusCode::NO_CONTENT),
-        other => Err(unexpected(other)),
-    }
-}
-
-/// Paging of `GET /v1/semaphores`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListQuery {
-    /// Only keys sorting after this one.
-    after: Option<String>,
-    limit: Option<usize>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct KeyUsage {
-    key: String,
-    usage: Usage,
-}
-
-#[derive(Debug, Serialize)]
-pub struct KeyList {
-    keys: Vec<KeyUsage>,
-    /// Present when more keys follow: pass it as `after`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    next: Option<String>,
+    let command = Command::RemoveGroup { key, group };
+    write(&app, command).await?.into_done()?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /v1/semaphores`: keys in order, with their usage; linearizable.
@@ -237,15 +208,10 @@ pub async fn linearizable(app: &App) -> Result<(), ApiError> {
     }
 }
 
-/// Proposes `command`; a rejection inside apply is a 400 (nothing changed).
+/// Proposes `command` and hands back its result; the caller reads it with the
+/// accessor of the command it proposed (`into_key_config`, `into_done`, ...),
+/// which turns a rejection inside apply into a 400 naming the field.
 pub async fn write(app: &App, command: Command) -> Result<CommandResult, ApiError> {
     let (result, _) = propose(&app.raft, &app.leadership, command).await?;
-    match result {
-        CommandResult::Rejected { message } => Err(ApiError::BadRequest(message)),
-        result => Ok(result),
-    }
-}
-
-fn unexpected(result: CommandResult) -> ApiError {
-    ApiError::Internal(format!("unexpected apply result {result:?}"))
+    Ok(result)
 }

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
-use crate::api::cluster::Status;
 use crate::cli::LogFormat;
 use crate::config::{ClusterConfig, ConfigError, NodeConfig};
 use crate::raft::{bearer, SECRET_HEADER};
+use permitd_core::contract::{paths, ClusterStatus};
 
 /// How long a child may take to answer `/healthz`, and the cluster to elect.
 const START_TIMEOUT_MS: u64 = 30_000;
@@ -93,7 +93,10 @@ fn spawn(config: &Path, id: u64, log_format: LogFormat) -> std::io::Result<Child
         .spawn()
 }
 
-async fn bring_up(config: &ClusterConfig, http: &reqwest::Client) -> Result<Status, UpError> {
+async fn bring_up(
+    config: &ClusterConfig,
+    http: &reqwest::Client,
+) -> Result<ClusterStatus, UpError> {
     for node in &config.nodes {
         wait_healthy(http, node).await?;
     }
@@ -130,8 +133,8 @@ async fn status(
     http: &reqwest::Client,
     config: &ClusterConfig,
     node: &NodeConfig,
-) -> Result<Status, UpError> {
-    let url = format!("http://{}/cluster/status", node.api_addr);
+) -> Result<ClusterStatus, UpError> {
+    let url = format!("http://{}{}", node.api_addr, paths::CLUSTER_STATUS);
     let answer = http
         .get(url)
         .header(SECRET_HEADER, bearer(&config.secret))
@@ -144,7 +147,7 @@ async fn status(
 async fn init(http: &reqwest::Client, config: &ClusterConfig) -> Result<(), UpError> {
     let first = &config.nodes[0];
     let answer = http
-        .post(format!("http://{}/cluster/init", first.api_addr))
+        .post(format!("http://{}{}", first.api_addr, paths::CLUSTER_INIT))
         .header(SECRET_HEADER, bearer(&config.secret))
         .timeout(Duration::from_millis(START_TIMEOUT_MS))
         .json(&serde_json::json!({}))
@@ -160,7 +163,7 @@ async fn init(http: &reqwest::Client, config: &ClusterConfig) -> Result<(), UpEr
 async fn wait_for_leader(
     http: &reqwest::Client,
     config: &ClusterConfig,
-) -> Result<Status, UpError> {
+) -> Result<ClusterStatus, UpError> {
     let deadline = Instant::now() + Duration::from_millis(START_TIMEOUT_MS);
     while Instant::now() < deadline {
         for node in &config.nodes {
@@ -175,7 +178,7 @@ async fn wait_for_leader(
     Err(UpError::NoLeader)
 }
 
-fn print_summary(config: &ClusterConfig, status: &Status) {
+fn print_summary(config: &ClusterConfig, status: &ClusterStatus) {
     let leader = status.leader.unwrap_or_default();
     println!("permitd: leader is node {leader} (term {})", status.term);
     for node in &config.nodes {

@@ -19,10 +19,6 @@ pub type Raft = openraft::Raft<TypeConfig>;
 /// The header that carries the cluster secret, as `Bearer <secret>`.
 pub const SECRET_HEADER: &str = "authorization";
 
-/// The header naming the node that sends a Raft RPC (for logs and for network
-/// fault injection in tests; never used for authorisation).
-pub const FROM_HEADER: &str = "x-permitd-from";
-
 /// The header value for a secret.
 pub fn bearer(secret: &str) -> String {
     format!("Bearer {secret}")

@@ -14,18 +14,19 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use permitd_core::contract::headers;
 use permitd_storage::{codec, NodeId, PeerNode, TypeConfig};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::wire::SnapshotChunk;
-use super::{bearer, FROM_HEADER, SECRET_HEADER};
+use super::{bearer, SECRET_HEADER};
 
 /// Creates connections to peers; they share one client, hence one connection pool.
 #[derive(Debug, Clone)]
 pub struct Network {
     client: reqwest::Client,
-    /// This node, named in [`FROM_HEADER`].
+    /// This node, named in [`headers::SENDER`].
     id: NodeId,
     secret: String,
     rpc_timeout: Duration,
@@ -90,7 +91,7 @@ impl Connection {
             .client
             .post(url)
             .header(SECRET_HEADER, bearer(&self.network.secret))
-            .header(FROM_HEADER, self.network.id)
+            .header(headers::SENDER, self.network.id)
             .header(reqwest::header::CONTENT_TYPE, codec::CONTENT_TYPE)
             .timeout(timeout)
             .body(body)

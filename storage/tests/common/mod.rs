@@ -1,7 +1,7 @@
 //! Test and benchmark helpers: entries, stores in temp dirs and a workload of
 //! real commands (rounds whose requests report on grants earlier rounds made,
 //! syncs, reclaims, settings changes, key removals), generated deterministically
-//! from a seed.
+//! from a starting number.
 #![allow(dead_code)] // Each test binary uses a different part.
 
 use std::collections::BTreeMap;
@@ -84,8 +84,8 @@ pub fn state_bytes(opened: &Opened) -> Vec<u8> {
 pub struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed.max(1))
+    pub fn new(start: u64) -> Self {
+        Self(start.max(1))
     }
 
     pub fn next(&mut self) -> u64 {
@@ -127,9 +127,9 @@ pub struct Workload {
 }
 
 impl Workload {
-    pub fn new(seed: u64) -> Self {
+    pub fn new(start: u64) -> Self {
         Self {
-            rng: Rng::new(seed),
+            rng: Rng::new(start),
             now_ms: 1_764_460_800_000,
             next_request: 0,
             grants: BTreeMap::new(),

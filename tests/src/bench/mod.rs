@@ -53,7 +53,7 @@ pub struct Profile {
 
 /// Limit of every grant-path key (the target's "limit 32").
 pub const GRANT_LIMIT: u64 = 32;
-/// Permits per lease on the lease path (the seed's default).
+/// Permits per lease on the lease path (the default `permitsPerLease`).
 pub const PERMITS_PER_LEASE: u64 = 64;
 
 impl Profile {

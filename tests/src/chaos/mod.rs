@@ -1,32 +1,42 @@
 //! Chaos testing: a three-node cluster of real `permitd` processes behind Raft
 //! proxies ([`proxy`]), job runners on `SemaphoreQueue` over four keys
-//! ([`workload`]), a seeded nemesis that kills, pauses, restarts and cuts off
-//! nodes ([`nemesis`]), and an independent checker of what actually ran
-//! ([`checker`]), which writes a report ([`report`]).
+//! ([`workload`]), a nemesis that kills, pauses, restarts and cuts off nodes
+//! on a drawn schedule ([`nemesis`]), and an independent checker of what
+//! actually ran ([`checker`]), which writes a report ([`report`]).
 //!
 //! [`Profile::from_env`]: without `CHAOS_SECONDS` the bounded CI profile (about
 //! two minutes of faults, at least 10 leader kills, 5 pauses, 1 full restart,
 //! 2 partitions, 2 follower kills); with it, a soak of that many seconds of
-//! faults. `CHAOS_SEED` replays a schedule; the seed is printed at the start as
-//! `CHAOS_SEED=<n>` and named in every failure.
+//! faults. Every random choice comes from one number, the run's random state
+//! ([`random`]): `CHAOS_RANDOM_STATE=<n>` replays a run; the number is printed at
+//! the start and named in every failure.
+//!
+//! A run goes through named phases: [`start_workload`], [`warm_up`],
+//! [`inject_faults`], [`drain`], then [`judge`] builds the report.
 
 pub mod checker;
 pub mod nemesis;
 pub mod proxy;
+pub mod random;
 pub mod report;
 pub mod workload;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use checker::{Drained, Findings, Sampler, Violation};
+use checker::{Concurrency, Drained, Findings, SampleStats, Sampler, Violation};
 use nemesis::{FaultKind, Nemesis, Schedule};
+use permitd_client::SemaphoreClient;
 use proxy::Network;
+use random::RandomState;
 use report::{KeyReport, Report};
-use workload::{JobLog, RunnerHandle, GRANT_TIMEOUT_MS, LEASE_TTL_MS};
+use workload::{JobLog, JobRecord, KeySpec, RunnerHandle, GRANT_TIMEOUT_MS, LEASE_TTL_MS};
 
 use crate::{Cluster, Node, Settings, SECRET};
 
+/// The environment variable that replays a run.
+pub const REPLAY_VARIABLE: &str = "CHAOS_RANDOM_STATE";
 /// Job runners, each with its own queue and client.
 const RUNNERS: usize = 3;
 /// Seconds of faults in the CI profile (more if the required faults take longer).
@@ -35,11 +45,15 @@ const CI_SECONDS: u64 = 75;
 const CI_FAULT_CAP: Duration = Duration::from_secs(140);
 /// How long every enqueued job may take to run once the faults stop.
 const JOBS_DRAIN_TIMEOUT: Duration = Duration::from_secs(90);
+/// Longest wait for the workload to reach a steady state before the first fault.
+const WARM_UP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Jobs that must have ended before the first fault.
+const WARM_UP_JOBS: usize = 50;
 
-/// How long and with which seed to run.
+/// How long and with which random state to run.
 #[derive(Debug, Clone)]
 pub struct Profile {
-    pub seed: u64,
+    pub random_state: RandomState,
     /// Seconds of faults, at least.
     pub seconds: u64,
     /// `ci` or `soak`.
@@ -49,14 +63,15 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// `CHAOS_SEED` (else from the clock) and `CHAOS_SECONDS` (else the CI profile).
+    /// [`REPLAY_VARIABLE`] (else a number from the clock) and `CHAOS_SECONDS`
+    /// (else the CI profile).
     pub fn from_env() -> Self {
-        let seed = std::env::var("CHAOS_SEED")
+        let random_state = std::env::var(REPLAY_VARIABLE)
             .ok()
             .map(|text| {
                 text.trim()
                     .parse()
-                    .expect("CHAOS_SEED is an unsigned integer")
+                    .unwrap_or_else(|_| panic!("{REPLAY_VARIABLE} is an unsigned integer"))
             })
             .unwrap_or_else(|| {
                 let now = std::time::SystemTime::now()
@@ -68,14 +83,14 @@ impl Profile {
             Ok(text) => {
                 let seconds: u64 = text.trim().parse().expect("CHAOS_SECONDS is a number");
                 Self {
-                    seed,
+                    random_state,
                     seconds,
                     name: "soak",
                     fault_cap: Duration::from_secs(seconds + 120),
                 }
             }
             Err(_) => Self {
-                seed,
+                random_state,
                 seconds: CI_SECONDS,
                 name: "ci",
                 fault_cap: CI_FAULT_CAP,
@@ -84,15 +99,44 @@ impl Profile {
     }
 }
 
+/// The cluster and the workload running on it.
+#[derive(Debug)]
+pub struct Workload {
+    cluster: Cluster,
+    network: Network,
+    specs: Vec<KeySpec>,
+    /// Configures keys and reads usage; carries the cluster secret.
+    admin: SemaphoreClient,
+    log: Arc<JobLog>,
+    findings: Arc<Findings>,
+    runners: Vec<RunnerHandle>,
+    sampler: Sampler,
+}
+
 /// Runs one chaos test and returns its report (also written to disk). Never
 /// panics on a violation: the caller decides.
 pub async fn run(profile: Profile) -> Report {
-    let seed = profile.seed;
     let origin = Instant::now();
     eprintln!(
-        "CHAOS_SEED={seed} (profile {}, {} s of faults)",
-        profile.name, profile.seconds
+        "{REPLAY_VARIABLE}={} (profile {}, {} s of faults)",
+        profile.random_state, profile.name, profile.seconds
     );
+    let workload = start_workload(&profile).await;
+    warm_up(&workload.log).await;
+    let (nemesis, survivors) = inject_faults(&profile, workload).await;
+    let ended = drain(survivors).await;
+    let report = judge(&profile, origin, &nemesis, &ended);
+    match report.write() {
+        Ok(path) => eprintln!("chaos: report written to {}", path.display()),
+        Err(error) => eprintln!("chaos: cannot write the report: {error}"),
+    }
+    eprintln!("{}", report.to_markdown());
+    report
+}
+
+/// Starts the cluster behind its proxies, configures the keys and starts the
+/// runners and the usage sampler.
+pub async fn start_workload(profile: &Profile) -> Workload {
     let specs = workload::key_specs();
     let network = Network::new();
     let cluster = Cluster::start_advertising(Settings::default(), |id, raft_addr| {
@@ -102,22 +146,70 @@ pub async fn run(profile: Profile) -> Report {
     let endpoints: Vec<String> = cluster.nodes.iter().map(Node::url).collect();
     let admin = workload::chaos_client(endpoints.clone(), SECRET);
     workload::configure(&admin, &specs).await;
-
     let log = Arc::new(JobLog::new());
     let findings = Arc::new(Findings::default());
-    let mut runners: Vec<RunnerHandle> = (0..RUNNERS)
+    let runners = (0..RUNNERS)
         .map(|index| {
             let client = workload::chaos_client(endpoints.clone(), SECRET);
-            RunnerHandle::start(index, client, &specs, log.clone(), seed)
+            RunnerHandle::start(index, client, &specs, log.clone(), profile.random_state)
         })
         .collect();
     let sampler = Sampler::start(admin.clone(), specs.clone(), log.clone(), findings.clone());
-    // Let the workload reach a steady state before the first fault.
-    let warm = Instant::now() + Duration::from_secs(30);
-    while log.progress().1 < 50 && Instant::now() < warm {
+    Workload {
+        cluster,
+        network,
+        specs,
+        admin,
+        log,
+        findings,
+        runners,
+        sampler,
+    }
+}
+
+/// Lets the workload reach a steady state before the first fault.
+pub async fn warm_up(log: &JobLog) {
+    let until = Instant::now() + WARM_UP_TIMEOUT;
+    while log.progress().1 < WARM_UP_JOBS && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
 
+/// What stays of the workload once the nemesis holds the cluster.
+#[derive(Debug)]
+pub struct Survivors {
+    specs: Vec<KeySpec>,
+    admin: SemaphoreClient,
+    log: Arc<JobLog>,
+    findings: Arc<Findings>,
+    runners: Vec<RunnerHandle>,
+    sampler: Sampler,
+}
+
+/// What the drain leaves to judge.
+#[derive(Debug)]
+pub struct Ended {
+    specs: Vec<KeySpec>,
+    log: Arc<JobLog>,
+    findings: Arc<Findings>,
+    samples: BTreeMap<String, SampleStats>,
+    /// Per key, whether usage returned to zero.
+    drained: BTreeMap<String, Drained>,
+}
+
+/// Runs the fault schedule, heals everything and records a cluster that did not
+/// recover or a profile whose required faults did not all run.
+pub async fn inject_faults(profile: &Profile, workload: Workload) -> (Nemesis, Survivors) {
+    let Workload {
+        cluster,
+        network,
+        specs,
+        admin,
+        log,
+        findings,
+        runners,
+        sampler,
+    } = workload;
     let mut nemesis = Nemesis {
         cluster,
         network,
@@ -126,27 +218,35 @@ pub async fn run(profile: Profile) -> Report {
         origin: log.origin,
         records: Vec::new(),
     };
-    let mut schedule = Schedule::new(seed);
+    let mut schedule = Schedule::new(profile.random_state);
     let hard_stop = Instant::now() + profile.fault_cap;
-    nemesis
-        .run(
-            &mut schedule,
-            Duration::from_secs(profile.seconds),
-            hard_stop,
-        )
-        .await;
-    let at_ms = || log.origin.elapsed().as_millis() as u64;
+    let duration = Duration::from_secs(profile.seconds);
+    nemesis.run(&mut schedule, duration, hard_stop).await;
+    let at_ms = log.origin.elapsed().as_millis() as u64;
     if nemesis.heal_all().await.is_none() {
         findings.add(Violation {
             kind: "no_recovery",
             key: None,
-            at_ms: at_ms(),
+            at_ms,
             detail: format!(
                 "no agreed leader serving reads within {:?} of healing everything",
                 nemesis::RECOVERY_TIMEOUT
             ),
         });
     }
+    check_profile_complete(&nemesis, &findings, at_ms);
+    let survivors = Survivors {
+        specs,
+        admin,
+        log,
+        findings,
+        runners,
+        sampler,
+    };
+    (nemesis, survivors)
+}
+
+fn check_profile_complete(nemesis: &Nemesis, findings: &Findings, at_ms: u64) {
     let counts = nemesis.counts();
     for kind in FaultKind::ALL {
         let injected = counts.get(&kind).copied().unwrap_or(0);
@@ -154,7 +254,7 @@ pub async fn run(profile: Profile) -> Report {
             findings.add(Violation {
                 kind: "profile_incomplete",
                 key: None,
-                at_ms: at_ms(),
+                at_ms,
                 detail: format!(
                     "{} injected {injected} times, the profile needs {}",
                     kind.name(),
@@ -163,38 +263,84 @@ pub async fn run(profile: Profile) -> Report {
             });
         }
     }
+}
 
-    // Drain: no new work; every enqueued job must run and end.
-    for runner in &mut runners {
+/// No new work: every enqueued job must run and end, then every permit must
+/// come back. Stops the sampler and the runners' queues.
+pub async fn drain(mut survivors: Survivors) -> Ended {
+    for runner in &mut survivors.runners {
         runner.stop_producing().await;
     }
-    let drain_deadline = Instant::now() + JOBS_DRAIN_TIMEOUT;
+    let jobs_deadline = Instant::now() + JOBS_DRAIN_TIMEOUT;
     loop {
-        let (enqueued, ended) = log.progress();
-        if ended == enqueued || Instant::now() >= drain_deadline {
+        let (enqueued, ended) = survivors.log.progress();
+        if ended == enqueued || Instant::now() >= jobs_deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Then every permit must come back.
-    let drain_bound = Duration::from_millis(2 * GRANT_TIMEOUT_MS + LEASE_TTL_MS);
-    let drained = checker::wait_drained(&admin, &specs, drain_bound).await;
-    let samples = sampler.stop().await;
-    for runner in &runners {
+    let drained = checker::wait_drained(&survivors.admin, &survivors.specs, drain_bound()).await;
+    let samples = survivors.sampler.stop().await;
+    for runner in &survivors.runners {
         eprintln!(
             "chaos: runner {} after the drain: {:?}",
             runner.index,
             runner.queue.counts()
         );
     }
-    for runner in &runners {
+    for runner in &survivors.runners {
         if let Err(error) = runner.queue.shutdown().await {
             eprintln!("chaos: runner {} shutdown: {error}", runner.index);
         }
     }
+    Ended {
+        specs: survivors.specs,
+        log: survivors.log,
+        findings: survivors.findings,
+        samples,
+        drained,
+    }
+}
 
-    let jobs = log.snapshot();
-    let concurrency = checker::max_concurrency(log.origin, &jobs);
+/// How long usage may take to return to zero once every job ended.
+fn drain_bound() -> Duration {
+    Duration::from_millis(2 * GRANT_TIMEOUT_MS + LEASE_TTL_MS)
+}
+
+/// Checks what ran against the keys' bounds and builds the report.
+pub fn judge(profile: &Profile, origin: Instant, nemesis: &Nemesis, ended: &Ended) -> Report {
+    let findings = &ended.findings;
+    let at_ms = ended.log.origin.elapsed().as_millis() as u64;
+    let jobs = ended.log.snapshot();
+    let never_run = check_every_job_ran(&jobs, findings, at_ms);
+    let concurrency = checker::max_concurrency(ended.log.origin, &jobs);
+    let keys = ended
+        .specs
+        .iter()
+        .map(|spec| judge_key(spec, ended, &jobs, &concurrency, at_ms))
+        .collect();
+    Report {
+        random_state: profile.random_state,
+        profile: profile.name,
+        requested_seconds: profile.seconds,
+        elapsed_ms: origin.elapsed().as_millis() as u64,
+        faults: nemesis.records.clone(),
+        fault_counts: nemesis.counts(),
+        keys,
+        jobs_enqueued: jobs.len(),
+        jobs_run: jobs.iter().filter(|(_, job)| job.start.is_some()).count(),
+        jobs_never_run: never_run,
+        repeated_admits: jobs
+            .iter()
+            .map(|(_, job)| u64::from(job.admits.saturating_sub(1)))
+            .sum(),
+        violations_by_kind: findings.by_kind(),
+        violations: findings.kept(),
+    }
+}
+
+/// Records jobs that never ran or never ended; returns how many.
+fn check_every_job_ran(jobs: &[(String, JobRecord)], findings: &Findings, at_ms: u64) -> usize {
     let never_run: Vec<&String> = jobs
         .iter()
         .filter(|(_, job)| job.start.is_none() || job.end.is_none())
@@ -204,7 +350,7 @@ pub async fn run(profile: Profile) -> Report {
         findings.add(Violation {
             kind: "never_ran",
             key: None,
-            at_ms: at_ms(),
+            at_ms,
             detail: format!(
                 "{} jobs never ran (or never ended) within {JOBS_DRAIN_TIMEOUT:?} of the \
                  drain, e.g. {:?}",
@@ -213,73 +359,59 @@ pub async fn run(profile: Profile) -> Report {
             ),
         });
     }
-    let mut keys = Vec::new();
-    for spec in &specs {
-        let seen = concurrency.get(spec.key).copied().unwrap_or_default();
-        if seen.max > spec.bound {
-            findings.add(Violation {
-                kind: "over_limit",
-                key: Some(spec.key.to_string()),
-                at_ms: seen.at_ms,
-                detail: format!(
-                    "{} jobs ran at once ({} mode), bound {}",
-                    seen.max, spec.mode, spec.bound
-                ),
-            });
-        }
-        let drained = drained
-            .get(spec.key)
-            .cloned()
-            .unwrap_or_else(|| Drained::Leak("not checked".into()));
-        if let Drained::Leak(left) = &drained {
-            findings.add(Violation {
-                kind: "leak",
-                key: Some(spec.key.to_string()),
-                at_ms: at_ms(),
-                detail: format!("usage not back to 0 within {drain_bound:?}: {left}"),
-            });
-        }
-        let of_key = jobs
-            .iter()
-            .filter(|(_, job)| job.key == spec.key && job.start.is_some());
-        let by = |kind| {
-            of_key
-                .clone()
-                .filter(|(_, job)| job.permit == Some(kind))
-                .count()
-        };
-        keys.push(KeyReport {
-            spec: spec.clone(),
-            jobs_run: of_key.clone().count(),
-            by_grant: by("grant"),
-            by_lease: by("lease"),
-            concurrency: seen,
-            samples: samples.get(spec.key).cloned().unwrap_or_default(),
-            drained,
+    never_run.len()
+}
+
+/// One key's verdict: jobs at once against its bound, and whether usage drained.
+fn judge_key(
+    spec: &KeySpec,
+    ended: &Ended,
+    jobs: &[(String, JobRecord)],
+    concurrency: &BTreeMap<String, Concurrency>,
+    at_ms: u64,
+) -> KeyReport {
+    let findings = &ended.findings;
+    let seen = concurrency.get(spec.key).copied().unwrap_or_default();
+    if seen.max > spec.bound {
+        findings.add(Violation {
+            kind: "over_limit",
+            key: Some(spec.key.to_string()),
+            at_ms: seen.at_ms,
+            detail: format!(
+                "{} jobs ran at once ({} mode), bound {}",
+                seen.max, spec.mode, spec.bound
+            ),
         });
     }
-    let report = Report {
-        seed,
-        profile: profile.name,
-        requested_seconds: profile.seconds,
-        elapsed_ms: origin.elapsed().as_millis() as u64,
-        faults: nemesis.records.clone(),
-        fault_counts: counts,
-        keys,
-        jobs_enqueued: jobs.len(),
-        jobs_run: jobs.iter().filter(|(_, job)| job.start.is_some()).count(),
-        jobs_never_run: never_run.len(),
-        repeated_admits: jobs
-            .iter()
-            .map(|(_, job)| u64::from(job.admits.saturating_sub(1)))
-            .sum(),
-        violations_by_kind: findings.by_kind(),
-        violations: findings.kept(),
-    };
-    match report.write() {
-        Ok(path) => eprintln!("chaos: report written to {}", path.display()),
-        Err(error) => eprintln!("chaos: cannot write the report: {error}"),
+    let drained = ended
+        .drained
+        .get(spec.key)
+        .cloned()
+        .unwrap_or_else(|| Drained::Leak("not checked".into()));
+    if let Drained::Leak(left) = &drained {
+        findings.add(Violation {
+            kind: "leak",
+            key: Some(spec.key.to_string()),
+            at_ms,
+            detail: format!("usage not back to 0 within {:?}: {left}", drain_bound()),
+        });
     }
-    eprintln!("{}", report.to_markdown());
-    report
+    let of_key = jobs
+        .iter()
+        .filter(|(_, job)| job.key == spec.key && job.start.is_some());
+    let by = |kind| {
+        of_key
+            .clone()
+            .filter(|(_, job)| job.permit == Some(kind))
+            .count()
+    };
+    KeyReport {
+        spec: spec.clone(),
+        jobs_run: of_key.clone().count(),
+        by_grant: by("grant"),
+        by_lease: by("lease"),
+        concurrency: seen,
+        samples: ended.samples.get(spec.key).cloned().unwrap_or_default(),
+        drained,
+    }
 }

@@ -1,8 +1,8 @@
-//! The nemesis: a fault schedule drawn from the seed, and its execution against
-//! a [`Cluster`] behind the [`Network`] proxies.
+//! The nemesis: a fault schedule drawn from the run's random state, and its
+//! execution against a [`Cluster`] behind the [`Network`] proxies.
 //!
 //! The schedule (kinds, order and every duration) is a pure function of the
-//! seed and the profile; which node is "the leader" is found at run time. After
+//! random state and the profile; which node is "the leader" is found at run time. After
 //! every fault the nemesis heals everything, then waits for the cluster to
 //! recover (every node up, all agreeing on one leader that serves a
 //! linearizable read) before a short quiet gap and the next fault.
@@ -13,13 +13,14 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use permitd_client::SemaphoreClient;
-use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use serde_json::{json, Value};
 
 use super::proxy::Network;
+use super::random::{RandomState, ReplayRng};
 use crate::{Cluster, ELECTION_TIMEOUT_MAX_MS};
+
 /// How long the cluster may take to recover from one fault.
 pub const RECOVERY_TIMEOUT: Duration = Duration::from_secs(45);
 
@@ -83,17 +84,17 @@ pub fn required(kind: FaultKind) -> usize {
     }
 }
 
-/// The deterministic schedule of a seed: the required faults in a seeded
-/// order, then an endless seeded stream of random ones.
+/// The deterministic schedule of a random state: the required faults in a
+/// drawn order, then an endless stream of drawn ones.
 #[derive(Debug)]
 pub struct Schedule {
-    rng: StdRng,
+    rng: ReplayRng,
     required: Vec<FaultKind>,
 }
 
 impl Schedule {
-    pub fn new(seed: u64) -> Self {
-        let mut rng = StdRng::seed_from_u64(seed);
+    pub fn new(random_state: RandomState) -> Self {
+        let mut rng = ReplayRng::new(random_state);
         let mut required: Vec<FaultKind> = FaultKind::ALL
             .iter()
             .flat_map(|kind| std::iter::repeat(*kind).take(self::required(*kind)))

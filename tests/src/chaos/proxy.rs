@@ -15,13 +15,12 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use permitd_core::contract::headers;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// The header every Raft RPC carries with the sending node's id.
-pub const FROM_HEADER: &str = "x-permitd-from";
 /// Longest request head read to find the sender.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// How long a new connection may take to send its request head.
@@ -166,7 +165,7 @@ impl Drop for Inner {
 }
 
 /// Reads until the end of the first request head; returns the bytes read and the
-/// sender named in [`FROM_HEADER`], if any. `None` if the client went away.
+/// sender named in [`headers::SENDER`], if any. `None` if the client went away.
 async fn read_head(client: &mut TcpStream) -> std::io::Result<Option<(Vec<u8>, Option<u64>)>> {
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
@@ -181,7 +180,7 @@ async fn read_head(client: &mut TcpStream) -> std::io::Result<Option<(Vec<u8>, O
             let from = text.lines().find_map(|line| {
                 let (name, value) = line.split_once(':')?;
                 name.trim()
-                    .eq_ignore_ascii_case(FROM_HEADER)
+                    .eq_ignore_ascii_case(headers::SENDER)
                     .then(|| value.trim().parse().ok())
                     .flatten()
             });

@@ -1,5 +1,5 @@
 //! The report of one chaos run: JSON and a short markdown table, written to
-//! `$CARGO_TARGET_DIR/chaos/<seed>.json` and `.md` (or `target/chaos/` next to
+//! `$CARGO_TARGET_DIR/chaos/<random state>.json` and `.md` (or `target/chaos/` next to
 //! the test binary's profile folder when `CARGO_TARGET_DIR` is not set).
 
 use std::collections::BTreeMap;
@@ -9,12 +9,14 @@ use serde_json::{json, Value};
 
 use super::checker::{Concurrency, Drained, SampleStats, Violation};
 use super::nemesis::{FaultKind, FaultRecord};
+use super::random::RandomState;
 use super::workload::KeySpec;
+use super::REPLAY_VARIABLE;
 
 /// Everything one run found.
 #[derive(Debug, Clone)]
 pub struct Report {
-    pub seed: u64,
+    pub random_state: RandomState,
     pub profile: &'static str,
     pub requested_seconds: u64,
     pub elapsed_ms: u64,
@@ -87,8 +89,8 @@ impl Report {
             })
             .collect();
         json!({
-            "seed": self.seed,
-            "replay": format!("CHAOS_SEED={}", self.seed),
+            "randomState": self.random_state,
+            "replay": format!("{REPLAY_VARIABLE}={}", self.random_state),
             "profile": self.profile,
             "requestedSeconds": self.requested_seconds,
             "elapsedMs": self.elapsed_ms,
@@ -109,8 +111,8 @@ impl Report {
 
     pub fn to_markdown(&self) -> String {
         let mut text = format!(
-            "# chaos run `CHAOS_SEED={}` ({} profile, {} s requested, {:.1} s elapsed)\n\n",
-            self.seed,
+            "# chaos run `{REPLAY_VARIABLE}={}` ({} profile, {} s requested, {:.1} s elapsed)\n\n",
+            self.random_state,
             self.profile,
             self.requested_seconds,
             self.elapsed_ms as f64 / 1000.0
@@ -162,14 +164,17 @@ impl Report {
         text
     }
 
-    /// Writes `<dir>/<seed>.json` and `<dir>/<seed>.md`; returns the JSON path.
+    /// Writes `<dir>/<random state>.json` and `.md`; returns the JSON path.
     pub fn write(&self) -> std::io::Result<PathBuf> {
         let dir = report_dir();
         std::fs::create_dir_all(&dir)?;
-        let json_path = dir.join(format!("{}.json", self.seed));
+        let json_path = dir.join(format!("{}.json", self.random_state));
         let json = serde_json::to_string_pretty(&self.to_json()).map_err(std::io::Error::other)?;
         std::fs::write(&json_path, json)?;
-        std::fs::write(dir.join(format!("{}.md", self.seed)), self.to_markdown())?;
+        std::fs::write(
+            dir.join(format!("{}.md", self.random_state)),
+            self.to_markdown(),
+        )?;
         Ok(json_path)
     }
 }

@@ -16,8 +16,9 @@ use permitd_client::{
 };
 use permitd_core::config::{Amount, LeasePolicy, Provisioning};
 use permitd_core::KeyConfigUpdate;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
+
+use super::random::{RandomState, ReplayRng};
 
 /// Claim window of every chaos key, in ms.
 pub const GRANT_TIMEOUT_MS: u64 = 3_000;
@@ -313,13 +314,13 @@ pub struct RunnerHandle {
 
 impl RunnerHandle {
     /// Starts runner `index` with its own client, and its producer, whose job
-    /// durations and groups come from `seed`.
+    /// durations and groups come from the run's `random_state`.
     pub fn start(
         index: usize,
         client: SemaphoreClient,
         specs: &[KeySpec],
         log: Arc<JobLog>,
-        seed: u64,
+        random_state: RandomState,
     ) -> Self {
         let runner = Runner {
             log: log.clone(),
@@ -342,7 +343,7 @@ impl RunnerHandle {
             queue.clone(),
             specs.iter().map(|spec| spec.key).collect(),
             log,
-            StdRng::seed_from_u64(seed ^ (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            ReplayRng::for_stream(random_state, index as u64),
             stop.clone(),
         ));
         Self {
@@ -365,7 +366,7 @@ async fn produce(
     queue: Arc<SemaphoreQueue<u64>>,
     keys: Vec<&'static str>,
     log: Arc<JobLog>,
-    mut rng: StdRng,
+    mut rng: ReplayRng,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> u64 {
     let mut sequence = 0u64;

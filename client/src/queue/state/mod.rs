@@ -74,8 +74,9 @@ pub struct StateConfig {
     /// Wait after a failed message before the key's next one, in ms.
     pub failure_retry_ms: u64,
     /// Return undrawn lease permits of a group that had nothing queued for this
-    /// long, in ms (beyond the seed, which waits for `contended` or the TTL: an
-    /// idle runner never hears `contended`). `None` keeps leases until then.
+    /// long, in ms. Without it headroom goes back only on `contended` or at the
+    /// lease's TTL, and an idle runner never hears `contended`. `None` keeps
+    /// leases until then.
     pub idle_lease_return_ms: Option<u64>,
 }
 

@@ -1,0 +1,33 @@
+//! `GET /v1/semaphores`: the keys with state, in byte order, with their usage.
+
+use serde::{Deserialize, Serialize};
+
+use crate::usage::Usage;
+
+/// The query of `GET /v1/semaphores`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only keys sorting after this one (the previous page's `next`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// Keys per page; the node clamps it to its own bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+/// One page of keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyList {
+    pub keys: Vec<KeyUsage>,
+    /// Present when more keys follow: pass it as `after`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// One key and its usage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyUsage {
+    pub key: String,
+    pub usage: Usage,
+}

@@ -1,0 +1,26 @@
+//! The HTTP contract between a node and its callers, written once.
+//!
+//! The node serves these shapes and the client (`SemaphoreClient`, `permitctl`)
+//! reads them, both from this module, so a renamed field, header, path or error
+//! code is a compile error on both sides instead of a silent drift. The message
+//! bodies of `POST /v1/semaphores/{key}` live in [`crate::protocol`]; the
+//! configuration bodies in [`crate::config`]; usage in [`crate::usage`]. What is
+//! here is everything around them:
+//!
+//! - [`paths`]: every route, as the template the node's router takes;
+//! - [`headers`]: the header names the cluster adds to calls and answers;
+//! - [`errors`]: the error codes, their HTTP statuses and the error body;
+//! - [`cluster`]: `/cluster/status` and `/cluster/members`;
+//! - [`keys`]: the paged key listing of `GET /v1/semaphores`.
+//!
+//! `docs/protocol.md` explains every field.
+
+pub mod cluster;
+pub mod errors;
+pub mod headers;
+pub mod keys;
+pub mod paths;
+
+pub use cluster::{ClusterMember, ClusterStatus, MemberRole, MembershipChange};
+pub use errors::{ErrorAnswer, ErrorBody, ErrorCode};
+pub use keys::{KeyList, KeyUsage, ListQuery};

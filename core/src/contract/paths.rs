@@ -1,0 +1,105 @@
+//! Every route of the node, as the template axum's router takes (`{key}` marks
+//! a path parameter). The client fills the same templates with [`segments`], so
+//! both sides read one spelling.
+
+/// `GET`: every key with state, with its usage, paged ([`super::KeyList`]).
+pub const SEMAPHORES: &str = "/v1/semaphores";
+/// `POST`: a `request` or `sync` message ([`crate::protocol::SemaphoreRequest`]).
+pub const SEMAPHORE: &str = "/v1/semaphores/{key}";
+/// `GET`: the key's linearizable usage ([`crate::Usage`]).
+pub const USAGE: &str = "/v1/semaphores/{key}/usage";
+/// `GET` the key's effective configuration, `PUT` a replacement.
+pub const KEY_CONFIG: &str = "/v1/semaphores/{key}/config";
+/// `PUT` one group's cap and permission, `DELETE` to drop them.
+pub const GROUP: &str = "/v1/semaphores/{key}/groups/{group}";
+
+/// `GET`: this node's view of the cluster ([`super::ClusterStatus`]).
+pub const CLUSTER_STATUS: &str = "/cluster/status";
+/// `POST {}`: makes every node of the config file a voter of a new cluster.
+pub const CLUSTER_INIT: &str = "/cluster/init";
+/// `POST`: adds a learner or changes the voters ([`super::MembershipChange`]).
+pub const CLUSTER_MEMBERS: &str = "/cluster/members";
+/// `PUT`: replaces the replicated defaults of keys without a configuration.
+pub const CLUSTER_DEFAULTS: &str = "/cluster/defaults";
+/// What every `/cluster/*` path starts with: those calls need the cluster secret.
+pub const CLUSTER_PREFIX: &str = "/cluster/";
+
+/// Prometheus text.
+pub const METRICS: &str = "/metrics";
+/// Liveness: answers while the process serves HTTP.
+pub const HEALTHZ: &str = "/healthz";
+/// Readiness: 200 once a leader is known, else 503 `no_quorum`.
+pub const READYZ: &str = "/readyz";
+
+/// Every route above, for documentation and for checks that each is described.
+pub const ALL: [&str; 12] = [
+    SEMAPHORES,
+    SEMAPHORE,
+    USAGE,
+    KEY_CONFIG,
+    GROUP,
+    CLUSTER_STATUS,
+    CLUSTER_INIT,
+    CLUSTER_MEMBERS,
+    CLUSTER_DEFAULTS,
+    METRICS,
+    HEALTHZ,
+    READYZ,
+];
+
+/// The segments of `template` with its `{…}` parameters replaced, in order, by
+/// `params`; the caller percent-encodes each segment (a key may hold `/`).
+///
+/// # Panics
+/// When `params` has fewer values than `template` has parameters: a programming
+/// error of the caller, never a matter of input.
+pub fn segments(template: &str, params: &[&str]) -> Vec<String> {
+    let mut params = params.iter();
+    let filled: Vec<String> = template
+        .trim_start_matches('/')
+        .split('/')
+        .map(|segment| {
+            if segment.starts_with('{') && segment.ends_with('}') {
+                let value = params.next().expect("a value for every path parameter");
+                (*value).to_owned()
+            } else {
+                segment.to_owned()
+            }
+        })
+        .collect();
+    assert!(params.next().is_none(), "more values than path parameters");
+    filled
+}
+
+/// Whether a path built from `segments` needs the cluster secret.
+pub fn is_cluster_path(segments: &[String]) -> bool {
+    let prefix = CLUSTER_PREFIX.trim_matches('/');
+    segments.first().is_some_and(|first| first == prefix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_fill_whole_segments() {
+        assert_eq!(
+            segments(GROUP, &["acct/1", "wf 1"]),
+            ["v1", "semaphores", "acct/1", "groups", "wf 1"]
+        );
+        assert_eq!(segments(CLUSTER_STATUS, &[]), ["cluster", "status"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "a value for every path parameter")]
+    fn a_missing_parameter_is_a_programming_error() {
+        segments(USAGE, &[]);
+    }
+
+    #[test]
+    fn only_cluster_paths_need_the_secret() {
+        assert!(is_cluster_path(&segments(CLUSTER_STATUS, &[])));
+        assert!(!is_cluster_path(&segments(USAGE, &["cluster"])));
+        assert!(!is_cluster_path(&segments(SEMAPHORES, &[])));
+    }
+}
