@@ -12,7 +12,6 @@ use axum::routing::post;
 use axum::Router;
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use permitd_storage::{codec, NodeId, TypeConfig};
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::wire::SnapshotChunk;
@@ -26,15 +25,10 @@ pub fn router() -> Router<App> {
         .route("/raft/snapshot", post(snapshot))
 }
 
-/// A body decoded, or the 400 that says why not.
-fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
-    codec::decode(body).map_err(|error| {
-        (
-            StatusCode::BAD_REQUEST,
-            format!("undecodable Raft RPC body: {error}"),
-        )
-            .into_response()
-    })
+/// The 400 for a body that does not decode.
+fn undecodable(error: codec::CodecError) -> Response {
+    let message = format!("undecodable Raft RPC body: {error}");
+    (StatusCode::BAD_REQUEST, message).into_response()
 }
 
 /// An answer in the codec.
@@ -49,22 +43,22 @@ fn encoded(answer: &impl Serialize) -> Response {
 }
 
 async fn vote(State(app): State<App>, body: Bytes) -> Response {
-    match decode::<VoteRequest<NodeId>>(&body) {
+    match codec::decode::<VoteRequest<NodeId>>(&body) {
         Ok(request) => encoded(&app.raft.vote(request).await),
-        Err(rejection) => rejection,
+        Err(error) => undecodable(error),
     }
 }
 
 async fn append(State(app): State<App>, body: Bytes) -> Response {
-    match decode::<AppendEntriesRequest<TypeConfig>>(&body) {
+    match codec::decode::<AppendEntriesRequest<TypeConfig>>(&body) {
         Ok(request) => encoded(&app.raft.append_entries(request).await),
-        Err(rejection) => rejection,
+        Err(error) => undecodable(error),
     }
 }
 
 async fn snapshot(State(app): State<App>, body: Bytes) -> Response {
-    match decode::<SnapshotChunk>(&body) {
+    match codec::decode::<SnapshotChunk>(&body) {
         Ok(chunk) => encoded(&app.raft.install_snapshot(chunk.into()).await),
-        Err(rejection) => rejection,
+        Err(error) => undecodable(error),
     }
 }
