@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use permitd_core::contract::{headers, paths, ClusterStatus, ErrorAnswer, KeyList, KeyUsage};
+use permitd_core::contract::{headers, paths, ClusterStatus, ErrorAnswer};
 use permitd_core::protocol::{
     PermitGrant, PermitRequest, PermitSync, PermitSyncResult, SemaphoreRequest, SemaphoreResponse,
 };
@@ -241,13 +241,6 @@ impl SemaphoreClient {
         Ok(())
     }
 
-    /// Every key with state, with its usage (the first page of
-    /// [`permitd_core::contract::ListQuery::default`]).
-    pub async fn keys(&self) -> Result<Vec<KeyUsage>, ClientError> {
-        let answer: KeyList = self.get(&paths::segments(paths::SEMAPHORES, &[])).await?;
-        Ok(answer.keys)
-    }
-
     /// The cluster's membership, leader, term and indexes, as some node sees them.
     pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
         self.get(&paths::segments(paths::CLUSTER_STATUS, &[])).await
@@ -348,6 +341,17 @@ impl SemaphoreClient {
         path: &[String],
         body: Option<&B>,
     ) -> Result<R, ClientError> {
+        self.call_with_query(method, path, &[], body).await
+    }
+
+    /// [`Self::call`] with query parameters (paging of listings).
+    pub(crate) async fn call_with_query<B: Serialize, R: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &[String],
+        query: &[(&str, String)],
+        body: Option<&B>,
+    ) -> Result<R, ClientError> {
         let authorised = paths::is_cluster_path(path);
         let config = &self.inner.config;
         let body = body
@@ -363,7 +367,10 @@ impl SemaphoreClient {
             let endpoint = self.tracker().pick();
             let remaining = deadline.saturating_duration_since(Instant::now());
             let timeout = remaining.min(config.attempt_timeout);
-            let url = endpoint.url(path);
+            let mut url = endpoint.url(path);
+            if !query.is_empty() {
+                url.query_pairs_mut().extend_pairs(query);
+            }
             let attempt = self
                 .attempt(
                     &endpoint,

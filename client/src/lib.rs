@@ -23,6 +23,7 @@
 //! The crate depends on `permitd-core` for the wire types only, never on the
 //! server crates. Errors: [`ClientError`] for calls, [`QueueError`] for the queue.
 
+pub mod admin;
 pub mod backoff;
 pub mod client;
 pub mod error;

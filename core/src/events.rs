@@ -58,6 +58,16 @@ pub enum Event {
         group: String,
         permits: u64,
     },
+    /// An operator dropped one client's whole footprint on the key (a runner
+    /// that died for good): `permits` is the grant permits plus lease footprint
+    /// returned.
+    ClientReleased {
+        timestamp_ms: u64,
+        client_id: String,
+        grants: u64,
+        leases: u64,
+        permits: u64,
+    },
 }
 
 impl Event {
@@ -70,6 +80,7 @@ impl Event {
             Self::LeaseGranted { .. } => "lease_granted",
             Self::LeaseRetired { .. } => "lease_retired",
             Self::LeaseReclaimed { .. } => "lease_reclaimed",
+            Self::ClientReleased { .. } => "client_released",
         }
     }
 }

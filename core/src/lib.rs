@@ -12,7 +12,8 @@
 //!   [`reports`], [`reclaim`]s, grants oldest demand first and runs the
 //!   [`leases`] pass → one [`protocol::PermitGrant`] per request plus
 //!   [`events::Event`]s;
-//! - a sync → [`sync::run_sync`]; a claim-deadline timer → [`reclaim`];
+//! - a sync → [`sync::run_sync`]; a claim-deadline timer → [`reclaim`]; an
+//!   operator's [`force_release`] of one client; the [`holders`] view;
 //!   settings changes → [`Semaphores::set_key_config`] and friends.
 //!
 //! Invariants kept after every operation (checked by the property tests):
@@ -28,12 +29,15 @@ pub mod answers;
 pub mod config;
 pub mod contract;
 pub mod events;
+pub mod force_release;
+pub mod holders;
 pub mod ids;
 pub mod leases;
 pub mod limits;
 pub mod protocol;
 pub mod reclaim;
 pub mod reports;
+pub mod restore;
 pub mod round;
 pub mod semaphores;
 pub mod state;

@@ -118,7 +118,7 @@ impl Semaphores {
             .and_then(KeyState::next_claim_deadline_ms)
     }
 
-    fn advance_clock(&mut self, now_ms: u64) -> u64 {
+    pub(crate) fn advance_clock(&mut self, now_ms: u64) -> u64 {
         if now_ms > self.last_now_ms {
             self.last_now_ms = now_ms;
             self.dirty.cluster = true;
@@ -128,7 +128,11 @@ impl Semaphores {
 
     /// Runs `change` on a key's state (created empty if new) with its configuration,
     /// then drops the key if it holds nothing.
-    fn with_key<T>(&mut self, key: &str, change: impl FnOnce(&mut KeyState, &KeyConfig) -> T) -> T {
+    pub(crate) fn with_key<T>(
+        &mut self,
+        key: &str,
+        change: impl FnOnce(&mut KeyState, &KeyConfig) -> T,
+    ) -> T {
         let mut state = self.keys.remove(key).unwrap_or_else(|| {
             // A key dropped earlier in this change window: its deleted rows must
             // still reach storage through the re-created state.

@@ -195,7 +195,7 @@ pub struct KeyState {
 }
 
 /// The canonical, serialised form of a [`KeyState`].
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyImage {
     pub meta: KeyMeta,

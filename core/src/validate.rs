@@ -120,6 +120,11 @@ pub fn validate_group(group: &str) -> Checked {
     name("group", group, MAX_GROUP_BYTES)
 }
 
+/// Checks a clientId given outside a message (in a URL path).
+pub fn validate_client_id(client_id: &str) -> Checked {
+    name("clientId", client_id, MAX_CLIENT_ID_BYTES)
+}
+
 fn name(field: &'static str, value: &str, max: usize) -> Checked {
     if value.is_empty() {
         return Err(InvalidInput::Empty {

@@ -9,11 +9,14 @@ use permitd_core::contract::{
     headers, paths, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage,
     ListQuery, MemberRole, MembershipChange,
 };
+use permitd_core::force_release::ForceReleased;
+use permitd_core::holders::{holders, KeyHolders};
 use permitd_core::protocol::{
     Blocked, BlockedReason, Demand, GrantReport, GrantResult, GrantStatus, GrantedPermits,
     LeaseGrant, LeaseReport, PermitGrant, PermitRequest, PermitSync, PermitSyncResult,
     SemaphoreRequest, SemaphoreResponse, V1,
 };
+use permitd_core::state::{Grant, KeyState, Lease};
 use permitd_core::usage::GroupUsage;
 use permitd_core::{IdAllocator, Usage};
 use serde::Serialize;
@@ -224,7 +227,60 @@ fn every_shape() -> Vec<Value> {
             voters: BTreeSet::from([1]),
         }),
         json(error),
+        json(holders_example()),
+        json(ForceReleased {
+            grants: 1,
+            leases: 1,
+            permits: 2,
+        }),
     ]
+}
+
+/// A holders answer with one grant, one lease and waiting demand.
+fn holders_example() -> KeyHolders {
+    let mut state = KeyState::default();
+    let mut ids = IdAllocator::new(9);
+    state.put_grant(
+        ids.grant_id(),
+        Some(Grant {
+            client_id: "runner".into(),
+            group: "g".into(),
+            permits: 2,
+            claimed: 1,
+            released: 0,
+            created_at_ms: 1,
+            claim_deadline_ms: 2,
+            fence: 9,
+        }),
+    );
+    state.put_lease(
+        ids.lease_id(),
+        Some(Lease {
+            client_id: "runner".into(),
+            group: "g".into(),
+            permits: 2,
+            released: 0,
+            drawn: 1,
+            created_at_ms: 1,
+            expires_at_ms: 3,
+            retired: false,
+            acknowledged: true,
+            claim_deadline_ms: 2,
+        }),
+    );
+    let waiting = PermitRequest {
+        v: V1,
+        client_id: "runner".into(),
+        request_id: None,
+        demand: vec![Demand {
+            group: "g".into(),
+            count: 3,
+            oldest_at_ms: 1,
+        }],
+        grants: Vec::new(),
+        leases: None,
+    };
+    holders("k", Some(&state), &[waiting])
 }
 
 #[test]

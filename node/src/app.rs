@@ -137,6 +137,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     );
     crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
     crate::events::start(state.clone());
+    crate::raft_metrics::start(raft.clone());
     let app = App {
         id: settings.id,
         raft,

@@ -3,7 +3,8 @@
 //! One file describes the whole cluster so that `permitd up` can start every node
 //! and `permitd serve --id N` can find its own addresses and its peers'. Relative
 //! data directories are resolved against the file's folder, so the same file works
-//! from any working directory.
+//! from any working directory. `PERMITD_*` environment variables override any
+//! setting of the file (see `config_env.rs`).
 
 use permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY;
 use std::collections::BTreeSet;
@@ -169,10 +170,19 @@ impl ClusterConfig {
             path: path.to_owned(),
             source,
         })?;
-        let mut config: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        let parse_error = |source| ConfigError::Parse {
             path: path.to_owned(),
             source: Box::new(source),
-        })?;
+        };
+        let mut document: toml::Table = text.parse().map_err(parse_error)?;
+        let applied = crate::config_env::apply(&mut document, std::env::vars())
+            .map_err(|error| ConfigError::Invalid(error.to_string()))?;
+        if !applied.is_empty() {
+            tracing::info!(?applied, "settings overridden from the environment");
+        }
+        let mut config: Self = toml::Value::Table(document)
+            .try_into()
+            .map_err(parse_error)?;
         let base = path.parent().unwrap_or(Path::new("."));
         for node in &mut config.nodes {
             if node.data_dir.is_relative() {

@@ -109,5 +109,20 @@ fn emit(log_index: u64, key: &str, event: &Event) {
             permits,
             ..
         } => tracing::info!(event = name, log_index, key, %lease_id, client_id, group, permits),
+        Event::ClientReleased {
+            client_id,
+            grants,
+            leases,
+            permits,
+            ..
+        } => tracing::warn!(
+            event = name,
+            log_index,
+            key,
+            client_id,
+            grants,
+            leases,
+            permits
+        ),
     }
 }

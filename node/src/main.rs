@@ -14,6 +14,7 @@ async fn main() -> ExitCode {
         Command::Up { config } => cli::up::run(&config, args.log_format)
             .await
             .map_err(|e| e.to_string()),
+        Command::Restore(restore) => cli::restore::run(restore).await.map_err(|e| e.to_string()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,12 +7,17 @@
 //!   `permitd_keys_available` (gauges, no label): the number of keys the state
 //!   holds and the sums of their usage, each key counted as of its last applied
 //!   entry, on every node;
-//! - `permitd_key_granted`, `permitd_key_leased`, `permitd_key_available`
-//!   (gauges, label `key`): usage after the key's last applied entry, on every
+//! - `permitd_key_granted`, `permitd_key_leased`, `permitd_key_available`,
+//!   `permitd_key_limit` (gauges, label `key`): usage after the key's last applied entry, on every
 //!   node, for the first [`MAX_KEYS_WITH_GAUGES`] keys this process sees only;
 //! - `permitd_blocked_total` (label `reason`): permits left queued, by reason;
 //! - `permitd_leader_changes_total`: leaders this node has seen come and go;
-//! - `permitd_pending_requests`: requests parked for a round on this node.
+//! - `permitd_pending_requests`: requests parked for a round on this node;
+//! - consensus health (`permitd_has_leader`, `permitd_is_leader`, term, indexes,
+//!   follower lag): see `raft_metrics.rs`;
+//! - HTTP calls by route and status, with latency: see `http_metrics.rs`;
+//! - `permitd_snapshot_bytes` (gauge) and `permitd_snapshot_build_seconds`
+//!   (histogram): the last snapshot this node built, from the storage crate.
 //!
 //! # Cardinality
 //!
@@ -37,6 +42,7 @@ pub const ROUND_DURATION: &str = "permitd_round_duration_seconds";
 pub const KEY_GRANTED: &str = "permitd_key_granted";
 pub const KEY_LEASED: &str = "permitd_key_leased";
 pub const KEY_AVAILABLE: &str = "permitd_key_available";
+pub const KEY_LIMIT: &str = "permitd_key_limit";
 pub const KEYS_HELD: &str = "permitd_keys_held";
 pub const KEYS_GRANTED: &str = "permitd_keys_granted";
 pub const KEYS_LEASED: &str = "permitd_keys_leased";
@@ -45,12 +51,17 @@ pub const BLOCKED: &str = "permitd_blocked_total";
 pub const LEADER_CHANGES: &str = "permitd_leader_changes_total";
 pub const PENDING: &str = "permitd_pending_requests";
 
-/// Most keys with per-key gauges (three series each) in one process.
+/// Most keys with per-key gauges (four series each) in one process.
 pub const MAX_KEYS_WITH_GAUGES: usize = 1_000;
 
 /// Round latency buckets, in seconds: 1 ms to 10 s.
 const ROUND_BUCKETS_SECONDS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Snapshot build buckets, in seconds: 1 ms to 2 min.
+const SNAPSHOT_BUCKETS_SECONDS: &[f64] = &[
+    0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -61,7 +72,19 @@ pub fn install() -> PrometheusHandle {
         .get_or_init(|| {
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Full(ROUND_DURATION.into()), ROUND_BUCKETS_SECONDS)
-                .expect("the bucket list is not empty");
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(
+                        Matcher::Full(crate::http_metrics::HTTP_DURATION.into()),
+                        crate::http_metrics::HTTP_BUCKETS_SECONDS,
+                    )
+                })
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(
+                        Matcher::Full(permitd_storage::SNAPSHOT_DURATION.into()),
+                        SNAPSHOT_BUCKETS_SECONDS,
+                    )
+                })
+                .expect("the bucket lists are not empty");
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             // Another recorder (a test harness) may already be installed; rendering
@@ -85,6 +108,7 @@ fn describe() {
     metrics::describe_gauge!(KEY_GRANTED, "Permits granted and not released, per key.");
     metrics::describe_gauge!(KEY_LEASED, "Live lease footprint, per key.");
     metrics::describe_gauge!(KEY_AVAILABLE, "Permits grants may still receive, per key.");
+    metrics::describe_gauge!(KEY_LIMIT, "The limit each key runs with, per key.");
     metrics::describe_gauge!(KEYS_HELD, "Keys the replicated state holds.");
     metrics::describe_gauge!(KEYS_GRANTED, "Permits granted and not released, all keys.");
     metrics::describe_gauge!(KEYS_LEASED, "Live lease footprint, all keys.");
@@ -95,6 +119,9 @@ fn describe() {
     metrics::describe_counter!(BLOCKED, "Permits left queued by a round, by reason.");
     metrics::describe_counter!(LEADER_CHANGES, "Leader changes seen by this node.");
     metrics::describe_gauge!(PENDING, "Requests waiting for a round on this node.");
+    crate::raft_metrics::describe();
+    crate::http_metrics::describe();
+    permitd_storage::describe_snapshot_metrics();
 }
 
 pub fn round_finished(elapsed: Duration) {
@@ -178,7 +205,8 @@ fn key_usage(key: &str, usage: &Usage) {
     let key = key.to_owned();
     metrics::gauge!(KEY_GRANTED, "key" => key.clone()).set(usage.granted as f64);
     metrics::gauge!(KEY_LEASED, "key" => key.clone()).set(usage.leased as f64);
-    metrics::gauge!(KEY_AVAILABLE, "key" => key).set(usage.available as f64);
+    metrics::gauge!(KEY_AVAILABLE, "key" => key.clone()).set(usage.available as f64);
+    metrics::gauge!(KEY_LIMIT, "key" => key).set(usage.limit as f64);
 }
 
 #[cfg(test)]

@@ -128,6 +128,15 @@ impl Rounds {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Copies of the requests waiting for `key`'s next round, in arrival order
+    /// (for the operators' holders view; empty on a follower).
+    pub fn waiting(&self, key: &str) -> Vec<PermitRequest> {
+        let keys = self.keys();
+        keys.get(key).map_or_else(Vec::new, |queue| {
+            queue.pending.iter().map(|w| w.request.clone()).collect()
+        })
+    }
+
     /// Parks `request` for `key`'s next round and waits for its answer.
     pub async fn request(
         &self,

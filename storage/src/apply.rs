@@ -5,7 +5,7 @@
 //! shared by every key of the entry, so ids never repeat within it).
 
 use permitd_core::validate::{
-    validate_group, validate_key, validate_permit_request, validate_sync,
+    validate_client_id, validate_group, validate_key, validate_permit_request, validate_sync,
 };
 use permitd_core::{Event, IdAllocator, InvalidInput, Semaphores};
 
@@ -89,6 +89,12 @@ fn check(command: &Command) -> Result<(), InvalidInput> {
             validate_group(group)
         }
         Command::SetDefaults { .. } => Ok(()),
+        Command::ForceRelease { key, client_id, .. } => {
+            validate_key(key)?;
+            validate_client_id(client_id)
+        }
+        // Checked row by row inside `Semaphores::restore`.
+        Command::Restore { .. } => Ok(()),
     }
 }
 
@@ -154,6 +160,23 @@ fn run(
             applier.semaphores.remove_key(key);
             CommandResult::Done
         }
+        Command::ForceRelease {
+            now_ms,
+            key,
+            client_id,
+        } => {
+            let (released, events) = applier.semaphores.force_release(key, client_id, *now_ms);
+            applier.push_events(key, events);
+            CommandResult::Released { released }
+        }
+        Command::Restore { backup } => match applier.semaphores.restore(backup) {
+            Ok(()) => CommandResult::Restored {
+                keys: backup.keys.len() as u64,
+            },
+            Err(error) => CommandResult::RestoreRefused {
+                reason: error.to_string(),
+            },
+        },
     };
     // Single-call commands (and a rejected one, which changed nothing) land here.
     applier.persist()?;

@@ -5,7 +5,9 @@
 //! Ids come from the entry's log index, never from the command.
 
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
+use permitd_core::force_release::ForceReleased;
 use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
+use permitd_core::restore::Backup;
 use permitd_core::{Event, InvalidInput};
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +59,17 @@ pub enum Command {
     /// Drop everything kept for a key.
     #[serde(rename_all = "camelCase")]
     RemoveKey { key: String },
+    /// An operator drops one client's grants, leases and remembered answers on a
+    /// key (a runner that died for good), at the leader's `now`.
+    #[serde(rename_all = "camelCase")]
+    ForceRelease {
+        now_ms: u64,
+        key: String,
+        client_id: String,
+    },
+    /// Write a backup into a new cluster (one that holds no key yet).
+    #[serde(rename_all = "camelCase")]
+    Restore { backup: Backup },
 }
 
 /// What applying a [`Command`] answers; the leader replies from it.
@@ -78,6 +91,13 @@ pub enum CommandResult {
     Synced { answer: PermitSyncResult },
     /// The effective configuration after `SetKeyConfig`.
     KeyConfig { config: KeyConfig },
+    /// What `ForceRelease` dropped.
+    Released { released: ForceReleased },
+    /// `Restore` wrote this many keys.
+    Restored { keys: u64 },
+    /// `Restore` was refused (the cluster holds keys, or a row breaks an
+    /// invariant); nothing changed.
+    RestoreRefused { reason: String },
     /// The command was rejected by validation inside apply; nothing changed.
     Rejected { error: InvalidInput },
 }
@@ -88,6 +108,9 @@ pub enum Refused {
     /// Validation inside apply rejected the command; nothing changed.
     #[error(transparent)]
     Rejected(#[from] InvalidInput),
+    /// A backup could not be restored; nothing changed.
+    #[error("{0}")]
+    NotRestored(String),
     /// The result is of another command: a bug, never a matter of input.
     #[error("apply answered {got} where {expected} was expected")]
     OtherAnswer {
@@ -121,6 +144,22 @@ impl CommandResult {
         }
     }
 
+    /// What a [`Command::ForceRelease`] dropped.
+    pub fn into_released(self) -> Result<ForceReleased, Refused> {
+        match self {
+            Self::Released { released } => Ok(released),
+            other => Err(other.refused("released")),
+        }
+    }
+
+    /// The keys a [`Command::Restore`] wrote.
+    pub fn into_restored(self) -> Result<u64, Refused> {
+        match self {
+            Self::Restored { keys } => Ok(keys),
+            other => Err(other.refused("restored")),
+        }
+    }
+
     /// The outcome of a command without an answer (`SetGroup`, `SetDefaults`,
     /// `RemoveGroup`, `RemoveKey`, `Reclaim`).
     pub fn into_done(self) -> Result<(), Refused> {
@@ -133,6 +172,9 @@ impl CommandResult {
     fn refused(self, expected: &'static str) -> Refused {
         let got = match self {
             Self::Rejected { error } => return Refused::Rejected(error),
+            Self::RestoreRefused { reason } => return Refused::NotRestored(reason),
+            Self::Released { .. } => "released",
+            Self::Restored { .. } => "restored",
             Self::Done => "done",
             Self::Round { .. } => "round",
             Self::Synced { .. } => "synced",

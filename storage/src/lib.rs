@@ -44,6 +44,7 @@ pub mod keys;
 mod log_store;
 mod rows;
 mod snapshot;
+mod snapshot_metrics;
 mod state_machine;
 
 use std::path::PathBuf;
@@ -53,6 +54,7 @@ pub use error::StorageError;
 pub use format::STORAGE_FORMAT_VERSION;
 pub use log_store::LogStore;
 pub use snapshot::SNAPSHOT_FORMAT_VERSION;
+pub use snapshot_metrics::{describe_snapshot_metrics, SNAPSHOT_BYTES, SNAPSHOT_DURATION};
 pub use state_machine::{Applied, SharedState, SnapshotBuilder, StateMachineStore};
 
 use serde::{Deserialize, Serialize};

@@ -444,6 +444,10 @@ fn snapshot_id(last_applied: Option<LogId<NodeId>>) -> String {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, RaftError> {
-        self.build().await.map_err(read_state_machine)
+        let started = std::time::Instant::now();
+        let snapshot = self.build().await.map_err(read_state_machine)?;
+        let bytes = snapshot.snapshot.get_ref().len();
+        crate::snapshot_metrics::snapshot_built(bytes, started.elapsed());
+        Ok(snapshot)
     }
 }

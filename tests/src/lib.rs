@@ -31,6 +31,7 @@ use serde_json::{json, Value};
 
 pub mod bench;
 pub mod chaos;
+pub mod ctl;
 
 /// The secret every test cluster uses.
 pub const SECRET: &str = "permitd-test-secret-0123456789";
@@ -41,11 +42,19 @@ const POLL: Duration = Duration::from_millis(50);
 /// The `permitd` binary to run (see the module docs).
 pub fn permitd_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(locate_or_build).clone()
+    BIN.get_or_init(|| locate_or_build("permitd", "permitd", "PERMITD_BIN"))
+        .clone()
 }
 
-fn locate_or_build() -> PathBuf {
-    if let Some(path) = std::env::var_os("PERMITD_BIN") {
+/// The `permitctl` binary, found like [`permitd_bin`] (`PERMITCTL_BIN` first).
+pub fn permitctl_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| locate_or_build("permitctl", "permitd-client", "PERMITCTL_BIN"))
+        .clone()
+}
+
+fn locate_or_build(name: &str, package: &str, variable: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(variable) {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("the test knows its own path");
@@ -54,18 +63,18 @@ fn locate_or_build() -> PathBuf {
         .parent()
         .and_then(Path::parent)
         .expect("the test runs from target/<profile>/deps");
-    let bin = profile_dir.join(format!("permitd{}", std::env::consts::EXE_SUFFIX));
+    let bin = profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     if !bin.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "-p", "permitd", "--bin", "permitd"])
+            .args(["build", "-p", package, "--bin", name])
             .status()
             .expect("cargo runs");
-        assert!(status.success(), "cargo build -p permitd failed");
+        assert!(status.success(), "cargo build -p {package} failed");
     }
     assert!(
         bin.exists(),
-        "{} is missing: run `cargo build -p permitd` or set PERMITD_BIN",
+        "{} is missing: run `cargo build -p {package}` or set {variable}",
         bin.display()
     );
     bin

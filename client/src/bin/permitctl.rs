@@ -7,8 +7,17 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
+#[path = "permitctl/holders.rs"]
+mod holders;
+#[path = "permitctl/keys.rs"]
+mod keys;
+#[path = "permitctl/members.rs"]
+mod members;
+#[path = "permitctl/snapshot.rs"]
+mod snapshot;
+
 use clap::{Args, Parser, Subcommand};
-use permitd_client::{ClientConfig, ClusterStatus, KeyUsage, SemaphoreClient};
+use permitd_client::{ClientConfig, ClusterStatus, SemaphoreClient};
 use permitd_core::config::LeasePolicy;
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
 use serde::Serialize;
@@ -47,10 +56,24 @@ enum Command {
     /// A group's cap and permission.
     #[command(subcommand)]
     Group(GroupCommand),
-    /// Every key with its usage.
-    Keys,
+    /// Every key with its usage, page by page (`--limit` to stop early).
+    Keys(keys::KeysArgs),
     /// The cluster: members, leader, term, indexes.
     Status,
+    /// Initialises a new cluster of every node in the asked node's cluster file
+    /// (needs `--secret`); succeeds, saying so, when it already is.
+    Init,
+    /// The cluster's members: list, add a learner, promote, remove.
+    #[command(subcommand)]
+    Members(members::MembersCommand),
+    /// Backups: `snapshot save FILE` (restore with `permitd restore --from FILE`).
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
+    /// Who holds a key's permits (grants, leases) and who waits for them.
+    Holders { key: String },
+    /// Admin: drops one client's grants and leases on a key (a runner that died
+    /// for good); its permits return to the key at once.
+    Release { key: String, client_id: String },
     /// A key's usage, refreshed in place until interrupted.
     Watch {
         key: String,
@@ -119,7 +142,10 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+/// What every subcommand returns.
+type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn run(cli: Cli) -> CliResult {
     let mut config = ClientConfig::new([cli.endpoints.clone()]);
     config.call_timeout = Duration::from_millis(cli.timeout_ms);
     config.attempt_timeout = config.call_timeout;
@@ -174,9 +200,23 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 format!("{key} / {group}: settings removed\n")
             })
         }
-        Command::Keys => {
-            let keys = client.keys().await?;
-            print(json, &keys, || keys_table(&keys))
+        Command::Keys(args) => keys::run(&client, json, &args).await,
+        Command::Init => {
+            let created = client.init_cluster().await?;
+            let state = if created {
+                "initialised"
+            } else {
+                "already initialised"
+            };
+            print(json, &serde_json::json!({ "initialized": created }), || {
+                format!("cluster {state}\n")
+            })
+        }
+        Command::Members(command) => members::run(&client, json, command).await,
+        Command::Snapshot(command) => snapshot::run(&client, json, command).await,
+        Command::Holders { key } => holders::show(&client, json, &key).await,
+        Command::Release { key, client_id } => {
+            holders::release(&client, json, &key, &client_id).await
         }
         Command::Status => {
             let status = client.cluster_status().await?;
@@ -194,11 +234,7 @@ fn parse_leases(text: Option<&str>) -> Result<Option<Option<LeasePolicy>>, serde
     }
 }
 
-fn print<V: Serialize>(
-    json: bool,
-    value: &V,
-    table: impl FnOnce() -> String,
-) -> Result<(), Box<dyn std::error::Error>> {
+fn print<V: Serialize>(json: bool, value: &V, table: impl FnOnce() -> String) -> CliResult {
     if json {
         println!("{}", serde_json::to_string_pretty(value)?);
     } else {
@@ -310,22 +346,6 @@ fn config_table(key: &str, config: &KeyConfig) -> String {
             leases,
         ]],
     )
-}
-
-fn keys_table(keys: &[KeyUsage]) -> String {
-    let rows: Vec<Vec<String>> = keys
-        .iter()
-        .map(|entry| {
-            vec![
-                entry.key.clone(),
-                entry.usage.limit.to_string(),
-                entry.usage.granted.to_string(),
-                entry.usage.leased.to_string(),
-                entry.usage.available.to_string(),
-            ]
-        })
-        .collect();
-    table(&["KEY", "LIMIT", "GRANTED", "LEASED", "AVAILABLE"], &rows)
 }
 
 fn status_table(status: &ClusterStatus) -> String {

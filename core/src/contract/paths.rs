@@ -12,6 +12,12 @@ pub const USAGE: &str = "/v1/semaphores/{key}/usage";
 pub const KEY_CONFIG: &str = "/v1/semaphores/{key}/config";
 /// `PUT` one group's cap and permission, `DELETE` to drop them.
 pub const GROUP: &str = "/v1/semaphores/{key}/groups/{group}";
+/// `GET`: who holds the key's grants and leases and who waits
+/// ([`crate::holders::KeyHolders`]).
+pub const HOLDERS: &str = "/v1/semaphores/{key}/holders";
+/// `POST` (admin): drops one client's footprint on the key
+/// ([`crate::force_release::ForceReleased`]).
+pub const CLIENT_RELEASE: &str = "/v1/semaphores/{key}/clients/{clientId}/release";
 
 /// `GET`: this node's view of the cluster ([`super::ClusterStatus`]).
 pub const CLUSTER_STATUS: &str = "/cluster/status";
@@ -21,6 +27,10 @@ pub const CLUSTER_INIT: &str = "/cluster/init";
 pub const CLUSTER_MEMBERS: &str = "/cluster/members";
 /// `PUT`: replaces the replicated defaults of keys without a configuration.
 pub const CLUSTER_DEFAULTS: &str = "/cluster/defaults";
+/// `GET`: a backup of the leader's applied state ([`crate::restore::BackupFile`]).
+pub const CLUSTER_SNAPSHOT: &str = "/cluster/snapshot";
+/// `POST` a backup file into a new cluster (to the leader's Raft listener).
+pub const CLUSTER_RESTORE: &str = "/cluster/restore";
 /// What every `/cluster/*` path starts with: those calls need the cluster secret.
 pub const CLUSTER_PREFIX: &str = "/cluster/";
 
@@ -32,16 +42,20 @@ pub const HEALTHZ: &str = "/healthz";
 pub const READYZ: &str = "/readyz";
 
 /// Every route above, for documentation and for checks that each is described.
-pub const ALL: [&str; 12] = [
+pub const ALL: [&str; 16] = [
     SEMAPHORES,
     SEMAPHORE,
     USAGE,
     KEY_CONFIG,
     GROUP,
+    HOLDERS,
+    CLIENT_RELEASE,
     CLUSTER_STATUS,
     CLUSTER_INIT,
     CLUSTER_MEMBERS,
     CLUSTER_DEFAULTS,
+    CLUSTER_SNAPSHOT,
+    CLUSTER_RESTORE,
     METRICS,
     HEALTHZ,
     READYZ,

@@ -13,16 +13,26 @@ pub(crate) struct Exposure {
 
 impl Exposure {
     pub(crate) fn of(state: Option<&KeyState>) -> Self {
+        Self::of_rows(state, |_| true)
+    }
+
+    /// The exposure of `client`'s rows alone.
+    pub(crate) fn of_client(state: Option<&KeyState>, client: &str) -> Self {
+        Self::of_rows(state, |owner| owner == client)
+    }
+
+    /// The exposure of the rows whose client `counts`.
+    fn of_rows(state: Option<&KeyState>, counts: impl Fn(&str) -> bool) -> Self {
         let mut exposure = Exposure::default();
         let Some(state) = state else {
             return exposure;
         };
-        for grant in state.grants().values() {
+        for grant in state.grants().values().filter(|g| counts(&g.client_id)) {
             let outstanding = grant.permits - grant.released;
             exposure.granted += outstanding;
             *exposure.groups.entry(grant.group.clone()).or_default() += outstanding;
         }
-        for lease in state.leases().values() {
+        for lease in state.leases().values().filter(|l| counts(&l.client_id)) {
             let footprint = lease.permits - lease.released;
             exposure.leased += footprint;
             *exposure.groups.entry(lease.group.clone()).or_default() += footprint;

@@ -10,6 +10,7 @@ pub(crate) enum Outcome {
     Reclaim(Vec<Event>),
     Config(Result<KeyConfig, InvalidInput>),
     Group(Result<(), InvalidInput>),
+    Released(ForceReleased, Vec<Event>),
     Local,
 }
 
@@ -315,6 +316,12 @@ impl Harness {
             Op::RemoveGroup { key, group } => {
                 self.sem.remove_group(KEYS[*key], GROUPS[*group]);
                 Outcome::Local
+            }
+            Op::ForceRelease { key, client, when } => {
+                let now_ms = self.entry_now(*when);
+                let (released, events) =
+                    self.sem.force_release(KEYS[*key], CLIENTS[*client], now_ms);
+                Outcome::Released(released, events)
             }
         }
     }

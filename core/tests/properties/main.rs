@@ -2,8 +2,8 @@
 //!
 //! Each case builds a small world: two keys, three groups, four clients (some of
 //! which support leases), one lease policy, and a sequence of up to 30 log entries
-//! (rounds, syncs, reclaim passes, settings changes) interleaved with client-local
-//! work (claiming, releasing, drawing from leases, retiring them). The clients are
+//! (rounds, syncs, reclaim passes, settings changes, operators' force releases)
+//! interleaved with client-local work (claiming, releasing, drawing from leases, retiring them). The clients are
 //! modelled: each keeps, per key, the grants and leases it was told about and the
 //! cumulative counts it reports, as a queue does. On top of that honest
 //! behaviour the generators add what a network does to reports: duplicates (the
@@ -37,6 +37,7 @@ use checks::*;
 use harness::*;
 use model::*;
 use permitd_core::config::{Amount, LimitedGroups};
+use permitd_core::force_release::ForceReleased;
 use permitd_core::protocol::{
     Demand, GrantReport, GrantResult, GrantStatus, GrantedPermits, LeaseGrant, LeaseReport,
     PermitRequest, PermitSync, SemaphoreRequest, V1,
@@ -224,6 +225,47 @@ proptest! {
             }
         }
     }
+
+    /// A force release drops exactly one client's grants and leases on one key,
+    /// returns exactly their footprint, keeps the tally exact and leaves every
+    /// other client's rows as they were; the key stays within its ceiling.
+    #[test]
+    fn a_force_release_frees_exactly_that_clients_footprint(
+        (setup, ops) in scenario(Modes::Any),
+        key in 0..KEYS.len(),
+        client in 0..CLIENTS.len(),
+    ) {
+        let mut harness = Harness::new(&setup);
+        for op in &ops {
+            harness.step(op);
+        }
+        let (key, client) = (KEYS[key], CLIENTS[client]);
+        let before = harness.sem.key(key).cloned();
+        let held = Exposure::of_client(before.as_ref(), client);
+        let others_before = Exposure::of(before.as_ref()).total() - held.total();
+        let now_ms = harness.clock();
+        let (released, events) = harness.sem.force_release(key, client, now_ms);
+        prop_assert_eq!(released.permits, held.total());
+        prop_assert_eq!(events.len(), usize::from(released != ForceReleased::default()));
+        let after = harness.sem.key(key);
+        prop_assert_eq!(Exposure::of_client(after, client).total(), 0);
+        prop_assert_eq!(Exposure::of(after).total(), others_before);
+        prop_assert!(Exposure::of(after).total() <= ceiling(harness.sem.config(key))
+            .max(Exposure::of(before.as_ref()).total()));
+        if let (Some(before), Some(after)) = (before.as_ref(), after) {
+            prop_assert_eq!(after.tally(), &after.recount());
+            let others = |state: &KeyState| {
+                let grants: Vec<_> = state.grants().iter()
+                    .filter(|(_, grant)| grant.client_id != client).collect();
+                let leases: Vec<_> = state.leases().iter()
+                    .filter(|(_, lease)| lease.client_id != client).collect();
+                format!("{grants:?} {leases:?}")
+            };
+            prop_assert_eq!(others(before), others(after));
+            prop_assert!(!after.answers().contains_key(client));
+        }
+    }
+
 }
 
 /// Ids of the rows (grants or leases) another client than `client` holds.

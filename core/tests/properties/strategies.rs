@@ -187,6 +187,8 @@ pub(crate) fn op(modes: Modes) -> BoxedStrategy<Op> {
         });
     let remove_group =
         (key(), 0..GROUPS.len()).prop_map(|(key, group)| Op::RemoveGroup { key, group });
+    let force_release = (key(), 0..CLIENTS.len(), when())
+        .prop_map(|(key, client, when)| Op::ForceRelease { key, client, when });
     match modes {
         Modes::Any => {
             let set_leases = (key(), lease_policy(Modes::Any))
@@ -200,6 +202,7 @@ pub(crate) fn op(modes: Modes) -> BoxedStrategy<Op> {
                 1 => set_group,
                 1 => remove_group,
                 1 => set_leases,
+                1 => force_release,
             ]
             .boxed()
         }
@@ -211,6 +214,7 @@ pub(crate) fn op(modes: Modes) -> BoxedStrategy<Op> {
             1 => set_limit,
             1 => set_group,
             1 => remove_group,
+            1 => force_release,
         ]
         .boxed(),
     }

@@ -85,6 +85,13 @@ pub(crate) enum Op {
         key: usize,
         leases: Option<LeasePolicy>,
     },
+    /// An operator drops one client's footprint; the client, not dead after
+    /// all, keeps working and reporting the grants and leases it knew.
+    ForceRelease {
+        key: usize,
+        client: usize,
+        when: When,
+    },
 }
 
 #[derive(Debug, Clone)]

@@ -112,6 +112,7 @@ impl From<Refused> for ApiError {
     fn from(refused: Refused) -> Self {
         match refused {
             Refused::Rejected(error) => Self::Invalid(error),
+            Refused::NotRestored(reason) => Self::BadRequest(reason),
             other @ Refused::OtherAnswer { .. } => Self::Internal(other.to_string()),
         }
     }

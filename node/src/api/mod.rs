@@ -5,10 +5,12 @@
 //! route group the secret check (`/raft`, `/cluster`) and forwarding to the
 //! leader (v1, membership). Unknown routes and methods answer the JSON error shape.
 
+pub mod backup;
 pub mod cluster;
 pub mod error;
 pub mod extract;
 pub mod forward;
+pub mod holders;
 pub mod semaphores;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -36,6 +38,7 @@ pub fn public_router(app: App) -> Router {
         .route(paths::SEMAPHORES, get(semaphores::list))
         .route(paths::SEMAPHORE, post(semaphores::post))
         .route(paths::USAGE, get(semaphores::usage))
+        .route(paths::HOLDERS, get(holders::get))
         .route(
             paths::KEY_CONFIG,
             get(semaphores::get_config).put(semaphores::put_config),
@@ -50,6 +53,7 @@ pub fn public_router(app: App) -> Router {
         ));
     Router::new()
         .merge(v1)
+        .merge(admin_router(app.clone()))
         .merge(cluster_router(app.clone()))
         .route(paths::METRICS, get(metrics))
         .route(paths::HEALTHZ, get(healthz))
@@ -57,6 +61,7 @@ pub fn public_router(app: App) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(crate::http_metrics::track_api))
         .layer(trace_layer(Level::INFO))
         .with_state(app)
 }
@@ -71,16 +76,26 @@ pub fn internal_router(app: App) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
+        .layer(middleware::from_fn(crate::http_metrics::track_raft))
         // Peers call `/raft/append` for every heartbeat and entry: a span per call
         // at INFO would cost more than the call and drown the log.
         .layer(trace_layer(Level::DEBUG))
         .with_state(app)
 }
 
+/// Operator actions that change other clients' state. Every route here is for
+/// administrators only: an access check for them is added to this router alone.
+fn admin_router(app: App) -> Router<App> {
+    Router::new()
+        .route(paths::CLIENT_RELEASE, post(holders::force_release))
+        .route_layer(middleware::from_fn_with_state(app, forward::to_leader))
+}
+
 fn cluster_router(app: App) -> Router<App> {
     let leader_only = Router::new()
         .route(paths::CLUSTER_MEMBERS, post(cluster::members))
         .route(paths::CLUSTER_DEFAULTS, put(cluster::put_defaults))
+        .route(paths::CLUSTER_SNAPSHOT, get(backup::save))
         .route_layer(middleware::from_fn_with_state(
             app.clone(),
             forward::to_leader,
@@ -88,6 +103,7 @@ fn cluster_router(app: App) -> Router<App> {
     Router::new()
         .route(paths::CLUSTER_STATUS, get(cluster::status))
         .route(paths::CLUSTER_INIT, post(cluster::init))
+        .route(paths::CLUSTER_RESTORE, post(backup::restore))
         .merge(leader_only)
         .route_layer(middleware::from_fn_with_state(app, require_secret))
 }

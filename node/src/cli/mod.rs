@@ -1,6 +1,7 @@
-//! The command line: `permitd serve` (one node) and `permitd up` (a whole cluster
-//! of child processes).
+//! The command line: `permitd serve` (one node), `permitd up` (a whole cluster
+//! of child processes) and `permitd restore` (a backup into a new cluster).
 
+pub mod restore;
 pub mod serve;
 pub mod up;
 
@@ -34,6 +35,8 @@ pub enum Command {
         #[arg(long, default_value = "cluster.toml")]
         config: PathBuf,
     },
+    /// Write a backup (`permitctl snapshot save`) into a new, running cluster.
+    Restore(restore::RestoreArgs),
 }
 
 /// Installs the tracing subscriber: `RUST_LOG` filter, text or JSON lines.

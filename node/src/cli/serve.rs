@@ -25,10 +25,10 @@ const STOP_TIMEOUT_MS: u64 = 10_000;
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// The cluster file; without it, run one self-initialising node.
-    #[arg(long)]
+    #[arg(long, env = "PERMITD_CONFIG")]
     pub config: Option<PathBuf>,
     /// This node's id in the cluster file.
-    #[arg(long, requires = "config")]
+    #[arg(long, env = "PERMITD_ID", requires = "config")]
     pub id: Option<u64>,
     /// Data directory of the single node (without --config).
     #[arg(long, default_value = "data", conflicts_with = "config")]

@@ -141,7 +141,7 @@ impl Workload {
     pub fn next_command(&mut self) -> Command {
         self.now_ms += self.rng.below(3_000);
         let now_ms = self.now_ms;
-        match self.rng.below(40) {
+        match self.rng.below(41) {
             0..=24 => {
                 let keys = 1 + self.rng.below(3) as usize;
                 let requests = 1 + self.rng.below(6) as usize;
@@ -181,6 +181,11 @@ impl Workload {
                     limit: 20 + self.rng.below(100),
                     ..KeyConfig::default()
                 },
+            },
+            39 => Command::ForceRelease {
+                now_ms,
+                key: self.rng.pick(&KEYS).to_owned(),
+                client_id: self.rng.pick(&CLIENTS).to_owned(),
             },
             _ => Command::RemoveKey {
                 key: self.rng.pick(&KEYS).to_owned(),

@@ -1,0 +1,56 @@
+//! Operators' view of one key's holders, and the admin force release.
+//!
+//! `GET /v1/semaphores/{key}/holders` answers per clientId the grants, the leases
+//! and the demand waiting for the next round. Waiting demand exists only on the
+//! leader (requests are parked there until their round), so a follower forwards
+//! the call like every v1 call; the leader reads linearizably, so the grants and
+//! leases include every write acknowledged before the call.
+//!
+//! `POST /v1/semaphores/{key}/clients/{clientId}/release` drops one client's whole
+//! footprint on the key through a replicated `ForceRelease` entry: every replica
+//! frees the same rows and emits `client_released`. It sits in the router's admin
+//! section, which is where an access check for operators belongs.
+
+use axum::extract::State;
+use axum::Json;
+use permitd_core::force_release::ForceReleased;
+use permitd_core::holders::{holders, KeyHolders};
+use permitd_core::validate::{validate_client_id, validate_key};
+use permitd_storage::Command;
+
+use super::error::ApiError;
+use super::extract::ApiPath;
+use super::semaphores::{linearizable, write};
+use crate::app::App;
+
+/// `GET /v1/semaphores/{key}/holders`, on the leader, linearizable.
+pub async fn get(
+    State(app): State<App>,
+    ApiPath(key): ApiPath<String>,
+) -> Result<Json<KeyHolders>, ApiError> {
+    validate_key(&key)?;
+    linearizable(&app).await?;
+    let waiting = app.rounds.waiting(&key);
+    let view = app
+        .state
+        .read(|semaphores| holders(&key, semaphores.key(&key), &waiting));
+    Ok(Json(view))
+}
+
+/// `POST /v1/semaphores/{key}/clients/{clientId}/release` (admin): answers what
+/// was dropped, zeros when the client held nothing.
+pub async fn force_release(
+    State(app): State<App>,
+    ApiPath((key, client_id)): ApiPath<(String, String)>,
+) -> Result<Json<ForceReleased>, ApiError> {
+    validate_key(&key)?;
+    validate_client_id(&client_id)?;
+    let command = Command::ForceRelease {
+        now_ms: crate::now_ms(),
+        key: key.clone(),
+        client_id: client_id.clone(),
+    };
+    let released = write(&app, command).await?.into_released()?;
+    tracing::warn!(key, client_id, ?released, "operator force release");
+    Ok(Json(released))
+}
