@@ -1,4 +1,5 @@
-//! The client crate's errors: one enum for calls to the cluster, one for the queue.
+//! The client crate's errors: one enum for calls to the cluster, one for
+//! acquiring a permit, one for the queue.
 
 use std::time::Duration;
 
@@ -58,6 +59,27 @@ impl ClientError {
             _ => None,
         }
     }
+}
+
+/// Why [`crate::SemaphoreClient::acquire`] gave up. Whatever was granted by
+/// then is released.
+#[derive(Debug, thiserror::Error)]
+pub enum AcquireError {
+    /// A permit of zero permits was asked for.
+    #[error("a permit needs a count of at least 1")]
+    ZeroCount,
+    /// The group is configured `permitted: false`: waiting would never end.
+    #[error("group {group:?} of key {key:?} is not permitted")]
+    NotPermitted { key: String, group: String },
+    /// The caller's timeout passed before enough was granted.
+    #[error("no permit of key {key:?} within {waited:?}")]
+    Timeout { key: String, waited: Duration },
+    /// The caller cancelled the acquisition.
+    #[error("acquiring a permit of key {key:?} was cancelled")]
+    Cancelled { key: String },
+    /// A call to the cluster failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
 }
 
 /// Why a queue operation failed.

@@ -1,13 +1,18 @@
 //! `permitd-client`: what job runners embed to queue work under permitd's
 //! concurrency budgets, plus the `permitctl` admin tool (`src/bin`).
 //!
-//! Two layers:
+//! Three ways in:
 //! - [`SemaphoreClient`] ([`client`]): every v1 call (request, sync, usage, key and
 //!   group configuration, key listing, cluster status) against a list of nodes.
 //!   It remembers the leader ([`leader`]), retries 503/429 answers and connection
 //!   failures with capped, jittered exponential backoff ([`backoff`]) inside a
 //!   per-call deadline, always sends a `requestId` so a retried request gets the
 //!   original answer, and honours each key's `nextRequestAt`.
+//! - [`SemaphoreClient::acquire`] and [`SemaphoreClient::with_permit`]
+//!   ([`permit`]): one piece of work under a permit; the guard
+//!   ([`permit::Permit`], not to be confused with the queue's [`Permit`], which
+//!   names what an item was admitted under) releases on drop. [`run`] wraps a
+//!   command in one (`permitctl run`).
 //! - [`SemaphoreQueue`] ([`queue`]): the job queue. Items `{id, key, group,
 //!   body}` wait for a permit; the queue asks each key's holder with its demand
 //!   and oldest enqueue time, draws lease permits locally (one per item), claims
@@ -28,10 +33,13 @@ pub mod backoff;
 pub mod client;
 pub mod error;
 pub mod leader;
+pub mod permit;
 pub mod queue;
+pub mod run;
 
 pub use client::{ClientConfig, SemaphoreClient};
-pub use error::{ClientError, QueueError};
+pub use error::{AcquireError, ClientError, QueueError};
+pub use permit::AcquireOptions;
 /// The wire shapes the client reads, from the one contract both sides share.
 pub use permitd_core::contract::{ClusterMember, ClusterStatus, ErrorCode, KeyUsage, MemberRole};
 pub use queue::{

@@ -50,3 +50,15 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const MAX_PENDING_REQUESTS_PER_KEY: usize = 10_000;
 /// Keys one cluster holds state for.
 pub const MAX_KEYS: usize = 1_000_000;
+
+/// Longest a connection may take to send a request's header, in ms; the time a
+/// kept-alive connection sits idle before its next request counts too (hyper runs
+/// one timer for both), so this is also the idle keep-alive timeout. The connection
+/// is closed beyond it.
+pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Longest pause between two parts of a request body, in ms (the body is refused
+/// beyond it). `MAX_BODY_BYTES` bounds its size.
+pub const BODY_READ_TIMEOUT_MS: u64 = 10_000;
+/// Connections one listener of a node serves at once; further ones wait in the
+/// kernel's accept queue until one closes.
+pub const MAX_CONNECTIONS_PER_LISTENER: usize = 4_096;

@@ -38,6 +38,8 @@ pub struct NodeSettings {
     pub initialize_at_start: bool,
     /// Requests that may wait for one key's round; 429 beyond.
     pub max_pending_per_key: usize,
+    /// Timeouts and connection limits of the node's listeners.
+    pub edge: crate::edge::EdgeLimits,
 }
 
 /// Why a node could not start.

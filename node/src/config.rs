@@ -6,9 +6,13 @@
 //! from any working directory. `PERMITD_*` environment variables override any
 //! setting of the file (see `config_env.rs`).
 
-use permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY;
+use permitd_core::limits::{
+    BODY_READ_TIMEOUT_MS, HEADER_READ_TIMEOUT_MS, MAX_CONNECTIONS_PER_LISTENER,
+    MAX_PENDING_REQUESTS_PER_KEY,
+};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use permitd_core::config::{KeyConfig, KeyConfigUpdate};
 use permitd_core::validate::validate_key_config;
@@ -75,17 +79,68 @@ pub struct NodeConfig {
 /// Per-node bounds on what clients may park, tighter than the built-in maxima
 /// where an operator wants it (and tests need a small one).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct NodeLimits {
     /// Requests that may wait for one key's round on the leader; 429 beyond.
     pub max_pending_per_key: usize,
+    /// Longest wait for a request header (and idle keep-alive), in ms.
+    pub header_read_timeout_ms: u64,
+    /// Longest pause between parts of a request body, in ms.
+    pub body_read_timeout_ms: u64,
+    /// Connections one listener serves at once.
+    pub max_connections: usize,
 }
 
 impl Default for NodeLimits {
     fn default() -> Self {
         Self {
             max_pending_per_key: MAX_PENDING_REQUESTS_PER_KEY,
+            header_read_timeout_ms: HEADER_READ_TIMEOUT_MS,
+            body_read_timeout_ms: BODY_READ_TIMEOUT_MS,
+            max_connections: MAX_CONNECTIONS_PER_LISTENER,
         }
+    }
+}
+
+impl NodeLimits {
+    /// The HTTP edge's share of these limits.
+    pub fn edge(&self) -> crate::edge::EdgeLimits {
+        crate::edge::EdgeLimits {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            body_read_timeout: Duration::from_millis(self.body_read_timeout_ms),
+            max_connections: self.max_connections,
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let pending = self.max_pending_per_key;
+        if !(1..=MAX_PENDING_REQUESTS_PER_KEY).contains(&pending) {
+            return Err(format!(
+                "[limits] max_pending_per_key must be 1 to {MAX_PENDING_REQUESTS_PER_KEY}"
+            ));
+        }
+        for (name, value, max) in [
+            (
+                "header_read_timeout_ms",
+                self.header_read_timeout_ms,
+                HEADER_READ_TIMEOUT_MS,
+            ),
+            (
+                "body_read_timeout_ms",
+                self.body_read_timeout_ms,
+                BODY_READ_TIMEOUT_MS,
+            ),
+        ] {
+            if !(1..=max).contains(&value) {
+                return Err(format!("[limits] {name} must be 1 to {max}"));
+            }
+        }
+        if !(1..=MAX_CONNECTIONS_PER_LISTENER).contains(&self.max_connections) {
+            return Err(format!(
+                "[limits] max_connections must be 1 to {MAX_CONNECTIONS_PER_LISTENER}"
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -215,11 +270,8 @@ impl ClusterConfig {
         if self.storage.cache_capacity_mib == 0 {
             return invalid("[storage] cache_capacity_mib must be at least 1".into());
         }
-        let pending = self.limits.max_pending_per_key;
-        if !(1..=MAX_PENDING_REQUESTS_PER_KEY).contains(&pending) {
-            return invalid(format!(
-                "[limits] max_pending_per_key must be 1 to {MAX_PENDING_REQUESTS_PER_KEY}"
-            ));
+        if let Err(message) = self.limits.validate() {
+            return invalid(message);
         }
         validate_key_config(&self.key_defaults())
             .or_else(|error| invalid(format!("[defaults]: {error}")))
@@ -306,6 +358,40 @@ mod tests {
                 valid,
                 "max_pending_per_key = {pending}"
             );
+        }
+    }
+
+    #[test]
+    fn edge_limits_default_to_the_maxima_and_are_checked() {
+        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
+        let config = |limits: &str| -> ClusterConfig {
+            let text = format!("secret = \"0123456789abcdef\"\n[limits]\n{limits}\n{node}");
+            toml::from_str(&text).unwrap()
+        };
+        let edge = config("").limits.edge();
+        assert_eq!(
+            edge.header_read_timeout,
+            Duration::from_millis(HEADER_READ_TIMEOUT_MS)
+        );
+        assert_eq!(
+            edge.body_read_timeout,
+            Duration::from_millis(BODY_READ_TIMEOUT_MS)
+        );
+        assert_eq!(edge.max_connections, MAX_CONNECTIONS_PER_LISTENER);
+        let short = config("header_read_timeout_ms = 500\nbody_read_timeout_ms = 700");
+        assert_eq!(
+            short.limits.edge().header_read_timeout,
+            Duration::from_millis(500)
+        );
+        assert!(short.check().is_ok());
+        for invalid in [
+            "header_read_timeout_ms = 0",
+            "header_read_timeout_ms = 10001",
+            "body_read_timeout_ms = 0",
+            "max_connections = 0",
+            "max_connections = 4097",
+        ] {
+            assert!(config(invalid).check().is_err(), "{invalid}");
         }
     }
 }

@@ -8,7 +8,7 @@ use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
 use permitd_core::force_release::ForceReleased;
 use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
 use permitd_core::restore::Backup;
-use permitd_core::{Event, InvalidInput};
+use permitd_core::{Event, InvalidInput, KeyLimitReached};
 use serde::{Deserialize, Serialize};
 
 /// One key's share of a round entry.
@@ -100,6 +100,9 @@ pub enum CommandResult {
     RestoreRefused { reason: String },
     /// The command was rejected by validation inside apply; nothing changed.
     Rejected { error: InvalidInput },
+    /// The command would have created keys past the cluster's key limit; nothing
+    /// changed.
+    KeyLimit { max: usize },
 }
 
 /// Why a result does not hold the answer its caller expects.
@@ -108,6 +111,9 @@ pub enum Refused {
     /// Validation inside apply rejected the command; nothing changed.
     #[error(transparent)]
     Rejected(#[from] InvalidInput),
+    /// The command would have created keys past the key limit; nothing changed.
+    #[error(transparent)]
+    KeyLimit(#[from] KeyLimitReached),
     /// A backup could not be restored; nothing changed.
     #[error("{0}")]
     NotRestored(String),
@@ -172,6 +178,7 @@ impl CommandResult {
     fn refused(self, expected: &'static str) -> Refused {
         let got = match self {
             Self::Rejected { error } => return Refused::Rejected(error),
+            Self::KeyLimit { max } => return Refused::KeyLimit(KeyLimitReached { max }),
             Self::RestoreRefused { reason } => return Refused::NotRestored(reason),
             Self::Released { .. } => "released",
             Self::Restored { .. } => "restored",
@@ -181,6 +188,12 @@ impl CommandResult {
             Self::KeyConfig { .. } => "keyConfig",
         };
         Refused::OtherAnswer { expected, got }
+    }
+}
+
+impl From<KeyLimitReached> for CommandResult {
+    fn from(error: KeyLimitReached) -> Self {
+        Self::KeyLimit { max: error.max }
     }
 }
 

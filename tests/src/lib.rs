@@ -58,7 +58,7 @@ fn locate_or_build(name: &str, package: &str, variable: &str) -> PathBuf {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("the test knows its own path");
-    // target/debug/deps/<test> → target/debug/permitd
+    // target/debug/deps/<test> → target/debug/<name>
     let profile_dir = exe
         .parent()
         .and_then(Path::parent)

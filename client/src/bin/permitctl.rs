@@ -81,6 +81,8 @@ enum Command {
         #[arg(long, default_value_t = 1_000)]
         interval_ms: u64,
     },
+    /// Runs a command under a permit: `permitctl run KEY -- CMD ARGS…`.
+    Run(permitd_client::run::RunArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -223,6 +225,7 @@ async fn run(cli: Cli) -> CliResult {
             print(json, &status, || status_table(&status))
         }
         Command::Watch { key, interval_ms } => watch(&client, &key, json, interval_ms).await,
+        Command::Run(args) => std::process::exit(permitd_client::run::main(&client, args).await),
     }
 }
 

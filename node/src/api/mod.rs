@@ -149,8 +149,16 @@ async fn metrics(State(app): State<App>) -> impl IntoResponse {
     )
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+/// Healthy while the Raft core runs: a node whose core stopped serves HTTP but
+/// can never apply again, and is about to exit (`crate::fatal`).
+async fn healthz(State(app): State<App>) -> Result<Json<serde_json::Value>, ApiError> {
+    match crate::fatal::stopped(&app.raft) {
+        None => Ok(Json(json!({"status": "ok"}))),
+        Some(reason) => {
+            tracing::error!(%reason, "unhealthy: the Raft core stopped");
+            Err(ApiError::ShuttingDown)
+        }
+    }
 }
 
 /// Ready when a leader is known: requests can be served or forwarded.

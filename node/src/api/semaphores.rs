@@ -10,14 +10,13 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
-use permitd_core::contract::{ErrorCode, KeyList, KeyUsage, ListQuery};
-use permitd_core::limits::MAX_KEYS;
+use permitd_core::contract::{KeyList, KeyUsage, ListQuery};
 use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
 use permitd_core::validate::{
     parse_request, validate_group, validate_group_config, validate_key, validate_key_config,
 };
 use permitd_core::Usage;
-use permitd_storage::{Command, CommandResult};
+use permitd_storage::{Command, CommandResult, Refused};
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, JsonBytes};
@@ -58,18 +57,12 @@ pub async fn post(
     }
 }
 
-/// A new key may not push the cluster past `MAX_KEYS`.
+/// A new key may not push the cluster past its key limit. Checked before proposing
+/// so a full cluster answers at once; apply checks again (`Semaphores::room_for`).
 fn check_room_for(app: &App, key: &str) -> Result<(), ApiError> {
-    let full = app
-        .state
-        .read(|semaphores| semaphores.key(key).is_none() && semaphores.keys().len() >= MAX_KEYS);
-    if full {
-        return Err(ApiError::TooMany {
-            code: ErrorCode::TooManyKeys,
-            message: format!("the cluster already holds {MAX_KEYS} keys"),
-        });
-    }
-    Ok(())
+    app.state
+        .read(|semaphores| semaphores.room_for([key]))
+        .map_err(|error| Refused::KeyLimit(error).into())
 }
 
 /// `GET /v1/semaphores/{key}/usage`, linearizable.
@@ -133,7 +126,8 @@ pub async fn put_group(
     Ok(Json(config))
 }
 
-/// `DELETE /v1/semaphores/{key}/groups/{group}`: back to no cap, permitted.
+/// `DELETE /v1/semaphores/{key}/groups/{group}`: back to no cap, permitted. On a
+/// key or group without settings it changes nothing and creates no key.
 pub async fn delete_group(
     State(app): State<App>,
     ApiPath((key, group)): ApiPath<(String, String)>,

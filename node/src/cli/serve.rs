@@ -7,7 +7,6 @@
 //! a node with existing data resumes and never initialises again.
 
 use std::collections::BTreeMap;
-use std::future::IntoFuture;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use permitd_core::KeyConfig;
 
 use crate::app::{self, NodeSettings, StartError, Started};
 use crate::config::{ClusterConfig, ConfigError, RaftTimings, StorageSettings, MIN_SECRET_BYTES};
+use crate::edge::{self, EdgeLimits};
 use crate::propose::ProposeError;
 use crate::shutdown::Shutdown;
 
@@ -52,13 +52,13 @@ pub enum ServeError {
     MissingId,
     #[error("node {0} is not in the cluster file")]
     UnknownNode(u64),
+    #[error("the Raft core stopped: {0}")]
+    RaftStopped(String),
     #[error("secret file {path}: {source}")]
     Secret {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("server: {0}")]
-    Server(std::io::Error),
 }
 
 pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
@@ -77,7 +77,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     if settings.initialize_at_start {
         tokio::spawn(initialize_if_new(started.app.clone()));
     }
-    serve_until_signal(started).await
+    serve_until_signal(started, settings.edge).await
 }
 
 fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
@@ -100,6 +100,7 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         initial_members: members,
         initialize_at_start: false,
         max_pending_per_key: config.limits.max_pending_per_key,
+        edge: config.limits.edge(),
     })
 }
 
@@ -121,6 +122,7 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: true,
         max_pending_per_key: permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY,
+        edge: crate::edge::EdgeLimits::default(),
     })
 }
 
@@ -172,7 +174,7 @@ async fn initialize_if_new(app: app::App) {
     }
 }
 
-async fn serve_until_signal(started: Started) -> Result<(), ServeError> {
+async fn serve_until_signal(started: Started, edge: EdgeLimits) -> Result<(), ServeError> {
     let Started {
         app,
         api_listener,
@@ -180,19 +182,24 @@ async fn serve_until_signal(started: Started) -> Result<(), ServeError> {
     } = started;
     let stop_api = Shutdown::default();
     let stop_raft = Shutdown::default();
-    let api = {
-        let stop = stop_api.clone();
-        axum::serve(api_listener, crate::api::public_router(app.clone()))
-            .with_graceful_shutdown(async move { stop.wait().await })
+    let public = crate::api::public_router(app.clone());
+    let api_task = tokio::spawn(edge::serve(api_listener, public, edge, stop_api.clone()));
+    let internal = crate::api::internal_router(app.clone());
+    let raft_task = tokio::spawn(edge::serve(
+        raft_listener,
+        internal,
+        edge,
+        stop_raft.clone(),
+    ));
+    // A core that stopped on its own ends the process with an error, after the
+    // same orderly stop as a signal, so a supervisor restarts it.
+    let fatal = tokio::select! {
+        () = crate::shutdown::signal() => None,
+        reason = crate::fatal::wait(&app.raft) => Some(reason),
     };
-    let internal = {
-        let stop = stop_raft.clone();
-        axum::serve(raft_listener, crate::api::internal_router(app.clone()))
-            .with_graceful_shutdown(async move { stop.wait().await })
-    };
-    let api_task = tokio::spawn(api.into_future());
-    let raft_task = tokio::spawn(internal.into_future());
-    crate::shutdown::signal().await;
+    if let Some(reason) = &fatal {
+        tracing::error!(%reason, "the Raft core stopped; stopping the node");
+    }
     // Stop taking calls, then fail the ones parked for a round: their clients
     // retry on another node. In-flight answers drain before the server returns.
     stop_api.trigger();
@@ -208,8 +215,8 @@ async fn serve_until_signal(started: Started) -> Result<(), ServeError> {
         tracing::error!(%error, "flushing the store failed");
     }
     tracing::info!("stopped");
-    match api_result {
-        Ok(Ok(Err(error))) => Err(ServeError::Server(error)),
-        _ => Ok(()),
+    if api_result.is_err() {
+        tracing::warn!("open API connections did not finish in time");
     }
+    fatal.map_or(Ok(()), |reason| Err(ServeError::RaftStopped(reason)))
 }

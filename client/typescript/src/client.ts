@@ -1,0 +1,341 @@
+/**
+ * `SemaphoreClient`: every call of the v1 API against a list of nodes, over
+ * `fetch` only (Node >= 20, Deno, Bun, Cloudflare Workers).
+ *
+ * One call is a loop of attempts inside a per-call deadline: pick a node (the
+ * remembered leader first, see `leader.ts`), send, and on a retryable failure
+ * (network error, attempt timeout, 429, 502, 503, 504) back off with capped
+ * jittered exponential delays (`backoff.ts`), never sooner than the server's
+ * `Retry-After`, and try again. Any other rejection ends the call with a
+ * `RejectedError`. The caller's `AbortSignal` ends the call at once with the
+ * signal's reason.
+ *
+ * Retries are safe: a `request` always carries a `requestId` (a fresh UUID
+ * unless the caller set one), the same on every attempt, so the holder answers
+ * a retry of a committed round with the original answer; reports are
+ * cumulative. `request` waits for the key's `nextRequestAt` from the previous
+ * answer before sending. A bearer `token` goes on every call.
+ */
+
+import { Backoff, DEFAULT_INITIAL_DELAY_MS, DEFAULT_MAX_DELAY_MS } from "./backoff.js";
+import { DeadlineExceededError, RejectedError, UnexpectedAnswerError } from "./errors.js";
+import { acquire, withPermit, type AcquireOptions, type Permit } from "./permit.js";
+import { LEADER_HEADER, LeaderTracker, parseEndpoints, parseLeaderHint, type LeaderHint } from "./leader.js";
+import {
+  parseWire,
+  WireError,
+  type ClusterStatus,
+  type GroupConfig,
+  type KeyConfig,
+  type KeyConfigUpdate,
+  type KeyList,
+  type PermitGrant,
+  type PermitRequest,
+  type PermitSync,
+  type PermitSyncResult,
+  type Usage,
+  type WireTypeName,
+} from "./wire.js";
+
+/** Default deadline of one call, retries included, in ms. */
+export const DEFAULT_CALL_TIMEOUT_MS = 30_000;
+/** Default limit of one HTTP attempt, in ms (a request waits for its round). */
+export const DEFAULT_ATTEMPT_TIMEOUT_MS = 15_000;
+/** Least time between two rounds of node-id discovery, in ms. */
+const NODE_ID_DISCOVERY_INTERVAL_MS = 30_000;
+/** Keys whose `nextRequestAt` is remembered before past entries are pruned. */
+const MAX_REMEMBERED_KEYS = 100_000;
+/** Answers retried: what a node marks retryable (429, 503, with `Retry-After`) and gateway failures (502, 504). */
+export const RETRYABLE_STATUSES: readonly number[] = [429, 502, 503, 504];
+/** Longest error body kept in an error message, in characters. */
+const MAX_ERROR_BODY_CHARS = 512;
+
+export interface ClientOptions {
+  /** Node API base URLs (`http://127.0.0.1:7001`), a list or one comma-separated string. */
+  endpoints: string | readonly string[];
+  /** Sent as `Authorization: Bearer <token>` on every call. */
+  token?: string;
+  /** Deadline of one call, retries included, in ms. */
+  callTimeoutMs?: number;
+  /** Limit of one HTTP attempt, in ms. */
+  attemptTimeoutMs?: number;
+  backoffInitialMs?: number;
+  backoffMaxMs?: number;
+  /** The fetch to use (a Worker's service binding, say); the global one by default. */
+  fetch?: typeof fetch;
+  /** A random draw in [0, 1) for the jitter; `Math.random` by default. */
+  random?: () => number;
+}
+
+/** Per-call settings. */
+export interface CallOptions {
+  /** Ends the call at once, with the signal's reason. */
+  signal?: AbortSignal;
+  /** This call's deadline, retries included, in ms. */
+  timeoutMs?: number;
+  /** A query string (without `?`) for the URL. */
+  query?: string;
+}
+
+/** A request as the caller writes it: `v` and `requestId` are filled in. */
+export type RequestInput = Omit<PermitRequest, "v"> & { v?: 1 };
+export type SyncInput = Omit<PermitSync, "v"> & { v?: 1 };
+
+type Attempt = { done: true; body: unknown } | { done: false; reason: string; retryAfterMs?: number };
+
+export class SemaphoreClient {
+  private readonly tracker: LeaderTracker;
+  private readonly nextRequestAtMs = new Map<string, number>();
+  private lastDiscoveryMs = -Infinity;
+  private readonly fetch: typeof fetch;
+  private readonly random: () => number;
+  private readonly callTimeoutMs: number;
+  private readonly attemptTimeoutMs: number;
+
+  constructor(private readonly options: ClientOptions) {
+    this.tracker = new LeaderTracker(parseEndpoints(options.endpoints));
+    this.fetch = options.fetch ?? ((input, init) => globalThis.fetch(input, init));
+    this.random = options.random ?? Math.random;
+    this.callTimeoutMs = options.callTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS;
+    this.attemptTimeoutMs = options.attemptTimeoutMs ?? DEFAULT_ATTEMPT_TIMEOUT_MS;
+  }
+
+  /** The node currently asked first. */
+  leader(): string | undefined {
+    return this.tracker.leader();
+  }
+
+  /** Every endpoint known (configured plus learned). */
+  endpoints(): readonly string[] {
+    return this.tracker.endpoints;
+  }
+
+  /** The key's `nextRequestAt` from its last answer, in ms since the epoch. */
+  nextRequestAt(key: string): number | undefined {
+    return this.nextRequestAtMs.get(key);
+  }
+
+  /** Waits for `count` claimed permits of `key` for `group` (see `permit.ts`). */
+  acquire(key: string, group: string, count: number, options?: AcquireOptions): Promise<Permit> {
+    return acquire(this, key, group, count, options);
+  }
+
+  /** Runs `work(fence)` under `count` permits and releases them when it settles. */
+  withPermit<R>(
+    key: string,
+    group: string,
+    count: number,
+    work: (fence: number) => Promise<R>,
+    options?: AcquireOptions,
+  ): Promise<R> {
+    return withPermit(this, key, group, count, work, options);
+  }
+
+  /** Sends a `request` and waits for its round; waits for `nextRequestAt` first. */
+  async request(key: string, input: RequestInput, options: CallOptions = {}): Promise<PermitGrant> {
+    const body = { type: "request", ...input, v: 1, requestId: input.requestId ?? crypto.randomUUID() };
+    const wait = (this.nextRequestAtMs.get(key) ?? 0) - Date.now();
+    if (wait > 0) await sleep(wait, options.signal);
+    const answer = await this.call("POST", semaphorePath(key), body, "SemaphoreResponse", options);
+    if (answer.type !== "grant") throw new UnexpectedAnswerError(`/v1/semaphores/${key}`, "a synced answer to a request");
+    const { type: _type, ...grant } = answer;
+    this.rememberNextRequestAt(key, grant.nextRequestAt);
+    return grant;
+  }
+
+  /** Sends a `sync` (reports only); applied without waiting for a round. */
+  async sync(key: string, input: SyncInput, options: CallOptions = {}): Promise<PermitSyncResult> {
+    const answer = await this.call("POST", semaphorePath(key), { type: "sync", ...input, v: 1 }, "SemaphoreResponse", options);
+    if (answer.type !== "synced") throw new UnexpectedAnswerError(`/v1/semaphores/${key}`, "a grant answer to a sync");
+    const { type: _type, ...synced } = answer;
+    return synced;
+  }
+
+  /** The key's linearizable usage. */
+  usage(key: string, options: CallOptions = {}): Promise<Usage> {
+    return this.call("GET", semaphorePath(key, "usage"), undefined, "Usage", options);
+  }
+
+  keyConfig(key: string, options: CallOptions = {}): Promise<KeyConfig> {
+    return this.call("GET", semaphorePath(key, "config"), undefined, "KeyConfig", options);
+  }
+
+  /** Replaces the key's configuration; answers the effective one once applied. */
+  setKeyConfig(key: string, update: KeyConfigUpdate, options: CallOptions = {}): Promise<KeyConfig> {
+    return this.call("PUT", semaphorePath(key, "config"), update, "KeyConfig", options);
+  }
+
+  async setGroup(key: string, group: string, config: GroupConfig, options: CallOptions = {}): Promise<void> {
+    await this.call("PUT", [...semaphorePath(key, "groups"), group], config, undefined, options);
+  }
+
+  async deleteGroup(key: string, group: string, options: CallOptions = {}): Promise<void> {
+    await this.call("DELETE", [...semaphorePath(key, "groups"), group], undefined, undefined, options);
+  }
+
+  /** One page of the keys with state, in byte order, with their usage; pass `next` as `after` for the next page. */
+  keys(page: { after?: string; limit?: number } = {}, options: CallOptions = {}): Promise<KeyList> {
+    const query = new URLSearchParams();
+    if (page.after !== undefined) query.set("after", page.after);
+    if (page.limit !== undefined) query.set("limit", String(page.limit));
+    return this.call("GET", ["v1", "semaphores"], undefined, "KeyList", { ...options, query: query.toString() });
+  }
+
+  clusterStatus(options: CallOptions = {}): Promise<ClusterStatus> {
+    return this.call("GET", ["cluster", "status"], undefined, "ClusterStatus", options);
+  }
+
+  /** One call: attempts inside the deadline, parsed as the wire type `shape`. */
+  async call<N extends WireTypeName | undefined>(
+    method: string,
+    path: readonly string[],
+    body: unknown,
+    shape: N,
+    options: CallOptions = {},
+  ): Promise<N extends WireTypeName ? ReturnType<typeof parseWire<N>> : unknown> {
+    const deadlineMs = options.timeoutMs ?? this.callTimeoutMs;
+    const deadline = Date.now() + deadlineMs;
+    const backoff = new Backoff(this.options.backoffInitialMs ?? DEFAULT_INITIAL_DELAY_MS, this.options.backoffMaxMs ?? DEFAULT_MAX_DELAY_MS);
+    const text = body === undefined ? undefined : JSON.stringify(body);
+    for (let attempts = 1; ; attempts++) {
+      options.signal?.throwIfAborted();
+      const endpoint = this.tracker.pick();
+      const url = `${endpoint}/${path.map(encodeURIComponent).join("/")}${options.query ? `?${options.query}` : ""}`;
+      const timeout = Math.max(1, Math.min(deadline - Date.now(), this.attemptTimeoutMs));
+      const attempt = await this.attempt(endpoint, method, url, text, timeout, options.signal);
+      if (attempt.done) {
+        if (shape === undefined) return attempt.body as never;
+        try {
+          return parseWire(shape, attempt.body) as never;
+        } catch (error) {
+          if (error instanceof WireError) throw new UnexpectedAnswerError(url, error.message);
+          throw error;
+        }
+      }
+      const delay = backoff.nextDelayMs(this.random(), attempt.retryAfterMs);
+      if (Date.now() + delay >= deadline) throw new DeadlineExceededError(deadlineMs, attempts, attempt.reason);
+      await sleep(delay, options.signal);
+    }
+  }
+
+  private async attempt(
+    endpoint: string,
+    method: string,
+    url: string,
+    body: string | undefined,
+    timeoutMs: number,
+    signal: AbortSignal | undefined,
+  ): Promise<Attempt> {
+    const headers: Record<string, string> = {};
+    if (body !== undefined) headers["content-type"] = "application/json";
+    if (this.options.token) headers.authorization = `Bearer ${this.options.token}`;
+    const controller = new AbortController();
+    const timer = setTimeout(() => controller.abort(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+    const onAbort = () => controller.abort(signal?.reason);
+    signal?.addEventListener("abort", onAbort, { once: true });
+    let status: number;
+    let hint: LeaderHint | undefined;
+    let retryAfterMs: number | undefined;
+    let text: string;
+    try {
+      const response = await this.fetch(url, { method, headers, body, signal: controller.signal });
+      status = response.status;
+      hint = parseLeaderHint(response.headers.get(LEADER_HEADER));
+      retryAfterMs = parseRetryAfter(response.headers.get("retry-after"));
+      text = await response.text();
+    } catch (error) {
+      signal?.throwIfAborted();
+      this.tracker.failed(endpoint, undefined);
+      return { done: false, reason: `${endpoint}: ${describe(error)}` };
+    } finally {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
+    }
+    if (RETRYABLE_STATUSES.includes(status)) {
+      if (status !== 429) this.tracker.failed(endpoint, hint);
+      return { done: false, reason: rejected(status, text).message, retryAfterMs };
+    }
+    if (status < 200 || status >= 300) throw rejected(status, text);
+    this.tracker.answered(endpoint, hint);
+    if (this.tracker.wantsNodeIds()) this.discoverNodeIds();
+    try {
+      return { done: true, body: text === "" ? null : JSON.parse(text) };
+    } catch (error) {
+      throw new UnexpectedAnswerError(url, describe(error));
+    }
+  }
+
+  /** Learns which endpoint is which node id, in the background and rarely. */
+  private discoverNodeIds(): void {
+    if (Date.now() - this.lastDiscoveryMs < NODE_ID_DISCOVERY_INTERVAL_MS) return;
+    this.lastDiscoveryMs = Date.now();
+    for (const endpoint of [...this.tracker.endpoints]) {
+      const headers: Record<string, string> = this.options.token ? { authorization: `Bearer ${this.options.token}` } : {};
+      this.fetch(`${endpoint}/cluster/status`, { headers, signal: AbortSignal.timeout(3_000) })
+        .then(async (response) => {
+          if (!response.ok) return;
+          const status = parseWire("ClusterStatus", await response.json());
+          this.tracker.learnNodeId(endpoint, status.id);
+        })
+        .catch(() => undefined);
+    }
+  }
+
+  private rememberNextRequestAt(key: string, atMs: number): void {
+    if (this.nextRequestAtMs.size >= MAX_REMEMBERED_KEYS) {
+      const now = Date.now();
+      for (const [known, at] of this.nextRequestAtMs) if (at <= now) this.nextRequestAtMs.delete(known);
+    }
+    if (this.nextRequestAtMs.size < MAX_REMEMBERED_KEYS || this.nextRequestAtMs.has(key)) {
+      this.nextRequestAtMs.set(key, atMs);
+    }
+  }
+}
+
+/** Path segments of `/v1/semaphores/{key}[/{tail}]`; each is percent-encoded when sent. */
+export function semaphorePath(key: string, tail?: string): string[] {
+  return tail === undefined ? ["v1", "semaphores", key] : ["v1", "semaphores", key, tail];
+}
+
+/** The error of a non-success answer: the server's `{error: {code, message}}`, or the raw text. */
+function rejected(status: number, text: string): RejectedError {
+  try {
+    const answer = parseWire("ErrorAnswer", JSON.parse(text));
+    return new RejectedError(status, answer.error.code, answer.error.message);
+  } catch {
+    return new RejectedError(status, `http_${status}`, text.slice(0, MAX_ERROR_BODY_CHARS));
+  }
+}
+
+/** `Retry-After` in seconds or as an HTTP date, in ms. */
+export function parseRetryAfter(value: string | null): number | undefined {
+  if (value === null) return undefined;
+  const seconds = Number(value.trim());
+  if (Number.isFinite(seconds) && seconds >= 0) return seconds * 1_000;
+  const at = Date.parse(value);
+  return Number.isNaN(at) ? undefined : Math.max(0, at - Date.now());
+}
+
+/** Waits `ms`, or rejects with the signal's reason when it aborts first. */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+function describe(error: unknown): string {
+  if (error instanceof Error) {
+    const cause = (error as { cause?: unknown }).cause;
+    return cause instanceof Error ? `${error.message} (${cause.message})` : error.message;
+  }
+  return String(error);
+}

@@ -1,0 +1,24 @@
+/**
+ * `@permitd/client`: what job runners embed to run work under permitd's
+ * concurrency budgets. `fetch` only: Node >= 20, Deno, Bun, Cloudflare Workers.
+ *
+ * - `SemaphoreClient` (`client.ts`): every v1 call against a list of nodes,
+ *   with leader tracking, retries with jitter honouring `Retry-After`, a
+ *   `requestId` kept across retries, per-call deadlines and `AbortSignal`s,
+ *   `nextRequestAt` per key, and a bearer token;
+ * - `client.acquire` / `client.withPermit` (`permit.ts`): one piece of work under
+ *   a permit;
+ * - `SemaphoreQueue` (`queue/`): the job queue, over a pluggable
+ *   `QueueStore` (`MemoryStore` here, `FileStore` in `@permitd/client/node`, or
+ *   a Durable Object's storage);
+ * - the wire types with runtime validators (`wire.ts`), checked against the
+ *   Rust types by the tests.
+ */
+
+export * from "./backoff.js";
+export * from "./client.js";
+export * from "./errors.js";
+export * from "./leader.js";
+export * from "./permit.js";
+export * from "./queue/index.js";
+export * from "./wire.js";

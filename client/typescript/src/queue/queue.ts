@@ -1,0 +1,253 @@
+/**
+ * `SemaphoreQueue`: the job queue, as one loop per queue (the Rust
+ * client's `queue/mod.rs`, in the event loop's terms).
+ *
+ * The application enqueues items `{id, key, group, body}`; the queue asks each
+ * key's holder for permits, admits items under confirmed grant claims or drawn
+ * lease permits by calling `admission.admit`, and returns each permit when the
+ * application calls `release(id)`. Releases it never gets are recovered by
+ * asking `admission.finished` periodically.
+ *
+ * All accounting lives in the synchronous `QueueState`; one step of the loop:
+ * 1. `poll` the state (draws lease permits, decides each key's next message);
+ * 2. write the changed records to the store and wait until they are durable,
+ *    before anything leaves the process;
+ * 3. hand admitted items to `admit`, send the messages (at most one in flight
+ *    per key); each answer is fed to the state and wakes the loop;
+ * 4. sleep until an enqueue, a release, an answer or the next timer.
+ */
+
+import type { SemaphoreClient } from "../client.js";
+import { changes, loadQueue, MemoryStore, type QueueStore } from "./store.js";
+import {
+  DEFAULT_STATE_CONFIG,
+  QueueState,
+  type AdmittedItem,
+  type ItemStatus,
+  type Outgoing,
+  type QueueCounts,
+  type QueueItem,
+  type ReleaseOutcome,
+  type StateConfig,
+} from "./state.js";
+
+/** Default time between two `finished` checks, in ms. */
+export const DEFAULT_FINISHED_INTERVAL_MS = 10_000;
+/** Most ids one `finished` call is asked about. */
+export const MAX_FINISHED_BATCH = 1_024;
+/** Default time `shutdown` spends returning permits, in ms. */
+export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 5_000;
+
+/** The application side of a queue. */
+export interface Admission<T> {
+  /** Starts work for admitted items; must be a no-op for an id already started (after a restart, admitted items come again). */
+  admit(items: AdmittedItem<T>[]): void | Promise<void>;
+  /** Of `ids` (admitted items), those whose work reached a terminal state; the queue releases them. */
+  finished(ids: string[]): string[] | Promise<string[]>;
+}
+
+export interface QueueOptions {
+  /** This runner's id towards the holder; stable across restarts of one store. */
+  clientId: string;
+  /** Where the queue lives; in memory by default. */
+  store?: QueueStore;
+  finishedIntervalMs?: number;
+  shutdownTimeoutMs?: number;
+  state?: Partial<StateConfig>;
+  /** Called with failures the loop survives (a failed message, a failed write). */
+  onError?: (error: unknown, context: string) => void;
+}
+
+export interface ShutdownReport {
+  counts: QueueCounts;
+  /** Keys whose final reports did not reach the holder in time. */
+  unreportedKeys: number;
+}
+
+export class QueueShutdownError extends Error {
+  constructor() {
+    super("the queue is shut down");
+    this.name = "QueueShutdownError";
+  }
+}
+
+export class SemaphoreQueue<T> {
+  private stopping = false;
+  /** Stopped at once by `halt`: the loop neither writes nor sends any more. */
+  private halted = false;
+  private wakeLoop: (() => void) | undefined;
+  /** A wake-up that came while the loop was not sleeping: the next sleep ends at once. */
+  private wokenEarly = false;
+  private readonly loop: Promise<number>;
+
+  private constructor(
+    private readonly client: SemaphoreClient,
+    private readonly state: QueueState<T>,
+    private readonly store: QueueStore,
+    private readonly admission: Admission<T>,
+    private readonly options: QueueOptions,
+  ) {
+    this.loop = this.run();
+  }
+
+  /** Loads the store (if it holds a queue), restores items and permits, and starts the loop. */
+  static async start<T>(client: SemaphoreClient, options: QueueOptions, admission: Admission<T>): Promise<SemaphoreQueue<T>> {
+    const store = options.store ?? new MemoryStore();
+    const config: StateConfig = { ...DEFAULT_STATE_CONFIG, ...options.state };
+    const loaded = await loadQueue<T>(store, options.clientId);
+    const state = QueueState.restore<T>(options.clientId, config, loaded.items, loaded.keys, loaded.released);
+    return new SemaphoreQueue(client, state, store, admission, options);
+  }
+
+  /** Adds items (known ids are skipped); durable when it resolves. */
+  async enqueue(items: QueueItem<T>[]): Promise<{ added: number; known: number }> {
+    if (this.stopping) throw new QueueShutdownError();
+    const outcome = this.state.enqueue(items, Date.now());
+    await this.persist();
+    this.wake();
+    return outcome;
+  }
+
+  /** The item's work reached a terminal state; its permit returns with the next report. */
+  release(id: string): ReleaseOutcome {
+    if (this.halted) throw new QueueShutdownError();
+    const outcome = this.state.release(id);
+    if (this.stopping) this.persist().catch((error) => this.report(error, "persisting a release"));
+    this.wake();
+    return outcome;
+  }
+
+  status(id: string): ItemStatus {
+    return this.state.status(id);
+  }
+
+  counts(): QueueCounts {
+    return this.state.counts(Date.now());
+  }
+
+  /** Stops asking for permits, returns undrawn lease permits and reports every release (within the timeout). */
+  async shutdown(): Promise<ShutdownReport> {
+    this.stopping = true;
+    this.wake();
+    const unreportedKeys = await this.loop;
+    await this.persist();
+    return { counts: this.counts(), unreportedKeys };
+  }
+
+  /**
+   * Stops the loop at once, with no final reports and no more writes: what a
+   * crash would leave. The next `start` on the same store reports what was
+   * persisted and admits admitted items again. For tests and for processes
+   * that exit without `shutdown`.
+   */
+  halt(): void {
+    this.halted = true;
+    this.stopping = true;
+    this.wake();
+  }
+
+  private async run(): Promise<number> {
+    const finishedInterval = this.options.finishedIntervalMs ?? DEFAULT_FINISHED_INTERVAL_MS;
+    let finishedDue = Date.now() + finishedInterval;
+    let finishedInFlight = false;
+    let drainingUntil: number | undefined;
+    for (;;) {
+      if (drainingUntil === undefined && this.stopping) {
+        this.state.retireAllLeases();
+        drainingUntil = Date.now() + (this.options.shutdownTimeoutMs ?? DEFAULT_SHUTDOWN_TIMEOUT_MS);
+      }
+      if (this.halted) return this.state.inFlight();
+      const now = Date.now();
+      const messages = drainingUntil === undefined ? this.state.poll(now) : this.state.pollReports(now);
+      const admits = this.state.takeAdmits();
+      try {
+        // Durable before anything it records leaves the process.
+        await this.persist();
+      } catch (error) {
+        this.report(error, "writing the queue store; continuing in memory");
+      }
+      if (this.halted) return this.state.inFlight();
+      const inFlight = this.state.inFlight();
+      if (drainingUntil !== undefined && (inFlight === 0 || Date.now() >= drainingUntil)) return inFlight;
+      if (admits.length > 0) {
+        Promise.resolve()
+          .then(() => this.admission.admit(admits))
+          .catch((error) => this.report(error, "admit"));
+      }
+      for (const outgoing of messages) this.send(outgoing);
+      if (drainingUntil === undefined && !finishedInFlight && Date.now() >= finishedDue) {
+        finishedDue = Date.now() + finishedInterval;
+        const ids = this.state.admittedIds(MAX_FINISHED_BATCH);
+        if (ids.length > 0) {
+          finishedInFlight = true;
+          Promise.resolve()
+            .then(() => this.admission.finished(ids))
+            .then((done) => done.forEach((id) => this.state.release(id)))
+            .catch((error) => this.report(error, "finished"))
+            .finally(() => {
+              finishedInFlight = false;
+              this.wake();
+            });
+        }
+      }
+      let wakeAt = finishedDue;
+      const due = this.state.nextWakeupMs(Date.now());
+      if (due !== null) wakeAt = Math.min(wakeAt, due);
+      if (drainingUntil !== undefined) wakeAt = Math.min(wakeAt, drainingUntil);
+      await this.sleepUntil(wakeAt);
+    }
+  }
+
+  private send({ key, message }: Outgoing): void {
+    const answer =
+      message.type === "request"
+        ? this.client.request(key, withoutType(message)).then((grant) => ({ type: "grant" as const, ...grant }))
+        : this.client.sync(key, withoutType(message)).then((synced) => ({ type: "synced" as const, ...synced }));
+    answer
+      .then((response) => {
+        if (!this.halted) this.state.onAnswer(key, response, Date.now());
+      })
+      .catch((error) => {
+        this.report(error, `permit message for key ${key}; will retry`);
+        this.state.onFailure(key, Date.now());
+      })
+      .finally(() => this.wake());
+  }
+
+  private async persist(): Promise<void> {
+    if (this.halted) return;
+    const changed = changes(this.state, this.state.takeDirty());
+    if (changed) await this.store.write(changed.puts, changed.deletes);
+  }
+
+  private wake(): void {
+    if (this.wakeLoop) this.wakeLoop();
+    else this.wokenEarly = true;
+  }
+
+  private sleepUntil(atMs: number): Promise<void> {
+    if (this.wokenEarly) {
+      this.wokenEarly = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, Math.max(0, atMs - Date.now()));
+      const self = this;
+      function done() {
+        clearTimeout(timer);
+        self.wakeLoop = undefined;
+        resolve();
+      }
+      this.wakeLoop = done;
+    });
+  }
+
+  private report(error: unknown, context: string): void {
+    this.options.onError?.(error, context);
+  }
+}
+
+function withoutType<M extends { type: string }>(message: M): Omit<M, "type"> {
+  const { type: _type, ...rest } = message;
+  return rest;
+}

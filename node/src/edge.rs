@@ -1,0 +1,102 @@
+//! The HTTP edge: accepting connections and serving a router on them, with every
+//! wait bounded.
+//!
+//! `axum::serve` has no header-read timeout, so a client that sends half a request
+//! header and stops holds its connection (and a task) forever. Here each listener:
+//! - serves at most `max_connections` connections at once; further ones wait in the
+//!   kernel's accept queue until one closes (a permit per connection);
+//! - closes a connection whose request header does not arrive within
+//!   `header_read_timeout` (hyper's own timer, which also runs while a kept-alive
+//!   connection sits idle, so it is the idle timeout too);
+//! - refuses a body that pauses longer than `body_read_timeout` between parts
+//!   (tower-http's `RequestBodyTimeoutLayer`).
+//!
+//! permitd speaks HTTP/1.1 only: with HTTP/2 detection a connection that sends
+//! nothing would wait before any timer starts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tower_http::timeout::RequestBodyTimeoutLayer;
+
+use crate::shutdown::Shutdown;
+
+/// How long a failed `accept` (out of file descriptors, say) pauses the loop, so
+/// it does not spin while the condition lasts.
+const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
+
+/// The bounds one listener serves with (`[limits]` of the cluster file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EdgeLimits {
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Default for EdgeLimits {
+    fn default() -> Self {
+        crate::config::NodeLimits::default().edge()
+    }
+}
+
+/// Serves `router` on `listener` until `stop` is triggered, then lets the open
+/// connections finish their requests and returns.
+pub async fn serve(listener: TcpListener, router: Router, limits: EdgeLimits, stop: Shutdown) {
+    let service = tower::ServiceBuilder::new()
+        .layer(RequestBodyTimeoutLayer::new(limits.body_read_timeout))
+        .service(router);
+    let service = TowerToHyperService::new(service);
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    loop {
+        let accepted = tokio::select! {
+            () = stop.wait() => break,
+            accepted = accept(&listener, &permits) => accepted,
+        };
+        let Some((stream, permit)) = accepted else {
+            continue;
+        };
+        let connection = builder.serve_connection(TokioIo::new(stream), service.clone());
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            // A closed or timed-out connection is the client's business, not an
+            // error of the node's.
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "connection ended");
+            }
+            drop(permit);
+        });
+    }
+    graceful.shutdown().await;
+}
+
+/// Waits for a connection permit, then for a connection. `None` after a failed
+/// `accept`, which is logged and paused on.
+async fn accept(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+) -> Option<(tokio::net::TcpStream, tokio::sync::OwnedSemaphorePermit)> {
+    let permit = Arc::clone(permits).acquire_owned().await.ok()?;
+    match listener.accept().await {
+        Ok((stream, _)) => {
+            let _ = stream.set_nodelay(true);
+            Some((stream, permit))
+        }
+        Err(error) => {
+            tracing::warn!(%error, "accept failed");
+            tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
+            None
+        }
+    }
+}
