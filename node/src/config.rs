@@ -52,6 +52,8 @@ pub struct ClusterConfig {
     pub defaults: KeyConfigUpdate,
     #[serde(default)]
     pub limits: NodeLimits,
+    #[serde(default)]
+    pub storage: StorageSettings,
     #[serde(rename = "node")]
     pub nodes: Vec<NodeConfig>,
 }
@@ -150,7 +152,34 @@ impl NodeLimits {
     }
 }
 
-/// Raft timings, in milliseconds.
+/// How each node's store uses memory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSettings {
+    /// Bound of sled's page cache, in MiB. The state machine is held in memory
+    /// anyway; the cache only speeds up reading old log entries for a lagging
+    /// follower.
+    pub cache_capacity_mib: u64,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        Self {
+            cache_capacity_mib: permitd_storage::DEFAULT_CACHE_CAPACITY_BYTES / (1024 * 1024),
+        }
+    }
+}
+
+impl StorageSettings {
+    pub fn cache_capacity_bytes(&self) -> u64 {
+        self.cache_capacity_mib.saturating_mul(1024 * 1024)
+    }
+}
+
+/// Raft timings, in milliseconds. The defaults suit loopback or one LAN: a
+/// follower stands for election after the leader lease (openraft 0.9 sets it to
+/// `election_timeout_max_ms`) plus its election timeout, so a dead leader is
+/// replaced in about `2 × election_timeout_max_ms` at worst (see `cluster.toml`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RaftTimings {
@@ -159,18 +188,28 @@ pub struct RaftTimings {
     pub election_timeout_max_ms: u64,
     /// Timeout of one Raft RPC to a peer.
     pub rpc_timeout_ms: u64,
-    /// Log entries between two snapshots.
+    /// Log entries between two snapshots (node `i` waits `(1 + (i-1)/4)` times
+    /// as many, so that the nodes of a cluster snapshot at different indexes).
     pub snapshot_every_logs: u64,
+    /// Log entries kept behind a snapshot, so that a follower that lagged
+    /// briefly (a restart, a pause) catches up from the log, not a snapshot.
+    #[serde(default = "default_log_kept_after_snapshot")]
+    pub log_kept_after_snapshot: u64,
+}
+
+fn default_log_kept_after_snapshot() -> u64 {
+    10_000
 }
 
 impl Default for RaftTimings {
     fn default() -> Self {
         Self {
-            heartbeat_interval_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            heartbeat_interval_ms: 40,
+            election_timeout_min_ms: 120,
+            election_timeout_max_ms: 240,
             rpc_timeout_ms: 1_000,
             snapshot_every_logs: 5_000,
+            log_kept_after_snapshot: default_log_kept_after_snapshot(),
         }
     }
 }
@@ -235,6 +274,9 @@ impl ClusterConfig {
             || raft.election_timeout_max_ms <= raft.election_timeout_min_ms
         {
             return invalid("need 0 < heartbeat < election min < election max".into());
+        }
+        if self.storage.cache_capacity_mib == 0 {
+            return invalid("[storage] cache_capacity_mib must be at least 1".into());
         }
         if let Err(message) = self.limits.validate() {
             return invalid(message);

@@ -164,9 +164,7 @@ async fn apply_announces_touched_keys_and_events() {
 /// The error opening `dir` gives, past any lock a just-dropped store still holds
 /// (see `common::open_dir`).
 async fn open_error(dir: &std::path::Path) -> StorageError {
-    let options = Options {
-        dir: dir.to_owned(),
-    };
+    let options = Options::new(dir.to_owned());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match open(&options).await {
@@ -259,9 +257,12 @@ async fn another_format_version_is_refused() {
 async fn another_format_version_in_the_marker_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(open_dir(dir.path()).await);
-    std::fs::write(dir.path().join("format_version"), "2\n").unwrap();
+    // Version 1 is the JSON format of earlier builds: refused, never migrated.
+    std::fs::write(dir.path().join("format_version"), "1\n").unwrap();
     let error = open_error(dir.path()).await;
-    assert!(error.to_string().contains("format version 2"), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("format version 1"), "{error}");
+    assert!(message.contains("does not migrate"), "{error}");
     std::fs::write(dir.path().join("format_version"), "\x00garbage").unwrap();
     let error = open_error(dir.path()).await;
     assert_refused_as(&error, "incompatible", dir.path());

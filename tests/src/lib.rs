@@ -159,6 +159,8 @@ pub struct Settings {
     pub defaults: String,
     /// More tables for the cluster file (e.g. `[limits]`), in TOML.
     pub extra_toml: String,
+    /// More lines of the `[raft]` table, in TOML.
+    pub raft_toml: String,
 }
 
 impl Default for Settings {
@@ -168,6 +170,7 @@ impl Default for Settings {
             defaults: "limit = 100\nroundWaitMs = 20\nroundPeriodMs = 20\ngrantTimeoutMs = 60000\n"
                 .into(),
             extra_toml: String::new(),
+            raft_toml: String::new(),
         }
     }
 }
@@ -237,11 +240,7 @@ impl Cluster {
                 }
             })
             .collect();
-        std::fs::write(
-            &config,
-            cluster_toml(&nodes, &settings.defaults, &settings.extra_toml),
-        )
-        .expect("config");
+        std::fs::write(&config, cluster_toml(&nodes, &settings)).expect("config");
         for node in &mut nodes {
             node.spawn(dir.path());
         }
@@ -385,11 +384,7 @@ impl Cluster {
         };
         let mut all: Vec<Node> = self.nodes.iter().map(clone_node).collect();
         all.push(clone_node(&node));
-        std::fs::write(
-            &config,
-            cluster_toml(&all, &self.settings.defaults, &self.settings.extra_toml),
-        )
-        .expect("config");
+        std::fs::write(&config, cluster_toml(&all, &self.settings)).expect("config");
         node.spawn(self.dir.path());
         self.nodes.push(node);
         id
@@ -472,7 +467,7 @@ pub fn write_cluster_file(dir: &Path, count: u64) -> (PathBuf, Vec<String>) {
         })
         .collect();
     let settings = Settings::default();
-    let text = cluster_toml(&nodes, &settings.defaults, &settings.extra_toml);
+    let text = cluster_toml(&nodes, &settings);
     std::fs::write(&path, text).expect("config");
     (path, nodes.iter().map(Node::url).collect())
 }
@@ -499,11 +494,26 @@ impl Drop for Cluster {
     }
 }
 
-fn cluster_toml(nodes: &[Node], defaults: &str, extra_toml: &str) -> String {
+/// Raft heartbeat of every test cluster, in ms (the `cluster.toml` values).
+pub const HEARTBEAT_INTERVAL_MS: u64 = 40;
+/// Shortest election timeout of every test cluster, in ms.
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 120;
+/// Longest election timeout of every test cluster, in ms; openraft 0.9 also
+/// uses it as the leader lease, so a follower elects after up to twice this.
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 240;
+
+fn cluster_toml(nodes: &[Node], settings: &Settings) -> String {
+    let Settings {
+        defaults,
+        extra_toml,
+        raft_toml,
+        ..
+    } = settings;
     let mut text = format!(
-        "secret = \"{SECRET}\"\n\n[raft]\nheartbeat_interval_ms = 50\n\
-         election_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n\
-         rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n[defaults]\n{defaults}\n{extra_toml}\n"
+        "secret = \"{SECRET}\"\n\n[raft]\nheartbeat_interval_ms = {HEARTBEAT_INTERVAL_MS}\n\
+         election_timeout_min_ms = {ELECTION_TIMEOUT_MIN_MS}\n\
+         election_timeout_max_ms = {ELECTION_TIMEOUT_MAX_MS}\n\
+         rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n{raft_toml}\n[defaults]\n{defaults}\n{extra_toml}\n"
     );
     for node in nodes {
         text.push_str(&format!(

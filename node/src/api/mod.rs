@@ -62,7 +62,7 @@ pub fn public_router(app: App) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(crate::http_metrics::track_api))
-        .layer(trace_layer())
+        .layer(trace_layer(Level::INFO))
         .with_state(app)
 }
 
@@ -77,7 +77,9 @@ pub fn internal_router(app: App) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
         .layer(middleware::from_fn(crate::http_metrics::track_raft))
-        .layer(trace_layer())
+        // Peers call `/raft/append` for every heartbeat and entry: a span per call
+        // at INFO would cost more than the call and drown the log.
+        .layer(trace_layer(Level::DEBUG))
         .with_state(app)
 }
 
@@ -106,11 +108,13 @@ fn cluster_router(app: App) -> Router<App> {
         .route_layer(middleware::from_fn_with_state(app, require_secret))
 }
 
+/// A span per request at `level` (responses are logged at DEBUG).
 fn trace_layer(
+    level: Level,
 ) -> TraceLayer<tower_http::classify::SharedClassifier<tower_http::classify::ServerErrorsAsFailures>>
 {
     TraceLayer::new_for_http()
-        .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+        .make_span_with(DefaultMakeSpan::new().level(level))
         .on_response(DefaultOnResponse::new().level(Level::DEBUG))
 }
 

@@ -14,7 +14,7 @@ use clap::Args;
 use permitd_core::KeyConfig;
 
 use crate::app::{self, NodeSettings, StartError, Started};
-use crate::config::{ClusterConfig, ConfigError, RaftTimings, MIN_SECRET_BYTES};
+use crate::config::{ClusterConfig, ConfigError, RaftTimings, StorageSettings, MIN_SECRET_BYTES};
 use crate::edge::{self, EdgeLimits};
 use crate::propose::ProposeError;
 use crate::shutdown::Shutdown;
@@ -95,6 +95,7 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         data_dir: node.data_dir.clone(),
         secret: config.secret.clone(),
         timings: config.raft.clone(),
+        storage: config.storage.clone(),
         defaults: config.key_defaults(),
         initial_members: members,
         initialize_at_start: false,
@@ -117,6 +118,7 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         data_dir: args.data_dir.clone(),
         secret,
         timings: RaftTimings::default(),
+        storage: StorageSettings::default(),
         defaults: KeyConfig::default(),
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: true,

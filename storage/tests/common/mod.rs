@@ -41,9 +41,7 @@ pub fn blank(index: u64) -> Entry<TypeConfig> {
 /// process never sees this: the lock goes with the old process), so a lock
 /// conflict is retried briefly; any other error fails at once.
 pub async fn open_dir(dir: &Path) -> Opened {
-    let options = Options {
-        dir: dir.to_owned(),
-    };
+    let options = Options::new(dir.to_owned());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match open(&options).await {

@@ -24,7 +24,9 @@ const TARGET_GRANT_PER_S: f64 = 10_500.0;
 const TARGET_OVERHEAD_MS_P50: f64 = 1.0;
 const TARGET_OVERHEAD_MS_P99: f64 = 3.0;
 /// SIGKILL of the leader to the first grant, median.
-const TARGET_FAILOVER_MS_P50: f64 = 1_000.0;
+const TARGET_FAILOVER_MS_P50: f64 = 500.0;
+/// Longest of the failover samples, in ms.
+const TARGET_FAILOVER_MS_MAX: f64 = 800.0;
 /// Resident memory per idle key.
 const TARGET_RSS_BYTES_PER_KEY: f64 = 1_024.0;
 
@@ -207,8 +209,10 @@ impl Report {
         self.rows.push(Row {
             section: "4 failover",
             scenario: format!(
-                "SIGKILL leader → first grant, {} kills (election timeout 300–600 ms)",
-                result.kills
+                "SIGKILL leader → first grant, {} kills (election timeout {}–{} ms)",
+                result.kills,
+                crate::ELECTION_TIMEOUT_MIN_MS,
+                crate::ELECTION_TIMEOUT_MAX_MS
             ),
             throughput: "—".into(),
             p50: format!("{:.0} ms", result.ms_p50),
@@ -223,8 +227,9 @@ impl Report {
                     .join(", ")
             ),
             target: format!(
-                "p50 ≤ {TARGET_FAILOVER_MS_P50:.0} ms: {}",
-                at_most(result.ms_p50, TARGET_FAILOVER_MS_P50)
+                "p50 ≤ {TARGET_FAILOVER_MS_P50:.0} ms: {}; max ≤ {TARGET_FAILOVER_MS_MAX:.0} ms: {}",
+                at_most(result.ms_p50, TARGET_FAILOVER_MS_P50),
+                at_most(result.ms_max, TARGET_FAILOVER_MS_MAX)
             ),
         });
         self.json
