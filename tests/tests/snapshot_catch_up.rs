@@ -98,18 +98,13 @@ async fn a_follower_restarted_empty_catches_up_from_a_snapshot_under_load() {
         .expect("the follower keeps the snapshot as a file")
         .count();
     assert!(snapshots >= 1);
-    // Usage reads are linearizable (served by the leader), so compare what each
-    // node has applied once the load stopped: the rebuilt follower is in step.
+    // Once the load stopped, the rebuilt follower keeps up with the tip: it
+    // applies everything the leader had applied by then. (Comparing all nodes for
+    // equality at one instant races entries still in flight, e.g. reclaim passes.)
+    let tip = log_index(&cluster, leader, "lastApplied").await;
     let in_step = eventually(Duration::from_secs(20), || async {
-        let mut applied = Vec::new();
-        for node in &cluster.nodes {
-            applied.push(log_index(&cluster, node.id, "lastApplied").await);
-        }
-        applied[0] > 0 && applied.iter().all(|index| *index == applied[0])
+        log_index(&cluster, follower, "lastApplied").await >= tip
     })
     .await;
-    assert!(
-        in_step,
-        "every node, the rebuilt one too, applied the same log"
-    );
+    assert!(in_step, "the rebuilt follower applied the log up to {tip}");
 }
