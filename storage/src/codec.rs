@@ -62,6 +62,7 @@ mod tests {
             log_id: LogId::new(openraft::CommittedLeaderId::new(3, 1), 42),
             payload: EntryPayload::Normal(Command::Round {
                 now_ms: 1_700_000_000_123,
+                syncs: Vec::new(),
                 keys: vec![KeyRound {
                     key: "account-7".into(),
                     requests: vec![request],
