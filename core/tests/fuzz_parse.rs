@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 /// Valid messages the mutations start from: a request with every part, a sync.
-fn seeds() -> Vec<Value> {
+fn valid_messages() -> Vec<Value> {
     vec![
         json!({"type": "request", "v": 1, "clientId": "c1", "requestId": "r1",
             "demand": [{"group": "g", "count": 3, "oldestAt": 5}],
@@ -151,11 +151,11 @@ proptest! {
 
     #[test]
     fn mutated_valid_messages_never_panic(
-        seed in 0..4usize,
+        message in 0..4usize,
         edits in proptest::collection::vec(
             (proptest::collection::vec(any::<usize>(), 0..4), mutation()), 1..4),
     ) {
-        let mut value = seeds()[seed].clone();
+        let mut value = valid_messages()[message].clone();
         for (picks, mutation) in &edits {
             mutate(&mut value, picks, mutation);
         }
@@ -164,11 +164,11 @@ proptest! {
 
     #[test]
     fn cut_or_flipped_valid_messages_never_panic(
-        seed in 0..4usize,
+        message in 0..4usize,
         cut in any::<usize>(),
         flip in any::<(usize, u8)>(),
     ) {
-        let text = seeds()[seed].to_string().into_bytes();
+        let text = valid_messages()[message].to_string().into_bytes();
         feed(&text[..cut % (text.len() + 1)]);
         let mut flipped = text.clone();
         let at = flip.0 % flipped.len();

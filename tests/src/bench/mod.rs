@@ -54,7 +54,7 @@ pub struct Profile {
 }
 
 /// The queue runs: the lease path with demand far over the limit (grants take
-/// it all, as the seed specifies), with each runner's demand at its share of the
+/// it all, as the protocol specifies: grants come first), with each runner's demand at its share of the
 /// limit (leases are issued), and the contended case with and without leases.
 fn lease_runs() -> Vec<(usize, u64, bool, usize)> {
     vec![
