@@ -31,7 +31,7 @@ use serde::Serialize;
 
 use crate::backoff::{Backoff, DEFAULT_INITIAL_DELAY_MS, DEFAULT_MAX_DELAY_MS};
 use crate::error::ClientError;
-use crate::leader::{parse_endpoints, Endpoint, LeaderHint, LeaderTracker};
+use crate::leader::{find_ready, parse_endpoints, Endpoint, LeaderHint, LeaderTracker};
 
 /// Default deadline of one call, retries included.
 pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 30_000;
@@ -44,6 +44,10 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
 const NODE_ID_DISCOVERY_INTERVAL_MS: u64 = 30_000;
 /// Keys whose `nextRequestAt` is remembered before past entries are pruned.
 const MAX_REMEMBERED_KEYS: usize = 100_000;
+/// Retries of one call that may skip their backoff because a readiness probe
+/// found a node to ask; later retries back off in full (a node that is ready but
+/// keeps failing the call must not be hammered).
+const MAX_PROBED_RETRIES: u32 = 5;
 /// Longest error body kept in an error message, in bytes.
 const MAX_ERROR_BODY_BYTES: usize = 512;
 
@@ -123,6 +127,9 @@ enum Attempt {
     Retry {
         reason: String,
         retry_after_ms: Option<u64>,
+        /// The node could not be reached or had no leader to serve the call (not a
+        /// 429): another node may be able to, see [`crate::leader::find_ready`].
+        unavailable: bool,
     },
 }
 
@@ -400,13 +407,14 @@ impl SemaphoreClient {
             let attempt = self
                 .attempt(&endpoint, method.clone(), &url, body.as_deref(), timeout)
                 .await;
-            let (reason, retry_after_ms) = match attempt {
+            let (reason, retry_after_ms, unavailable) = match attempt {
                 Attempt::Done(Ok(bytes)) => return decode(&url, &bytes),
                 Attempt::Done(Err(error)) => return Err(error),
                 Attempt::Retry {
                     reason,
                     retry_after_ms,
-                } => (reason, retry_after_ms),
+                    unavailable,
+                } => (reason, retry_after_ms, unavailable),
             };
             let delay_ms = backoff.next_delay_ms(rand::random::<f64>(), retry_after_ms);
             let wake = Instant::now() + Duration::from_millis(delay_ms);
@@ -418,7 +426,23 @@ impl SemaphoreClient {
                 });
             }
             tracing::debug!(%url, attempts, delay_ms, %reason, "retrying");
-            tokio::time::sleep_until(wake.into()).await;
+            if unavailable && attempts <= MAX_PROBED_RETRIES {
+                self.wait_for_a_ready_node(wake).await;
+            } else {
+                tokio::time::sleep_until(wake.into()).await;
+            }
+        }
+    }
+
+    /// Waits until `wake` or until some node knows a leader, whichever is first,
+    /// and makes that node the next one asked.
+    async fn wait_for_a_ready_node(&self, wake: Instant) {
+        let endpoints = self.tracker().endpoints().to_vec();
+        let floor = Instant::now() + Duration::from_millis(crate::leader::READY_PROBE_INTERVAL_MS);
+        if let Some((endpoint, hint)) = find_ready(&self.inner.http, &endpoints, wake).await {
+            self.tracker().answered(&endpoint, hint.as_ref());
+            // Never faster than one probe interval per retry.
+            tokio::time::sleep_until(floor.min(wake).into()).await;
         }
     }
 
@@ -450,6 +474,7 @@ impl SemaphoreClient {
                 return Attempt::Retry {
                     reason: format!("{endpoint:?}: {error}", endpoint = endpoint.as_str()),
                     retry_after_ms: None,
+                    unavailable: true,
                 };
             }
         };
@@ -472,6 +497,7 @@ impl SemaphoreClient {
                 return Attempt::Retry {
                     reason: format!("{}: reading the answer: {error}", endpoint.as_str()),
                     retry_after_ms: None,
+                    unavailable: true,
                 };
             }
         };
@@ -482,6 +508,7 @@ impl SemaphoreClient {
             return Attempt::Retry {
                 reason: rejected(status, &body).to_string(),
                 retry_after_ms,
+                unavailable: status != StatusCode::TOO_MANY_REQUESTS,
             };
         }
         if status.is_success() {

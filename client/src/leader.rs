@@ -9,17 +9,33 @@
 //! answered is asked first next time. A node that failed is skipped until the
 //! others were tried.
 //!
+//! While no node can serve (the leader died, an election runs), a call does not
+//! sleep out its backoff or the server's `Retry-After`: [`find_ready`] asks every
+//! endpoint's `/readyz` at once, every [`READY_PROBE_INTERVAL_MS`], and the call
+//! retries as soon as one node knows a leader. A new leader is thus found within
+//! one probe interval of its election, not after a second of `Retry-After`.
+//!
 //! Invariants:
 //! - endpoints are normalised base URLs (no trailing slash) and never duplicated;
 //! - a leader named by a header that is not yet an endpoint is added (a cluster
 //!   grown after the client was configured is still reached), up to
 //!   [`MAX_ENDPOINTS`].
 
-use reqwest::Url;
+use std::time::{Duration, Instant};
+
+use reqwest::{StatusCode, Url};
+use serde::Deserialize;
 
 use crate::error::ClientError;
 /// Most endpoints one client remembers (configured plus learned).
 pub const MAX_ENDPOINTS: usize = 64;
+
+/// Pause between two rounds of readiness probes while no node is ready, in ms.
+/// Each round costs one small GET per endpoint.
+pub const READY_PROBE_INTERVAL_MS: u64 = 20;
+/// Limit of one readiness probe, in ms: a node that takes longer is not the one
+/// to retry at.
+pub const READY_PROBE_TIMEOUT_MS: u64 = 250;
 
 /// A parsed, normalised node base URL such as `http://127.0.0.1:7001`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +132,58 @@ impl LeaderHint {
         }
         Endpoint::parse(text).ok().map(Self::Url)
     }
+}
+
+/// The body of a ready node's `/readyz`.
+#[derive(Debug, Deserialize)]
+struct Ready {
+    leader: Option<u64>,
+}
+
+/// Asks every endpoint's `/readyz` at once, in rounds [`READY_PROBE_INTERVAL_MS`]
+/// apart, until one answers that it knows a leader or `until` passes. Returns
+/// that node and the leader it named. Probes still in flight when one answers
+/// are dropped.
+pub async fn find_ready(
+    http: &reqwest::Client,
+    endpoints: &[Endpoint],
+    until: Instant,
+) -> Option<(Endpoint, Option<LeaderHint>)> {
+    let interval = Duration::from_millis(READY_PROBE_INTERVAL_MS);
+    while Instant::now() < until {
+        let round_ends = (Instant::now() + interval).min(until);
+        let mut probes = tokio::task::JoinSet::new();
+        for endpoint in endpoints {
+            let (http, endpoint) = (http.clone(), endpoint.clone());
+            probes.spawn(async move {
+                probe_ready(&http, &endpoint)
+                    .await
+                    .map(|hint| (endpoint, hint))
+            });
+        }
+        while let Some(joined) = probes.join_next().await {
+            if let Ok(Some(ready)) = joined {
+                return Some(ready);
+            }
+        }
+        tokio::time::sleep_until(round_ends.into()).await;
+    }
+    None
+}
+
+/// `Some(leader)` when `endpoint` is ready (it knows a leader), `None` otherwise.
+async fn probe_ready(http: &reqwest::Client, endpoint: &Endpoint) -> Option<Option<LeaderHint>> {
+    let answer = http
+        .get(endpoint.url(&["readyz"]))
+        .timeout(Duration::from_millis(READY_PROBE_TIMEOUT_MS))
+        .send()
+        .await
+        .ok()?;
+    if answer.status() != StatusCode::OK {
+        return None;
+    }
+    let ready: Ready = answer.json().await.ok()?;
+    Some(ready.leader.map(LeaderHint::NodeId))
 }
 
 /// Remembers the leader and picks the node for each attempt.

@@ -5,11 +5,19 @@
 //! their claim deadline. So the state remembers, per (key, clientId), the answers to its
 //! latest requestIds until every grant in them is claimed or past its deadline;
 //! a retry with the same requestId takes part in no round and gets that answer.
+//!
+//! Only answers that hand something out are remembered: grants, or leases the
+//! round minted. A retry of any other answer (blocked, or only echoes and report
+//! results) is harmless as a fresh request: its reports are cumulative high-water
+//! marks, so applying them again changes nothing, and its demand is simply asked
+//! again. A contended key would otherwise write an answer row per blocked
+//! request on every node, every round.
 
 use std::collections::BTreeMap;
 
+use crate::ids::{LeaseId, LogIndex};
 use crate::limits::MAX_REMEMBERED_ANSWERS_PER_CLIENT;
-use crate::protocol::{PermitGrant, PermitRequest};
+use crate::protocol::{LeaseGrant, PermitGrant, PermitRequest};
 use crate::state::{KeyState, RememberedAnswer};
 
 /// How a request of a round is answered.
@@ -47,6 +55,16 @@ pub fn dispositions(state: &KeyState, requests: &[PermitRequest]) -> Vec<Disposi
         });
     }
     plan
+}
+
+/// Whether a fresh answer must be kept for a retry: it carries grants, or a
+/// lease minted by this entry (`log_index`); a lost copy of either would leave
+/// permits reserved for nobody until their claim deadline.
+pub fn worth_remembering(answer: &PermitGrant, log_index: LogIndex) -> bool {
+    let minted_here = |lease: &LeaseGrant| {
+        LeaseId::parse(&lease.lease_id).is_some_and(|id| id.log_index() == log_index)
+    };
+    !answer.grants.is_empty() || answer.leases.iter().flatten().any(minted_here)
 }
 
 /// Remembers a fresh request's answer, forgetting the client's oldest beyond the cap.

@@ -81,6 +81,14 @@ macro_rules! uuid_id {
             pub fn parse(text: &str) -> Option<Self> {
                 Uuid::try_parse(text).ok().map(Self)
             }
+
+            /// The log index of the entry that minted this id.
+            pub fn log_index(&self) -> LogIndex {
+                let bytes = self.0.as_bytes();
+                let mut index = [0u8; 8];
+                index[2..8].copy_from_slice(&bytes[0..6]);
+                LogIndex::from_be_bytes(index)
+            }
         }
 
         impl fmt::Display for $name {
@@ -129,5 +137,14 @@ mod tests {
         let id = IdAllocator::new(MAX_ID_LOG_INDEX).grant_id();
         assert_eq!(GrantId::parse(&id.to_string()), Some(id));
         assert_eq!(GrantId::parse("not-a-uuid"), None);
+    }
+
+    #[test]
+    fn an_id_names_the_entry_that_minted_it() {
+        for log_index in [0, 1, 77, MAX_ID_LOG_INDEX] {
+            let mut ids = IdAllocator::new(log_index);
+            ids.grant_id();
+            assert_eq!(ids.lease_id().log_index(), log_index);
+        }
     }
 }

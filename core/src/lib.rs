@@ -49,6 +49,6 @@ pub mod validate;
 pub use config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
 pub use events::Event;
 pub use ids::{GrantId, IdAllocator, LeaseId, LogIndex};
-pub use semaphores::{Semaphores, StateChanges};
+pub use semaphores::{KeyLimitReached, Semaphores, StateChanges};
 pub use usage::Usage;
 pub use validate::InvalidInput;

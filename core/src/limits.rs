@@ -48,6 +48,16 @@ pub const MAX_REMEMBERED_ANSWERS_PER_CLIENT: usize = 32;
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Requests waiting for one key's round on the leader (429 beyond).
 pub const MAX_PENDING_REQUESTS_PER_KEY: usize = 10_000;
+/// Log entries of rounds and syncs the leader may have proposed and not yet
+/// seen applied (`[limits] entries_in_flight`), and its default.
+pub const MAX_ENTRIES_IN_FLIGHT: usize = 64;
+pub const DEFAULT_ENTRIES_IN_FLIGHT: usize = 4;
+/// Message bytes (requests and syncs, as received) one round entry carries; more
+/// wait for the next entry. One message always goes, so this is at least
+/// `MAX_BODY_BYTES` in effect.
+pub const MAX_ENTRY_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Keys whose rounds share one log entry; more wait for the next entry.
+pub const MAX_KEYS_PER_ENTRY: usize = 256;
 /// Keys one cluster holds state for.
 pub const MAX_KEYS: usize = 1_000_000;
 
@@ -57,3 +67,14 @@ pub const MAX_TOKENS: usize = 1_000;
 pub const MAX_TOKEN_NAME_BYTES: usize = 128;
 /// Key patterns, and separately clientId patterns, one token may carry.
 pub const MAX_TOKEN_PATTERNS: usize = 64;
+/// Longest a connection may take to send a request's header, in ms; the time a
+/// kept-alive connection sits idle before its next request counts too (hyper runs
+/// one timer for both), so this is also the idle keep-alive timeout. The connection
+/// is closed beyond it.
+pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Longest pause between two parts of a request body, in ms (the body is refused
+/// beyond it). `MAX_BODY_BYTES` bounds its size.
+pub const BODY_READ_TIMEOUT_MS: u64 = 10_000;
+/// Connections one listener of a node serves at once; further ones wait in the
+/// kernel's accept queue until one closes.
+pub const MAX_CONNECTIONS_PER_LISTENER: usize = 4_096;

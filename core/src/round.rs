@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::answers::{dispositions, remember, Disposition};
+use crate::answers::{dispositions, remember, worth_remembering, Disposition};
 use crate::config::KeyConfig;
 use crate::events::Event;
 use crate::ids::IdAllocator;
@@ -106,6 +106,7 @@ pub fn run_round(
         state,
         config,
         now_ms,
+        ids.log_index(),
         requests,
         plan,
         allocations,
@@ -353,11 +354,14 @@ fn blocked_events(
         .collect()
 }
 
-/// Builds every request's answer and remembers those with a requestId.
+/// Builds every request's answer and remembers those with a requestId that
+/// matter (see [`worth_remembering`]).
+#[allow(clippy::too_many_arguments)]
 fn answer_all(
     state: &mut KeyState,
     config: &KeyConfig,
     now_ms: u64,
+    log_index: u64,
     requests: &[PermitRequest],
     plan: Vec<Disposition>,
     mut allocations: BTreeMap<usize, Allocation>,
@@ -380,7 +384,9 @@ fn answer_all(
                     leases: request.leases.is_some().then_some(allocation.leases),
                     next_request_at_ms: now_ms + config.round_period_ms,
                 };
-                remember(state, request, &answer, now_ms + config.grant_timeout_ms);
+                if worth_remembering(&answer, log_index) {
+                    remember(state, request, &answer, now_ms + config.grant_timeout_ms);
+                }
                 answer
             }
         };

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
 use crate::events::Event;
 use crate::ids::IdAllocator;
-use crate::limits::MAX_CONFIGURED_GROUPS_PER_KEY;
+use crate::limits::{MAX_CONFIGURED_GROUPS_PER_KEY, MAX_KEYS};
 use crate::protocol::{PermitRequest, PermitSync};
 use crate::reclaim::reclaim_expired;
 use crate::round::{run_round, RoundOutcome};
@@ -21,7 +21,7 @@ use crate::usage::{usage, Usage};
 use crate::validate::{validate_group_config, validate_key_config, InvalidInput};
 
 /// The whole replicated semaphore state.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Semaphores {
     /// Configuration of keys that have none of their own.
@@ -29,8 +29,35 @@ pub struct Semaphores {
     /// The largest `now` applied so far.
     last_now_ms: u64,
     keys: BTreeMap<String, KeyState>,
+    /// Most keys this state holds ([`MAX_KEYS`]; smaller only in tests). Not
+    /// replicated: every replica runs the same build, so every replica refuses alike.
+    #[serde(skip, default = "max_keys_default")]
+    max_keys: usize,
     #[serde(skip)]
     dirty: Dirty,
+}
+
+fn max_keys_default() -> usize {
+    MAX_KEYS
+}
+
+impl Default for Semaphores {
+    fn default() -> Self {
+        Self {
+            defaults: KeyConfig::default(),
+            last_now_ms: 0,
+            keys: BTreeMap::new(),
+            max_keys: MAX_KEYS,
+            dirty: Dirty::default(),
+        }
+    }
+}
+
+/// Creating the keys asked for would push the state past its key limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the cluster already holds {max} keys")]
+pub struct KeyLimitReached {
+    pub max: usize,
 }
 
 /// What changed since the last [`Semaphores::take_changes`].
@@ -73,8 +100,32 @@ impl Semaphores {
             defaults,
             last_now_ms,
             keys,
-            dirty: Dirty::default(),
+            ..Self::default()
         }
+    }
+
+    /// The same state with a smaller key limit, so tests can reach it.
+    pub fn with_max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.min(MAX_KEYS);
+        self
+    }
+
+    /// Whether the keys named (repeats allowed) fit: keys held already always do,
+    /// new ones only while the state stays within its key limit. Apply checks this
+    /// before any call that may create a key, so the limit holds on every replica
+    /// whatever the leader checked before proposing.
+    pub fn room_for<'a>(
+        &self,
+        keys: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), KeyLimitReached> {
+        let new: BTreeSet<&str> = keys
+            .into_iter()
+            .filter(|key| !self.keys.contains_key(*key))
+            .collect();
+        if self.keys.len() + new.len() > self.max_keys {
+            return Err(KeyLimitReached { max: self.max_keys });
+        }
+        Ok(())
     }
 
     pub fn defaults(&self) -> &KeyConfig {
@@ -235,8 +286,16 @@ impl Semaphores {
         Ok(())
     }
 
-    /// Removes a group's settings: no cap, permitted.
+    /// Removes a group's settings: no cap, permitted. A key or group without
+    /// settings is left alone: removing nothing creates nothing.
     pub fn remove_group(&mut self, key: &str, group: &str) {
+        let configured = self
+            .keys
+            .get(key)
+            .is_some_and(|state| state.meta().groups.contains_key(group));
+        if !configured {
+            return;
+        }
         self.with_key(key, |state, _| {
             let meta = state.meta_mut();
             meta.groups.remove(group);
@@ -286,5 +345,61 @@ impl Semaphores {
             cluster: dirty.cluster,
             keys,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capped() -> GroupConfig {
+        GroupConfig {
+            limit: Some(5),
+            permitted: true,
+        }
+    }
+
+    #[test]
+    fn removing_a_group_of_an_unknown_key_creates_nothing() {
+        let mut semaphores = Semaphores::default();
+        for index in 0..50 {
+            semaphores.remove_group(&format!("never-{index}"), "g");
+        }
+        assert!(semaphores.keys().is_empty());
+        assert!(
+            semaphores.take_changes().keys.is_empty(),
+            "no rows to write"
+        );
+    }
+
+    #[test]
+    fn removing_an_unconfigured_group_of_a_known_key_changes_nothing() {
+        let mut semaphores = Semaphores::default();
+        semaphores.set_group("k", "a", capped()).unwrap();
+        semaphores.take_changes();
+        let before = semaphores.clone();
+        semaphores.remove_group("k", "b");
+        assert_eq!(semaphores, before);
+        assert!(semaphores.take_changes().keys.is_empty());
+        semaphores.remove_group("k", "a");
+        assert!(semaphores.key("k").unwrap().meta().groups.is_empty());
+    }
+
+    #[test]
+    fn room_for_counts_only_new_distinct_keys() {
+        let mut semaphores = Semaphores::default().with_max_keys(2);
+        semaphores.set_group("a", "g", capped()).unwrap();
+        assert_eq!(semaphores.room_for(["a", "b", "b"]), Ok(()));
+        assert_eq!(
+            semaphores.room_for(["b", "c"]),
+            Err(KeyLimitReached { max: 2 })
+        );
+        semaphores.set_group("b", "g", capped()).unwrap();
+        assert_eq!(
+            semaphores.room_for(["a", "b"]),
+            Ok(()),
+            "held keys always fit"
+        );
+        assert_eq!(semaphores.room_for(["c"]), Err(KeyLimitReached { max: 2 }));
     }
 }

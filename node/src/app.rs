@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::api::forward::Forwarder;
 use crate::auth::{AuthSettings, Secret};
-use crate::config::RaftTimings;
+use crate::config::{RaftTimings, StorageSettings};
 use crate::leadership::{watch_leadership, Leadership};
 use crate::raft::network::Network;
 use crate::raft::Raft;
@@ -38,6 +38,7 @@ pub struct NodeSettings {
     /// Local address of outgoing Raft connections (`[[node]] peer_source_ip`).
     pub peer_source_ip: Option<std::net::IpAddr>,
     pub timings: RaftTimings,
+    pub storage: StorageSettings,
     /// Written into the replicated state right after initialisation.
     pub defaults: KeyConfig,
     /// The voters `/cluster/init` creates: every node of the config file.
@@ -46,6 +47,10 @@ pub struct NodeSettings {
     pub initialize_at_start: bool,
     /// Requests that may wait for one key's round; 429 beyond.
     pub max_pending_per_key: usize,
+    /// Timeouts and connection limits of the node's listeners.
+    pub edge: crate::edge::EdgeLimits,
+    /// Round and sync entries in flight at once (`[limits] entries_in_flight`).
+    pub entries_in_flight: usize,
 }
 
 /// Why a node could not start.
@@ -120,6 +125,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     let raft_listener = bind(&settings.raft_addr).await?;
     let options = permitd_storage::Options {
         dir: settings.data_dir.clone(),
+        cache_capacity_bytes: settings.storage.cache_capacity_bytes(),
     };
     let opened = permitd_storage::open(&options)
         .await
@@ -134,7 +140,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     )?;
     let raft = Raft::new(
         settings.id,
-        Arc::new(raft_config(timings)?),
+        Arc::new(raft_config(settings.id, timings)?),
         network,
         opened.log,
         opened.state_machine,
@@ -148,6 +154,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         state.clone(),
         leadership.clone(),
         settings.max_pending_per_key,
+        settings.entries_in_flight,
     );
     crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
     crate::events::start(state.clone());
@@ -173,14 +180,25 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     })
 }
 
-fn raft_config(timings: &RaftTimings) -> Result<openraft::Config, StartError> {
+/// Node `id`'s snapshot interval: `every` stretched by a quarter per node id
+/// (ids 1, 2, 3 snapshot every 1, 1.25, 1.5 × `every` entries), so that the
+/// nodes of a cluster do not all build a snapshot at the same log index.
+fn staggered_snapshot_interval(id: NodeId, every: u64) -> u64 {
+    every + every * (id.saturating_sub(1) % 4) / 4
+}
+
+fn raft_config(id: NodeId, timings: &RaftTimings) -> Result<openraft::Config, StartError> {
+    let every = staggered_snapshot_interval(id, timings.snapshot_every_logs);
     let config = openraft::Config {
         cluster_name: "permitd".into(),
         heartbeat_interval: timings.heartbeat_interval_ms,
         election_timeout_min: timings.election_timeout_min_ms,
         election_timeout_max: timings.election_timeout_max_ms,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(timings.snapshot_every_logs),
-        max_in_snapshot_log_to_keep: 1_000,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(every),
+        max_in_snapshot_log_to_keep: timings.log_kept_after_snapshot,
+        // openraft's 200 ms default is too short for a chunk plus the install
+        // of the last one on a busy node.
+        install_snapshot_timeout: timings.rpc_timeout_ms,
         ..Default::default()
     };
     config

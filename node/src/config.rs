@@ -7,9 +7,13 @@
 //! from any working directory. `PERMITD_*` environment variables override any
 //! setting of the file (see `config_env.rs`).
 
-use permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY;
+use permitd_core::limits::{
+    BODY_READ_TIMEOUT_MS, DEFAULT_ENTRIES_IN_FLIGHT, HEADER_READ_TIMEOUT_MS,
+    MAX_CONNECTIONS_PER_LISTENER, MAX_ENTRIES_IN_FLIGHT, MAX_PENDING_REQUESTS_PER_KEY,
+};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use permitd_core::config::{KeyConfig, KeyConfigUpdate};
 use permitd_core::validate::validate_key_config;
@@ -61,6 +65,8 @@ pub struct ClusterConfig {
     pub defaults: KeyConfigUpdate,
     #[serde(default)]
     pub limits: NodeLimits,
+    #[serde(default)]
+    pub storage: StorageSettings,
     #[serde(rename = "node")]
     pub nodes: Vec<NodeConfig>,
 }
@@ -118,21 +124,107 @@ pub struct NodeConfig {
 /// Per-node bounds on what clients may park, tighter than the built-in maxima
 /// where an operator wants it (and tests need a small one).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct NodeLimits {
     /// Requests that may wait for one key's round on the leader; 429 beyond.
     pub max_pending_per_key: usize,
+    /// Longest wait for a request header (and idle keep-alive), in ms.
+    pub header_read_timeout_ms: u64,
+    /// Longest pause between parts of a request body, in ms.
+    pub body_read_timeout_ms: u64,
+    /// Connections one listener serves at once.
+    pub max_connections: usize,
+    /// Round and sync entries the leader may have in flight at once.
+    pub entries_in_flight: usize,
 }
 
 impl Default for NodeLimits {
     fn default() -> Self {
         Self {
             max_pending_per_key: MAX_PENDING_REQUESTS_PER_KEY,
+            header_read_timeout_ms: HEADER_READ_TIMEOUT_MS,
+            body_read_timeout_ms: BODY_READ_TIMEOUT_MS,
+            max_connections: MAX_CONNECTIONS_PER_LISTENER,
+            entries_in_flight: DEFAULT_ENTRIES_IN_FLIGHT,
         }
     }
 }
 
-/// Raft timings, in milliseconds.
+impl NodeLimits {
+    /// The HTTP edge's share of these limits.
+    pub fn edge(&self) -> crate::edge::EdgeLimits {
+        crate::edge::EdgeLimits {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            body_read_timeout: Duration::from_millis(self.body_read_timeout_ms),
+            max_connections: self.max_connections,
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let pending = self.max_pending_per_key;
+        if !(1..=MAX_PENDING_REQUESTS_PER_KEY).contains(&pending) {
+            return Err(format!(
+                "[limits] max_pending_per_key must be 1 to {MAX_PENDING_REQUESTS_PER_KEY}"
+            ));
+        }
+        for (name, value, max) in [
+            (
+                "header_read_timeout_ms",
+                self.header_read_timeout_ms,
+                HEADER_READ_TIMEOUT_MS,
+            ),
+            (
+                "body_read_timeout_ms",
+                self.body_read_timeout_ms,
+                BODY_READ_TIMEOUT_MS,
+            ),
+        ] {
+            if !(1..=max).contains(&value) {
+                return Err(format!("[limits] {name} must be 1 to {max}"));
+            }
+        }
+        if !(1..=MAX_CONNECTIONS_PER_LISTENER).contains(&self.max_connections) {
+            return Err(format!(
+                "[limits] max_connections must be 1 to {MAX_CONNECTIONS_PER_LISTENER}"
+            ));
+        }
+        if !(1..=MAX_ENTRIES_IN_FLIGHT).contains(&self.entries_in_flight) {
+            return Err(format!(
+                "[limits] entries_in_flight must be 1 to {MAX_ENTRIES_IN_FLIGHT}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How each node's store uses memory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSettings {
+    /// Bound of sled's page cache, in MiB. The state machine is held in memory
+    /// anyway; the cache only speeds up reading old log entries for a lagging
+    /// follower.
+    pub cache_capacity_mib: u64,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        Self {
+            cache_capacity_mib: permitd_storage::DEFAULT_CACHE_CAPACITY_BYTES / (1024 * 1024),
+        }
+    }
+}
+
+impl StorageSettings {
+    pub fn cache_capacity_bytes(&self) -> u64 {
+        self.cache_capacity_mib.saturating_mul(1024 * 1024)
+    }
+}
+
+/// Raft timings, in milliseconds. The defaults suit loopback or one LAN: a
+/// follower stands for election after the leader lease (openraft 0.9 sets it to
+/// `election_timeout_max_ms`) plus its election timeout, so a dead leader is
+/// replaced in about `2 × election_timeout_max_ms` at worst (see `cluster.toml`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RaftTimings {
@@ -141,18 +233,28 @@ pub struct RaftTimings {
     pub election_timeout_max_ms: u64,
     /// Timeout of one Raft RPC to a peer.
     pub rpc_timeout_ms: u64,
-    /// Log entries between two snapshots.
+    /// Log entries between two snapshots (node `i` waits `(1 + (i-1)/4)` times
+    /// as many, so that the nodes of a cluster snapshot at different indexes).
     pub snapshot_every_logs: u64,
+    /// Log entries kept behind a snapshot, so that a follower that lagged
+    /// briefly (a restart, a pause) catches up from the log, not a snapshot.
+    #[serde(default = "default_log_kept_after_snapshot")]
+    pub log_kept_after_snapshot: u64,
+}
+
+fn default_log_kept_after_snapshot() -> u64 {
+    10_000
 }
 
 impl Default for RaftTimings {
     fn default() -> Self {
         Self {
-            heartbeat_interval_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            heartbeat_interval_ms: 40,
+            election_timeout_min_ms: 120,
+            election_timeout_max_ms: 240,
             rpc_timeout_ms: 1_000,
             snapshot_every_logs: 5_000,
+            log_kept_after_snapshot: default_log_kept_after_snapshot(),
         }
     }
 }
@@ -237,11 +339,11 @@ impl ClusterConfig {
         {
             return invalid("need 0 < heartbeat < election min < election max".into());
         }
-        let pending = self.limits.max_pending_per_key;
-        if !(1..=MAX_PENDING_REQUESTS_PER_KEY).contains(&pending) {
-            return invalid(format!(
-                "[limits] max_pending_per_key must be 1 to {MAX_PENDING_REQUESTS_PER_KEY}"
-            ));
+        if self.storage.cache_capacity_mib == 0 {
+            return invalid("[storage] cache_capacity_mib must be at least 1".into());
+        }
+        if let Err(message) = self.limits.validate() {
+            return invalid(message);
         }
         validate_key_config(&self.key_defaults())
             .or_else(|error| invalid(format!("[defaults]: {error}")))
@@ -348,6 +450,40 @@ mod tests {
                 valid,
                 "max_pending_per_key = {pending}"
             );
+        }
+    }
+
+    #[test]
+    fn edge_limits_default_to_the_maxima_and_are_checked() {
+        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
+        let config = |limits: &str| -> ClusterConfig {
+            let text = format!("secret = \"0123456789abcdef\"\n[limits]\n{limits}\n{node}");
+            toml::from_str(&text).unwrap()
+        };
+        let edge = config("").limits.edge();
+        assert_eq!(
+            edge.header_read_timeout,
+            Duration::from_millis(HEADER_READ_TIMEOUT_MS)
+        );
+        assert_eq!(
+            edge.body_read_timeout,
+            Duration::from_millis(BODY_READ_TIMEOUT_MS)
+        );
+        assert_eq!(edge.max_connections, MAX_CONNECTIONS_PER_LISTENER);
+        let short = config("header_read_timeout_ms = 500\nbody_read_timeout_ms = 700");
+        assert_eq!(
+            short.limits.edge().header_read_timeout,
+            Duration::from_millis(500)
+        );
+        assert!(short.check().is_ok());
+        for invalid in [
+            "header_read_timeout_ms = 0",
+            "header_read_timeout_ms = 10001",
+            "body_read_timeout_ms = 0",
+            "max_connections = 0",
+            "max_connections = 4097",
+        ] {
+            assert!(config(invalid).check().is_err(), "{invalid}");
         }
     }
 }

@@ -3,10 +3,11 @@
 //! How a request flows through this crate:
 //! - [`api`] receives HTTP (on any node). A follower forwards v1 and membership
 //!   calls to the leader in one hop ([`api::forward`]);
-//! - on the leader, a `request` is parked in its key's pending list by [`rounds`],
-//!   whose per-key timer proposes one `Command::Round` entry for all requests
-//!   that arrived in the round's wait (rounds of several keys that fall due together
-//!   share an entry); a `sync` and configuration changes are proposed at once;
+//! - on the leader, a `request` is parked in its key's pending list by [`rounds`]
+//!   until the key's round falls due, and a `sync` until the next entry leaves;
+//!   one `Command::Round` entry carries the syncs that arrived meanwhile and the
+//!   rounds of every key that fell due (the rules: [`schedule`], pure and
+//!   unit-tested); configuration changes are proposed at once;
 //! - openraft replicates the entry through [`raft::network`] to the peers'
 //!   [`raft::inbound`] endpoints; every replica's state machine (storage crate)
 //!   applies it; the leader answers each waiting request with its part of the result;
@@ -18,7 +19,8 @@
 //! Invariants:
 //! - only the leader holds pending requests; when it loses leadership every one of
 //!   them fails at once with `leader_changed`, and nothing is retried for the client;
-//! - rounds of one key never overlap, and start at least `roundPeriodMs` apart;
+//! - rounds of one key start at least `roundPeriodMs` apart; several may be in
+//!   flight (their outcomes are computed at apply time, in log order);
 //! - the node never touches sled: state is read through `permitd_storage::SharedState`
 //!   and changed only by log entries.
 
@@ -28,7 +30,9 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod config_env;
+pub mod edge;
 pub mod events;
+pub mod fatal;
 pub mod http_metrics;
 pub mod leadership;
 pub mod metrics;
@@ -37,8 +41,10 @@ pub mod raft;
 pub mod raft_metrics;
 pub mod reclaim;
 pub mod rounds;
+pub mod schedule;
 pub mod shutdown;
 pub mod tls;
+pub mod timer;
 
 /// Milliseconds since the Unix epoch by this node's clock: the `now` of entries
 /// this node proposes as leader.

@@ -8,8 +8,8 @@
 //! proposes a `Command::Reclaim` when it passes.
 //!
 //! One task per node keeps every deadline, whatever the number of keys:
-//! - `deadlines`, a `BTreeSet<(deadline_ms, key)>`, orders the armed keys by when
-//!   they fall due, and `armed` maps each key to its entry there;
+//! - `deadlines` ([`Deadlines`], the schedule's timer structure, unit-tested
+//!   there) orders the armed keys by when they fall due, one deadline per key;
 //! - the task sleeps until the earliest deadline, then proposes one
 //!   `Command::Reclaim` for up to [`MAX_RECLAIM_KEYS_PER_ENTRY`] keys due, with at
 //!   most [`MAX_RECLAIMS_IN_FLIGHT`] such proposals outstanding;
@@ -22,7 +22,6 @@
 //! are re-aimed, and a new leader rebuilds all of them from the state. A follower
 //! keeps none, and losing leadership cancels every timer and proposal.
 
-use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +33,7 @@ use tokio::time::Instant;
 use crate::leadership::Leadership;
 use crate::propose::propose;
 use crate::raft::Raft;
+use crate::schedule::Deadlines;
 
 /// Pause before retrying a reclaim proposal that failed while still leading.
 const RETRY_DELAY_MS: u64 = 200;
@@ -46,17 +46,14 @@ const MAX_RECLAIMS_IN_FLIGHT: usize = 4;
 /// The leader's claim-deadline timers, kept by one task.
 ///
 /// Invariants:
-/// - `armed[key] == deadline_ms` exactly when `(deadline_ms, key)` is in `deadlines`;
-/// - a key whose reclaim is in flight is in neither;
-/// - both are empty and nothing is in flight while this node does not lead.
+/// - a key whose reclaim is in flight has no deadline armed;
+/// - nothing is armed and nothing is in flight while this node does not lead.
 pub struct Reclaimer {
     raft: Raft,
     state: SharedState,
     leadership: watch::Receiver<Leadership>,
-    /// Armed keys by deadline: the first is the next to fall due.
-    deadlines: BTreeSet<(u64, String)>,
-    /// Each armed key's deadline, to find and replace its `deadlines` entry.
-    armed: HashMap<String, u64>,
+    /// Armed keys by deadline (ms since the epoch): the first falls due next.
+    deadlines: Deadlines<u64, String>,
     /// Reclaim proposals under way; each yields the keys it named.
     in_flight: JoinSet<Vec<String>>,
 }
@@ -64,11 +61,8 @@ pub struct Reclaimer {
 impl std::fmt::Debug for Reclaimer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reclaimer")
-            .field("armed", &self.armed.len())
-            .field(
-                "next_deadline_ms",
-                &self.deadlines.first().map(|(at, _)| at),
-            )
+            .field("armed", &self.deadlines.len())
+            .field("next_deadline_ms", &self.deadlines.first())
             .field("in_flight", &self.in_flight.len())
             .finish_non_exhaustive()
     }
@@ -82,8 +76,7 @@ impl Reclaimer {
             raft,
             state,
             leadership,
-            deadlines: BTreeSet::new(),
-            armed: HashMap::new(),
+            deadlines: Deadlines::default(),
             in_flight: JoinSet::new(),
         };
         tokio::spawn(reclaimer.run(applied));
@@ -139,7 +132,7 @@ impl Reclaimer {
         if self.in_flight.len() >= MAX_RECLAIMS_IN_FLIGHT {
             return None;
         }
-        let &(deadline_ms, _) = self.deadlines.first()?;
+        let &deadline_ms = self.deadlines.first()?;
         let wait_ms = deadline_ms.saturating_sub(crate::now_ms());
         Some(Instant::now() + Duration::from_millis(wait_ms))
     }
@@ -160,7 +153,7 @@ impl Reclaimer {
         });
         tracing::info!(keys = due.len(), "rebuilding reclaim timers");
         for (key, deadline_ms) in due {
-            self.arm(key, Some(deadline_ms));
+            self.deadlines.set(key, Some(deadline_ms));
         }
     }
 
@@ -172,26 +165,10 @@ impl Reclaimer {
                 .collect()
         });
         for (key, deadline_ms) in keys.iter().zip(deadlines) {
-            if self.armed.get(key) != deadline_ms.as_ref() {
-                self.arm(key.clone(), deadline_ms);
+            if self.deadlines.get(key) != deadline_ms.as_ref() {
+                self.deadlines.set(key.clone(), deadline_ms);
             }
         }
-    }
-
-    /// Sets `key`'s timer to `deadline_ms`, or disarms it with `None`.
-    fn arm(&mut self, key: String, deadline_ms: Option<u64>) {
-        if let Some(old_ms) = self.armed.remove(&key) {
-            self.deadlines.remove(&(old_ms, key.clone()));
-        }
-        if let Some(deadline_ms) = deadline_ms {
-            self.deadlines.insert((deadline_ms, key.clone()));
-            self.armed.insert(key, deadline_ms);
-        }
-        debug_assert_eq!(
-            self.armed.len(),
-            self.deadlines.len(),
-            "timer indexes agree"
-        );
     }
 
     /// Takes the keys due now (at most one entry's worth) out of the timers and
@@ -201,12 +178,9 @@ impl Reclaimer {
         let mut keys = Vec::new();
         let mut latest_ms = 0;
         while keys.len() < MAX_RECLAIM_KEYS_PER_ENTRY {
-            match self.deadlines.first() {
-                Some(&(deadline_ms, _)) if deadline_ms <= now_ms => {}
-                _ => break,
-            }
-            let (deadline_ms, key) = self.deadlines.pop_first().expect("checked above");
-            self.armed.remove(&key);
+            let Some((deadline_ms, key)) = self.deadlines.pop_due(&now_ms) else {
+                break;
+            };
             latest_ms = latest_ms.max(deadline_ms);
             keys.push(key);
         }
@@ -225,7 +199,6 @@ impl Reclaimer {
         // Dropping a `JoinSet` aborts its tasks.
         self.in_flight = JoinSet::new();
         self.deadlines.clear();
-        self.armed.clear();
     }
 }
 

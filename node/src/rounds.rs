@@ -1,47 +1,39 @@
-//! Per-key round batching on the leader.
+//! Round and sync batching on the leader: the async side of [`crate::schedule`].
 //!
-//! A `request` does not become a log entry by itself: it waits in its key's
-//! pending list, and when the key's round falls due all of them go into one
-//! `Command::Round` entry, in arrival order. The schedule of one key:
+//! A `request` does not become a log entry by itself: it parks in its key's
+//! pending list until the key's round falls due. A `sync` waits only until the
+//! next entry leaves. One `Command::Round` entry carries every sync that arrived
+//! meanwhile (applied first, so the permits they return are granted by the
+//! rounds of the same entry) and the rounds of every key that fell due. The
+//! rules of when (pipelined rounds per key, entries in flight, keys and bytes per
+//! entry) live in the pure [`Schedule`] and are unit-tested there.
 //!
-//! - the first request into an empty list arms the key's timer at
-//!   `max(arrival + roundWaitMs, previous round start + roundPeriodMs)`;
-//! - while a round of the key is being committed no timer is armed, so rounds of
-//!   one key never overlap; requests arriving meanwhile wait for the next one,
-//!   armed when the running round finishes;
-//! - timers that fire together are drained by one batcher, and their keys share
-//!   one entry (at most [`MAX_KEYS_PER_ENTRY`]);
-//! - at most [`MAX_ROUND_ENTRIES_IN_FLIGHT`] round entries are being committed at
-//!   once; keys falling due meanwhile wait and then share the next entry. openraft
-//!   appends and flushes one batch at a time anyway, so more entries in flight
-//!   only add per-entry costs (encoding, replication, apply) without committing
-//!   sooner; fewer, fuller entries let many keys' rounds ride one fsync.
+//! One driver task takes entries from the schedule and proposes them; it sleeps
+//! on a [`PreciseTimer`] (tokio's 1 ms timer wheel made a 1 ms round wait take
+//! up to 2 ms) and is woken by every arrival and every answered entry.
 //!
-//! Only the leader parks requests. When it loses leadership every waiting and
-//! in-flight request fails at once with `LeaderChanged`; clients ask again.
+//! Only the leader parks messages. When it loses leadership every parked and
+//! in-flight message fails at once with `LeaderChanged`; clients ask again.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY;
-use permitd_core::protocol::{PermitGrant, PermitRequest};
-use permitd_storage::{Command, KeyRound, Refused};
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use permitd_core::limits::{
+    MAX_ENTRIES_IN_FLIGHT, MAX_ENTRY_MESSAGE_BYTES, MAX_KEYS_PER_ENTRY,
+    MAX_PENDING_REQUESTS_PER_KEY,
+};
+use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
+use permitd_storage::{Command, KeyRound, KeySync, Refused};
+use tokio::sync::{oneshot, watch, Notify};
 use tracing::Instrument;
 
 use crate::leadership::Leadership;
 use crate::propose::{propose, ProposeError};
 use crate::raft::Raft;
+use crate::schedule::{Entry, Schedule, ScheduleSettings, Timings};
+use crate::timer::PreciseTimer;
 
-/// Most keys whose rounds share one log entry; more wait for the next entry.
-pub const MAX_KEYS_PER_ENTRY: usize = 256;
-
-/// Most round entries proposed and not yet answered; more due keys wait for one
-/// to finish and then go into one entry together.
-pub const MAX_ROUND_ENTRIES_IN_FLIGHT: usize = 2;
-
-/// Why a request got no grant answer.
+/// Why a request or sync got no answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RoundError {
     #[error(transparent)]
@@ -54,28 +46,24 @@ pub enum RoundError {
     Mismatch,
 }
 
-type Reply = oneshot::Sender<Result<PermitGrant, RoundError>>;
+type Reply<T> = oneshot::Sender<Result<T, RoundError>>;
 
 /// A request parked until its key's round.
 #[derive(Debug)]
-struct Waiting {
+struct WaitingRequest {
     request: PermitRequest,
-    reply: Reply,
+    reply: Reply<PermitGrant>,
 }
 
-/// One key's place in the schedule.
-#[derive(Debug, Default)]
-struct KeyQueue {
-    pending: Vec<Waiting>,
-    /// When the oldest pending request arrived: the round waits from there.
-    first_arrival: Option<Instant>,
-    /// A timer will hand this key to the batcher.
-    armed: bool,
-    /// A round of this key is being committed.
-    running: bool,
-    /// When the key's previous round started, for `roundPeriodMs`.
-    last_round_at: Option<Instant>,
+/// A sync parked until the next entry.
+#[derive(Debug)]
+struct WaitingSync {
+    key: String,
+    sync: PermitSync,
+    reply: Reply<PermitSyncResult>,
 }
+
+type LeaderSchedule = Schedule<WaitingRequest, WaitingSync>;
 
 /// The batcher's handle; cheap to clone.
 #[derive(Debug, Clone)]
@@ -87,240 +75,200 @@ struct Inner {
     raft: Raft,
     state: permitd_storage::SharedState,
     leadership: watch::Receiver<Leadership>,
-    /// A std mutex: held only to move requests in and out, never across an await.
-    keys: Mutex<HashMap<String, KeyQueue>>,
-    /// Keys whose round fell due, to the batcher task.
-    due: mpsc::UnboundedSender<String>,
-    /// Requests that may wait for one key's round (at most
-    /// `MAX_PENDING_REQUESTS_PER_KEY`); 429 beyond.
-    max_pending_per_key: usize,
+    /// A std mutex: held only to move messages in and out, never across an await.
+    schedule: Mutex<LeaderSchedule>,
+    /// Wakes the driver: an arrival, an answered entry, or the timer.
+    wake: Arc<Notify>,
+    timer: PreciseTimer,
 }
 
 impl Rounds {
-    /// Starts the batcher and the task that fails requests on leadership loss.
+    /// Starts the driver and the task that fails messages on leadership loss.
     pub fn start(
         raft: Raft,
         state: permitd_storage::SharedState,
         leadership: watch::Receiver<Leadership>,
         max_pending_per_key: usize,
+        entries_in_flight: usize,
     ) -> Self {
-        let (due, due_receiver) = mpsc::unbounded_channel();
+        let settings = ScheduleSettings {
+            max_entries_in_flight: entries_in_flight.clamp(1, MAX_ENTRIES_IN_FLIGHT),
+            max_keys_per_entry: MAX_KEYS_PER_ENTRY,
+            max_bytes_per_entry: MAX_ENTRY_MESSAGE_BYTES,
+            max_pending_per_key: max_pending_per_key.clamp(1, MAX_PENDING_REQUESTS_PER_KEY),
+        };
+        let wake = Arc::new(Notify::new());
         let rounds = Self {
             inner: Arc::new(Inner {
                 raft,
                 state,
                 leadership,
-                keys: Mutex::new(HashMap::new()),
-                due,
-                max_pending_per_key: max_pending_per_key.min(MAX_PENDING_REQUESTS_PER_KEY),
+                schedule: Mutex::new(Schedule::new(settings)),
+                timer: PreciseTimer::start(wake.clone()),
+                wake,
             }),
         };
-        tokio::spawn(rounds.clone().batch_due_keys(due_receiver));
+        tokio::spawn(rounds.clone().drive());
         tokio::spawn(rounds.clone().fail_on_leadership_loss());
         rounds
     }
 
-    fn keys(&self) -> MutexGuard<'_, HashMap<String, KeyQueue>> {
+    fn schedule(&self) -> MutexGuard<'_, LeaderSchedule> {
         // A panic while holding the lock leaves only plain data behind; keep going.
         self.inner
-            .keys
+            .schedule
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn check_leading(&self) -> Result<(), RoundError> {
+        let leadership = *self.inner.leadership.borrow();
+        if leadership.is_leader {
+            return Ok(());
+        }
+        Err(ProposeError::NotLeader {
+            leader: leadership.leader,
+        }
+        .into())
     }
 
     /// Copies of the requests waiting for `key`'s next round, in arrival order
     /// (for the operators' holders view; empty on a follower).
     pub fn waiting(&self, key: &str) -> Vec<PermitRequest> {
-        let keys = self.keys();
-        keys.get(key).map_or_else(Vec::new, |queue| {
-            queue.pending.iter().map(|w| w.request.clone()).collect()
-        })
+        let schedule = self.schedule();
+        schedule
+            .waiting(key)
+            .map(|waiting| waiting.request.clone())
+            .collect()
     }
 
-    /// Parks `request` for `key`'s next round and waits for its answer.
+    /// Parks `request` (`bytes` as received) for `key`'s next round and waits
+    /// for its answer.
     pub async fn request(
         &self,
         key: &str,
         request: PermitRequest,
+        bytes: usize,
     ) -> Result<PermitGrant, RoundError> {
-        let leadership = *self.inner.leadership.borrow();
-        if !leadership.is_leader {
-            return Err(ProposeError::NotLeader {
-                leader: leadership.leader,
-            }
-            .into());
-        }
+        self.check_leading()?;
+        let timings = self.timings(key);
         let (reply, answer) = oneshot::channel();
-        self.park(key, Waiting { request, reply })?;
+        self.schedule()
+            .park(
+                key,
+                WaitingRequest { request, reply },
+                bytes,
+                timings,
+                Instant::now(),
+            )
+            .map_err(|full| RoundError::TooManyPending {
+                pending: full.pending,
+            })?;
+        crate::metrics::pending_changed(1);
+        self.inner.wake.notify_one();
         // The sender is dropped only if the node is shutting down.
         answer
             .await
             .unwrap_or(Err(ProposeError::ShuttingDown.into()))
     }
 
-    fn park(&self, key: &str, waiting: Waiting) -> Result<(), RoundError> {
-        let timings = self.timings(key);
-        let mut keys = self.keys();
-        let queue = keys.entry(key.to_owned()).or_default();
-        if queue.pending.len() >= self.inner.max_pending_per_key {
-            return Err(RoundError::TooManyPending {
-                pending: queue.pending.len(),
-            });
-        }
-        if queue.pending.is_empty() {
-            queue.first_arrival = Some(Instant::now());
-        }
-        queue.pending.push(waiting);
+    /// Queues `sync` for the next entry and waits for its answer.
+    pub async fn sync(
+        &self,
+        key: &str,
+        sync: PermitSync,
+        bytes: usize,
+    ) -> Result<PermitSyncResult, RoundError> {
+        self.check_leading()?;
+        let (reply, answer) = oneshot::channel();
+        let waiting = WaitingSync {
+            key: key.to_owned(),
+            sync,
+            reply,
+        };
+        self.schedule().push_sync(waiting, bytes);
         crate::metrics::pending_changed(1);
-        if !queue.armed && !queue.running {
-            self.arm(key, queue, timings);
-        }
-        Ok(())
+        self.inner.wake.notify_one();
+        answer
+            .await
+            .unwrap_or(Err(ProposeError::ShuttingDown.into()))
     }
 
     /// `(roundWaitMs, roundPeriodMs)` of a key, as configured now.
-    fn timings(&self, key: &str) -> (Duration, Duration) {
+    fn timings(&self, key: &str) -> Timings {
         self.inner.state.read(|semaphores| {
             let config = semaphores.config(key);
-            (
-                Duration::from_millis(config.round_wait_ms),
-                Duration::from_millis(config.round_period_ms),
-            )
+            Timings {
+                wait: Duration::from_millis(config.round_wait_ms),
+                period: Duration::from_millis(config.round_period_ms),
+            }
         })
     }
 
-    fn arm(&self, key: &str, queue: &mut KeyQueue, (wait, period): (Duration, Duration)) {
-        let arrival = queue.first_arrival.unwrap_or_else(Instant::now);
-        let mut due_at = arrival + wait;
-        if let Some(last) = queue.last_round_at {
-            due_at = due_at.max(last + period);
-        }
-        queue.armed = true;
-        let due = self.inner.due.clone();
-        let key = key.to_owned();
-        tokio::spawn(async move {
-            tokio::time::sleep_until(due_at.into()).await;
-            // Fails only when the batcher is gone, i.e. the node is stopping.
-            let _ = due.send(key);
-        });
-    }
-
-    /// The batcher: takes every key that fell due at once into one entry, once
-    /// fewer than [`MAX_ROUND_ENTRIES_IN_FLIGHT`] entries are in flight.
-    async fn batch_due_keys(self, mut due: mpsc::UnboundedReceiver<String>) {
-        let in_flight = Arc::new(Semaphore::new(MAX_ROUND_ENTRIES_IN_FLIGHT));
-        while let Some(first) = due.recv().await {
-            // Keys falling due while we wait queue up in `due` for this entry.
-            let Ok(slot) = in_flight.clone().acquire_owned().await else {
-                return;
+    /// The driver: proposes every entry the schedule lets leave, then sleeps
+    /// until the next is due or something changes.
+    async fn drive(self) {
+        let mut timer_set_for: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            let (entry, next_due) = {
+                let mut schedule = self.schedule();
+                let entry = schedule.take_entry(now);
+                (entry, schedule.next_due(now))
             };
-            let mut keys = vec![first];
-            while keys.len() < MAX_KEYS_PER_ENTRY {
-                match due.try_recv() {
-                    Ok(key) => keys.push(key),
-                    Err(_) => break,
-                }
-            }
-            if let Some(batch) = self.take_batch(&keys) {
-                let rounds = self.clone();
-                tokio::spawn(async move {
-                    rounds.run_batch(batch).await;
-                    drop(slot);
-                });
-            }
-        }
-    }
-
-    /// Moves the pending requests of due keys out of their queues.
-    fn take_batch(&self, due: &[String]) -> Option<Batch> {
-        let now = Instant::now();
-        let mut batch = Batch::default();
-        let mut keys = self.keys();
-        for key in due {
-            let Some(queue) = keys.get_mut(key) else {
-                continue;
-            };
-            queue.armed = false;
-            if queue.pending.is_empty() || queue.running {
+            if let Some(entry) = entry {
+                tokio::spawn(self.clone().run_entry(entry));
                 continue;
             }
-            queue.running = true;
-            queue.last_round_at = Some(now);
-            queue.first_arrival = None;
-            let waiting = std::mem::take(&mut queue.pending);
-            crate::metrics::pending_changed(-(waiting.len() as i64));
-            let (requests, replies) = waiting
-                .into_iter()
-                .map(|waiting| (waiting.request, waiting.reply))
-                .unzip();
-            batch.rounds.push(KeyRound {
-                key: key.clone(),
-                requests,
-            });
-            batch.replies.push(replies);
+            if let Some(due) = next_due.filter(|due| timer_set_for != Some(*due)) {
+                self.inner.timer.wake_at(due);
+                timer_set_for = Some(due);
+            }
+            self.inner.wake.notified().await;
+            if timer_set_for.is_some_and(|due| due <= Instant::now()) {
+                timer_set_for = None;
+            }
         }
-        (!batch.rounds.is_empty()).then_some(batch)
     }
 
-    async fn run_batch(self, batch: Batch) {
-        let span = tracing::info_span!("round_entry", keys = batch.rounds.len());
+    async fn run_entry(self, entry: Entry<WaitingRequest, WaitingSync>) {
+        let parked = entry.syncs.len() + entry.rounds.iter().map(|r| r.1.len()).sum::<usize>();
+        crate::metrics::pending_changed(-(parked as i64));
+        let span = tracing::info_span!(
+            "round_entry",
+            keys = entry.rounds.len(),
+            syncs = entry.syncs.len()
+        );
         let started = Instant::now();
-        let now_ms = crate::now_ms();
-        let keys: Vec<String> = batch.rounds.iter().map(|round| round.key.clone()).collect();
-        let sizes: Vec<usize> = batch.rounds.iter().map(|r| r.requests.len()).collect();
-        let command = Command::Round {
-            now_ms,
-            keys: batch.rounds,
-        };
+        let (command, replies) = into_command(entry);
         let result = propose(&self.inner.raft, &self.inner.leadership, command)
             .instrument(span.clone())
             .await;
+        self.schedule().entry_done();
+        self.inner.wake.notify_one();
         let elapsed = started.elapsed();
-        let answers = match result {
+        let _entered = span.enter();
+        let answered = match result {
             Ok((result, _)) => result.into_round().map_err(RoundError::from),
             Err(error) => Err(error.into()),
-        }
-        .and_then(|answers| {
-            if answers.len() == keys.len() {
-                Ok(answers)
-            } else {
-                Err(RoundError::Mismatch)
-            }
-        });
-        let _entered = span.enter();
-        for (index, replies) in batch.replies.into_iter().enumerate() {
-            let key_answers = answers.as_ref().map(|all| &all[index]);
-            answer_round(&keys[index], sizes[index], replies, key_answers, elapsed);
-        }
-        self.finish(&keys);
-    }
-
-    /// Marks the keys' rounds done and arms the next round of keys with waiters.
-    fn finish(&self, done: &[String]) {
-        let timings: Vec<_> = done.iter().map(|key| self.timings(key)).collect();
-        let mut keys = self.keys();
-        for (key, timings) in done.iter().zip(timings) {
-            let Some(queue) = keys.get_mut(key) else {
-                continue;
-            };
-            queue.running = false;
-            if !queue.pending.is_empty() && !queue.armed {
-                self.arm(key, queue, timings);
-            }
-            if queue.pending.is_empty() && !queue.armed {
-                // An idle key keeps only its last round time, and only as long as
-                // the period could still matter.
-                let idle = queue
-                    .last_round_at
-                    .map_or(true, |at| at.elapsed() > timings.1);
-                if idle {
-                    keys.remove(key);
+        };
+        match answered {
+            Ok((answers, synced))
+                if answers.len() == replies.rounds.len() && synced.len() == replies.syncs.len() =>
+            {
+                for (reply, answer) in replies.syncs.into_iter().zip(synced) {
+                    let _ = reply.send(Ok(answer));
+                }
+                for ((key, replies), answers) in replies.rounds.into_iter().zip(answers) {
+                    answer_round(&key, replies, Ok(&answers), elapsed);
                 }
             }
+            Ok(_) => replies.fail(RoundError::Mismatch),
+            Err(error) => replies.fail(error),
         }
     }
 
-    /// Fails every parked request as soon as this node stops leading.
+    /// Fails every parked message as soon as this node stops leading.
     async fn fail_on_leadership_loss(self) {
         let mut leadership = self.inner.leadership.clone();
         loop {
@@ -334,22 +282,18 @@ impl Rounds {
         }
     }
 
-    /// Answers every parked request with `error` and forgets the schedule.
+    /// Answers every parked message with `error` and forgets the schedule.
     pub fn fail_all(&self, error: ProposeError) {
-        let drained: Vec<Waiting> = {
-            let mut keys = self.keys();
-            keys.values_mut()
-                .flat_map(|queue| {
-                    queue.first_arrival = None;
-                    std::mem::take(&mut queue.pending)
-                })
-                .collect()
-        };
-        if !drained.is_empty() {
-            tracing::warn!(requests = drained.len(), %error, "failing waiting requests");
+        let (requests, syncs) = self.schedule().drop_all();
+        let failed = requests.len() + syncs.len();
+        if failed > 0 {
+            tracing::warn!(messages = failed, %error, "failing waiting messages");
         }
-        crate::metrics::pending_changed(-(drained.len() as i64));
-        for waiting in drained {
+        crate::metrics::pending_changed(-(failed as i64));
+        for waiting in requests {
+            let _ = waiting.reply.send(Err(error.clone().into()));
+        }
+        for waiting in syncs {
             let _ = waiting.reply.send(Err(error.clone().into()));
         }
     }
@@ -363,17 +307,58 @@ impl std::fmt::Debug for Inner {
     }
 }
 
-/// The requests and reply channels of one entry, key by key in the same order.
+/// The reply channels of one entry, in the command's order.
 #[derive(Debug, Default)]
-struct Batch {
-    rounds: Vec<KeyRound>,
-    replies: Vec<Vec<Reply>>,
+struct Replies {
+    syncs: Vec<Reply<PermitSyncResult>>,
+    rounds: Vec<(String, Vec<Reply<PermitGrant>>)>,
+}
+
+impl Replies {
+    fn fail(self, error: RoundError) {
+        for reply in self.syncs {
+            let _ = reply.send(Err(error.clone()));
+        }
+        for (key, replies) in self.rounds {
+            fail_replies(&key, replies, error.clone());
+        }
+    }
+}
+
+/// Splits an entry into its command (at the leader's clock) and its replies.
+fn into_command(entry: Entry<WaitingRequest, WaitingSync>) -> (Command, Replies) {
+    let mut replies = Replies::default();
+    let mut syncs = Vec::with_capacity(entry.syncs.len());
+    for waiting in entry.syncs {
+        syncs.push(KeySync {
+            key: waiting.key,
+            sync: waiting.sync,
+        });
+        replies.syncs.push(waiting.reply);
+    }
+    let mut keys = Vec::with_capacity(entry.rounds.len());
+    for (key, waiting) in entry.rounds {
+        let (requests, key_replies) = waiting
+            .into_iter()
+            .map(|waiting| (waiting.request, waiting.reply))
+            .unzip();
+        keys.push(KeyRound {
+            key: key.clone(),
+            requests,
+        });
+        replies.rounds.push((key, key_replies));
+    }
+    let command = Command::Round {
+        now_ms: crate::now_ms(),
+        syncs,
+        keys,
+    };
+    (command, replies)
 }
 
 fn answer_round(
     key: &str,
-    requests: usize,
-    replies: Vec<Reply>,
+    replies: Vec<Reply<PermitGrant>>,
     answers: Result<&Vec<PermitGrant>, &RoundError>,
     elapsed: Duration,
 ) {
@@ -385,6 +370,7 @@ fn answer_round(
                 .map(|grant| grant.permits)
                 .sum();
             let duration_ms = elapsed.as_secs_f64() * 1e3;
+            let requests = replies.len();
             tracing::info_span!("round", key, requests, granted, duration_ms).in_scope(|| {
                 tracing::debug!("round answered");
             });
@@ -398,7 +384,7 @@ fn answer_round(
     }
 }
 
-fn fail_replies(key: &str, replies: Vec<Reply>, error: RoundError) {
+fn fail_replies<T>(key: &str, replies: Vec<Reply<T>>, error: RoundError) {
     tracing::warn!(key, requests = replies.len(), %error, "round failed");
     for reply in replies {
         let _ = reply.send(Err(error.clone()));

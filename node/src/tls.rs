@@ -7,31 +7,18 @@
 //! `peer_client_auth = true` the Raft listener requires a client certificate
 //! signed by that CA (mTLS), on top of the peer secret.
 //!
-//! [`TlsListener`] does handshakes off the accept loop, each under a timeout and
-//! at most [`MAX_CONCURRENT_HANDSHAKES`] at once, so a slow or silent client
-//! can neither stall other connections nor hold memory without bound.
+//! The handshakes themselves run in the HTTP edge's connection tasks
+//! (`edge.rs`), under its timeout and connection limit.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
-use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
-
-/// Longest a TLS handshake may take before the connection is dropped.
-pub const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
-/// Handshakes in progress at once per listener; accepting waits beyond.
-pub const MAX_CONCURRENT_HANDSHAKES: usize = 1_024;
-/// Finished handshakes waiting for the server to take them.
-const ACCEPTED_QUEUE: usize = 64;
 
 /// `[tls]` in `cluster.toml`; relative paths are resolved against the file.
 #[derive(Debug, Clone, Deserialize)]
@@ -149,6 +136,17 @@ impl Tls {
         })
     }
 
+    /// The API listener's acceptor: any client, server certificate only.
+    pub fn api_acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(Arc::clone(&self.api_server))
+    }
+
+    /// The Raft listener's acceptor: client certificates required with
+    /// `peer_client_auth`.
+    pub fn raft_acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(Arc::clone(&self.raft_server))
+    }
+
     /// `builder` trusting only the cluster's CA and presenting this node's
     /// certificate (peers with `peer_client_auth` require it).
     pub fn client(
@@ -177,78 +175,3 @@ pub fn scheme(tls: Option<&Tls>) -> &'static str {
     }
 }
 
-/// A listener that hands axum finished TLS connections.
-#[derive(Debug)]
-pub struct TlsListener {
-    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local_addr: SocketAddr,
-}
-
-impl TlsListener {
-    /// Starts accepting on `listener`; handshakes run in their own tasks.
-    pub fn new(listener: TcpListener, config: Arc<ServerConfig>) -> std::io::Result<Self> {
-        let local_addr = listener.local_addr()?;
-        let (sender, accepted) = mpsc::channel(ACCEPTED_QUEUE);
-        tokio::spawn(accept_loop(listener, TlsAcceptor::from(config), sender));
-        Ok(Self {
-            accepted,
-            local_addr,
-        })
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    sender: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
-) {
-    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
-    loop {
-        let accepted = tokio::select! {
-            () = sender.closed() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Out of file descriptors and the like: wait, as axum does.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = handshakes.clone().acquire_owned().await else {
-            return;
-        };
-        let acceptor = acceptor.clone();
-        let sender = sender.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let timeout = Duration::from_millis(HANDSHAKE_TIMEOUT_MS);
-            match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => {
-                    let _ = sender.send((tls, peer)).await;
-                }
-                Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-            }
-        });
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.accepted.recv().await {
-            Some(accepted) => accepted,
-            // The accept loop only ends when this receiver is gone.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local_addr)
-    }
-}

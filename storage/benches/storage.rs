@@ -100,6 +100,7 @@ async fn preload(store: &mut Opened, keys: usize) -> u64 {
         let Command::Round {
             now_ms,
             keys: mut rounds,
+            ..
         } = workload.round(1, 1)
         else {
             unreachable!()
@@ -118,6 +119,7 @@ async fn preload(store: &mut Opened, keys: usize) -> u64 {
                 index,
                 Command::Round {
                     now_ms,
+                    syncs: Vec::new(),
                     keys: rounds,
                 },
             )])

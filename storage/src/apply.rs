@@ -8,11 +8,11 @@ use permitd_core::tokens::TokenRegistry;
 use permitd_core::validate::{
     validate_client_id, validate_group, validate_key, validate_permit_request, validate_sync,
 };
-use permitd_core::{Event, IdAllocator, InvalidInput, Semaphores};
+use permitd_core::{Event, IdAllocator, InvalidInput, KeyLimitReached, Semaphores};
 
 use crate::rows::WriteSet;
 use crate::state_machine::Applied;
-use crate::{Command, CommandResult, StorageError};
+use crate::{Command, CommandResult, KeySync, StorageError};
 
 /// Runs engine calls for one entry and records what each changed.
 struct Applier<'a> {
@@ -66,8 +66,11 @@ pub(crate) fn apply_command(
         },
     };
     let result = match check(command) {
-        Ok(()) => run(&mut applier, log_index, command)?,
         Err(error) => CommandResult::from(error),
+        Ok(()) => match check_room(applier.semaphores, command) {
+            Err(error) => CommandResult::from(error),
+            Ok(()) => run(&mut applier, log_index, command)?,
+        },
     };
     Ok((result, applier.applied))
 }
@@ -78,10 +81,16 @@ pub(crate) fn apply_command(
 /// reference: no copy of the entry's requests.
 fn check(command: &Command) -> Result<(), InvalidInput> {
     match command {
-        Command::Round { keys, .. } => keys.iter().try_for_each(|round| {
-            validate_key(&round.key)?;
-            round.requests.iter().try_for_each(validate_permit_request)
-        }),
+        Command::Round { keys, syncs, .. } => {
+            syncs.iter().try_for_each(|sync| {
+                validate_key(&sync.key)?;
+                validate_sync(&sync.sync)
+            })?;
+            keys.iter().try_for_each(|round| {
+                validate_key(&round.key)?;
+                round.requests.iter().try_for_each(validate_permit_request)
+            })
+        }
         Command::Sync { key, sync, .. } => {
             validate_key(key)?;
             validate_sync(sync)
@@ -104,6 +113,33 @@ fn check(command: &Command) -> Result<(), InvalidInput> {
     }
 }
 
+/// The key limit, enforced here and not only before proposing: two entries
+/// proposed while the cluster sat just below the limit must not both create keys.
+/// A round entry is refused whole (its callers get `too_many_keys` and retry), since
+/// its answer has no place for one key's refusal; the leader's own check before
+/// proposing makes that a race at the limit, not a habit. Commands that never
+/// create a key (reclaim, removals, force release) always pass.
+fn check_room(semaphores: &Semaphores, command: &Command) -> Result<(), KeyLimitReached> {
+    match command {
+        Command::Round { keys, syncs, .. } => semaphores.room_for(
+            keys.iter()
+                .map(|round| round.key.as_str())
+                .chain(syncs.iter().map(|sync| sync.key.as_str())),
+        ),
+        Command::Sync { key, .. }
+        | Command::SetKeyConfig { key, .. }
+        | Command::SetGroup { key, .. } => semaphores.room_for([key.as_str()]),
+        // Restore checks its own key count (`Backup::check`, into an empty state);
+        // force release acts only on a key held already.
+        Command::Reclaim { .. }
+        | Command::RemoveGroup { .. }
+        | Command::RemoveKey { .. }
+        | Command::SetDefaults { .. }
+        | Command::ForceRelease { .. }
+        | Command::Restore { .. } => Ok(()),
+    }
+}
+
 /// The one match over the command enum.
 fn run(
     applier: &mut Applier<'_>,
@@ -111,7 +147,18 @@ fn run(
     command: &Command,
 ) -> Result<CommandResult, StorageError> {
     let result = match command {
-        Command::Round { now_ms, keys } => {
+        Command::Round {
+            now_ms,
+            syncs,
+            keys,
+        } => {
+            let mut synced = Vec::with_capacity(syncs.len());
+            for KeySync { key, sync } in syncs {
+                let outcome = applier.semaphores.sync(key, *now_ms, sync);
+                applier.persist()?;
+                applier.push_events(key, outcome.events);
+                synced.push(outcome.answer);
+            }
             let mut ids = IdAllocator::new(log_index);
             let mut answers = Vec::with_capacity(keys.len());
             for round in keys {
@@ -123,7 +170,7 @@ fn run(
                 applier.push_events(&round.key, outcome.events);
                 answers.push(outcome.answers);
             }
-            CommandResult::Round { answers }
+            CommandResult::Round { answers, synced }
         }
         Command::Sync { now_ms, key, sync } => {
             let outcome = applier.semaphores.sync(key, *now_ms, sync);
@@ -190,4 +237,94 @@ fn run(
     // Single-call commands (and a rejected one, which changed nothing) land here.
     applier.persist()?;
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use permitd_core::config::GroupConfig;
+    use permitd_core::protocol::{Demand, PermitRequest, V1};
+
+    use super::*;
+    use crate::KeyRound;
+
+    /// Applies `command` as entry `log_index` on a scratch tree.
+    fn apply(semaphores: &mut Semaphores, log_index: u64, command: Command) -> CommandResult {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = sled::open(dir.path()).unwrap().open_tree("state").unwrap();
+        let mut write = WriteSet::default();
+        apply_command(semaphores, &tree, &mut write, log_index, &command)
+            .unwrap()
+            .0
+    }
+
+    fn set_group(key: &str) -> Command {
+        Command::SetGroup {
+            key: key.into(),
+            group: "g".into(),
+            config: GroupConfig {
+                limit: Some(1),
+                permitted: true,
+            },
+        }
+    }
+
+    fn round(keys: &[&str]) -> Command {
+        let request = PermitRequest {
+            v: V1,
+            client_id: "c".into(),
+            request_id: None,
+            demand: vec![Demand {
+                group: "g".into(),
+                count: 1,
+                oldest_at_ms: 0,
+            }],
+            grants: vec![],
+            leases: None,
+        };
+        Command::Round {
+            now_ms: 1_000,
+            keys: keys
+                .iter()
+                .map(|key| KeyRound {
+                    key: (*key).into(),
+                    requests: vec![request.clone()],
+                })
+                .collect(),
+            syncs: vec![],
+        }
+    }
+
+    #[test]
+    fn apply_refuses_keys_past_the_limit_and_changes_nothing() {
+        let mut semaphores = Semaphores::default().with_max_keys(2);
+        assert_eq!(
+            apply(&mut semaphores, 1, set_group("a")),
+            CommandResult::Done
+        );
+        let before = semaphores.clone();
+        let refused = CommandResult::KeyLimit { max: 2 };
+        assert_eq!(apply(&mut semaphores, 2, round(&["a", "b", "c"])), refused);
+        assert_eq!(semaphores, before, "a refused round entry changes nothing");
+        assert!(matches!(
+            apply(&mut semaphores, 3, round(&["a", "b", "b"])),
+            CommandResult::Round { .. }
+        ));
+        assert_eq!(semaphores.keys().len(), 2);
+        assert_eq!(apply(&mut semaphores, 4, set_group("c")), refused);
+        assert_eq!(
+            apply(&mut semaphores, 5, set_group("a")),
+            CommandResult::Done,
+            "keys held already always fit"
+        );
+        let remove = Command::RemoveGroup {
+            key: "c".into(),
+            group: "g".into(),
+        };
+        assert_eq!(apply(&mut semaphores, 6, remove), CommandResult::Done);
+        assert_eq!(
+            semaphores.keys().len(),
+            2,
+            "removing from a new key creates none"
+        );
+    }
 }

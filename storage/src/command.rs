@@ -9,7 +9,7 @@ use permitd_core::force_release::ForceReleased;
 use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
 use permitd_core::restore::Backup;
 use permitd_core::tokens::{TokenInfo, TokenSpec};
-use permitd_core::{Event, InvalidInput};
+use permitd_core::{Event, InvalidInput, KeyLimitReached};
 use serde::{Deserialize, Serialize};
 
 /// One key's share of a round entry.
@@ -21,14 +21,30 @@ pub struct KeyRound {
     pub requests: Vec<PermitRequest>,
 }
 
+/// One client's sync of one key, riding a round entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeySync {
+    pub key: String,
+    pub sync: PermitSync,
+}
+
 /// A Raft log entry's payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum Command {
-    /// Rounds of one or more keys that fell due together, at the leader's `now`.
+    /// Syncs that arrived since the last entry left, then the rounds of the keys
+    /// that fell due, at the leader's `now`. Syncs apply first, in arrival
+    /// order, so the permits they return are granted by the rounds of the same
+    /// entry.
     #[serde(rename_all = "camelCase")]
-    Round { now_ms: u64, keys: Vec<KeyRound> },
-    /// One client's sync of one key.
+    Round {
+        now_ms: u64,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        syncs: Vec<KeySync>,
+        keys: Vec<KeyRound>,
+    },
+    /// One client's sync of one key, alone (logs from before syncs rode rounds).
     #[serde(rename_all = "camelCase")]
     Sync {
         now_ms: u64,
@@ -97,8 +113,13 @@ pub enum CommandResult {
     /// `SetGroup`, `SetDefaults`.
     #[default]
     Done,
-    /// Per key of a round entry (same order), one answer per request (same order).
-    Round { answers: Vec<Vec<PermitGrant>> },
+    /// Per key of a round entry (same order), one answer per request (same
+    /// order); one answer per sync of the entry (same order).
+    Round {
+        answers: Vec<Vec<PermitGrant>>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        synced: Vec<PermitSyncResult>,
+    },
     /// The answer to a `Sync`.
     Synced { answer: PermitSyncResult },
     /// The effective configuration after `SetKeyConfig`.
@@ -114,6 +135,9 @@ pub enum CommandResult {
     RestoreRefused { reason: String },
     /// The command was rejected by validation inside apply; nothing changed.
     Rejected { error: InvalidInput },
+    /// The command would have created keys past the cluster's key limit; nothing
+    /// changed.
+    KeyLimit { max: usize },
 }
 
 /// Why a result does not hold the answer its caller expects.
@@ -122,6 +146,9 @@ pub enum Refused {
     /// Validation inside apply rejected the command; nothing changed.
     #[error(transparent)]
     Rejected(#[from] InvalidInput),
+    /// The command would have created keys past the key limit; nothing changed.
+    #[error(transparent)]
+    KeyLimit(#[from] KeyLimitReached),
     /// A backup could not be restored; nothing changed.
     #[error("{0}")]
     NotRestored(String),
@@ -134,10 +161,10 @@ pub enum Refused {
 }
 
 impl CommandResult {
-    /// The answers of a [`Command::Round`].
-    pub fn into_round(self) -> Result<Vec<Vec<PermitGrant>>, Refused> {
+    /// The answers of a [`Command::Round`]: per key per request, and per sync.
+    pub fn into_round(self) -> Result<(Vec<Vec<PermitGrant>>, Vec<PermitSyncResult>), Refused> {
         match self {
-            Self::Round { answers } => Ok(answers),
+            Self::Round { answers, synced } => Ok((answers, synced)),
             other => Err(other.refused("round")),
         }
     }
@@ -194,6 +221,7 @@ impl CommandResult {
     fn refused(self, expected: &'static str) -> Refused {
         let got = match self {
             Self::Rejected { error } => return Refused::Rejected(error),
+            Self::KeyLimit { max } => return Refused::KeyLimit(KeyLimitReached { max }),
             Self::RestoreRefused { reason } => return Refused::NotRestored(reason),
             Self::Released { .. } => "released",
             Self::Restored { .. } => "restored",
@@ -204,6 +232,12 @@ impl CommandResult {
             Self::TokenCreated { .. } => "tokenCreated",
         };
         Refused::OtherAnswer { expected, got }
+    }
+}
+
+impl From<KeyLimitReached> for CommandResult {
+    fn from(error: KeyLimitReached) -> Self {
+        Self::KeyLimit { max: error.max }
     }
 }
 

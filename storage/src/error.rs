@@ -31,7 +31,7 @@ pub enum StorageError {
     #[error("sled: {0}")]
     Sled(#[from] sled::Error),
     #[error("encoding: {0}")]
-    Codec(#[from] serde_json::Error),
+    Codec(#[from] crate::codec::CodecError),
     #[error("snapshot: {0}")]
     Snapshot(String),
 }

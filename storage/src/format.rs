@@ -13,8 +13,14 @@ use std::path::Path;
 use crate::{keys, StorageError};
 
 /// The on-disk layout version this build reads and writes (the trees and keys of
-/// [`crate::keys`], the JSON shapes of the rows).
-pub const STORAGE_FORMAT_VERSION: u32 = 1;
+/// [`crate::keys`], the encoding of [`crate::codec`], snapshots as files).
+///
+/// History: 1 held every value as JSON and the snapshot in one sled value; 2
+/// holds them in MessagePack and the snapshot in a file. A dir of another
+/// version is refused, not migrated: a node's data can always be rebuilt from
+/// its peers (delete the dir; the leader sends a snapshot), which is safer than
+/// an in-place rewrite of the Raft log.
+pub const STORAGE_FORMAT_VERSION: u32 = 2;
 
 const MARKER_FILE: &str = "format_version";
 
@@ -31,7 +37,11 @@ fn check_version(dir: &Path, version: u32, place: &str) -> Result<(), StorageErr
     }
     Err(incompatible(
         dir,
-        format!("{place} says format version {version}, this build reads {STORAGE_FORMAT_VERSION}"),
+        format!(
+            "{place} says format version {version}, this build reads only version \
+             {STORAGE_FORMAT_VERSION} and does not migrate; run the build that wrote it, \
+             or delete the dir and let the node catch up from its peers"
+        ),
     ))
 }
 

@@ -6,7 +6,7 @@
 //! - `raft` tree: fixed ASCII names ([`VOTE`], [`COMMITTED`], [`LAST_PURGED`]).
 //! - `state` tree: a one-byte tag, then:
 //!   - [`TAG_SYSTEM`] + ASCII name: the last applied log id, the membership, the
-//!     cluster row (defaults and clock) and the current snapshot;
+//!     cluster row (defaults and clock) and the current snapshot's metadata;
 //!   - [`TAG_KEY`] + key length (u32 BE) + key bytes + a row kind, then:
 //!     - [`ROW_META`]: nothing more (the key's settings and flags);
 //!     - [`ROW_GRANT`] / [`ROW_LEASE`]: the 16 bytes of the id's UUID;
@@ -38,7 +38,6 @@ pub const LAST_APPLIED: &[u8] = b"\x00last_applied";
 pub const MEMBERSHIP: &[u8] = b"\x00membership";
 pub const CLUSTER: &[u8] = b"\x00cluster";
 pub const SNAPSHOT_META: &[u8] = b"\x00snapshot_meta";
-pub const SNAPSHOT_DATA: &[u8] = b"\x00snapshot_data";
 
 /// The `log` tree's key of an entry.
 pub fn log_key(index: u64) -> [u8; 8] {

@@ -9,10 +9,12 @@
 //! | tree | key | value |
 //! |---|---|---|
 //! | default | `permitd_format_version` | on-disk format version, u32 BE (also in the file `<dir>/format_version`: see `format.rs`) |
-//! | `log` | entry index, u64 BE | JSON `Entry<TypeConfig>` |
-//! | `raft` | `vote`, `committed`, `last_purged` | JSON vote / log ids |
-//! | `state` | `0x00` + name: `last_applied`, `membership`, `cluster` (defaults and clock), `tokens` (the API token registry, hashes only: `token_state.rs`), `snapshot_meta`, `snapshot_data` | JSON; the snapshot data raw |
-//! | `state` | `0x01` + u32 BE length + key + row kind (`0` meta, `1` grant id, `2` lease id, `3` u32 BE length + clientId + requestId) | JSON of the core value |
+//! | `log` | entry index, u64 BE | `Entry<TypeConfig>` |
+//! | `raft` | `vote`, `committed`, `last_purged` | vote / log ids |
+//! | `state` | `0x00` + name: `last_applied`, `membership`, `cluster` (defaults and clock), `tokens` (the API token registry, hashes only: `token_state.rs`), `snapshot_meta` | the value; the snapshot's data is a file (`snapshot.rs`) |
+//! | `state` | `0x01` + u32 BE length + key + row kind (`0` meta, `1` grant id, `2` lease id, `3` u32 BE length + clientId + requestId) | the core value |
+//!
+//! Every value is encoded by [`codec`] (MessagePack); the Raft RPC bodies too.
 //!
 //! # Data flow
 //!
@@ -34,6 +36,7 @@
 //! fails [`open`] with an error naming the dir, never with a panic.
 
 mod apply;
+pub mod codec;
 pub mod command;
 mod error;
 mod format;
@@ -45,9 +48,9 @@ mod snapshot_metrics;
 mod state_machine;
 pub mod token_state;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-pub use command::{Command, CommandResult, KeyRound, Refused};
+pub use command::{Command, CommandResult, KeyRound, KeySync, Refused};
 pub use error::StorageError;
 pub use format::STORAGE_FORMAT_VERSION;
 pub use log_store::LogStore;
@@ -86,11 +89,29 @@ openraft::declare_raft_types!(
         SnapshotData = std::io::Cursor<Vec<u8>>,
 );
 
-/// Where the store lives.
+/// sled's page cache when no setting says otherwise, in bytes. The state
+/// machine lives in memory and the log is read back only for lagging followers,
+/// so sled's cache serves little: a small one keeps the node's memory for the
+/// state (sled's own default is 1 GiB).
+pub const DEFAULT_CACHE_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Where the store lives, and how much memory sled may cache.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// The node's data dir; the sled database is `dir/sled`.
     pub dir: PathBuf,
+    /// Bound of sled's page cache, in bytes.
+    pub cache_capacity_bytes: u64,
+}
+
+impl Options {
+    /// A store in `dir` with the default cache bound.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            cache_capacity_bytes: DEFAULT_CACHE_CAPACITY_BYTES,
+        }
+    }
 }
 
 /// An opened store: give `log` and `state_machine` to `openraft::Raft::new`.
@@ -106,8 +127,8 @@ pub async fn open(options: &Options) -> Result<Opened, StorageError> {
     let dir = options.dir.clone();
     // sled's open and the state load read the whole state tree: blocking IO.
     let task = tokio::task::spawn_blocking({
-        let dir = dir.clone();
-        move || open_blocking(&dir)
+        let options = options.clone();
+        move || open_blocking(&options)
     });
     match task.await {
         Ok(opened) => opened,
@@ -119,13 +140,19 @@ pub async fn open(options: &Options) -> Result<Opened, StorageError> {
     }
 }
 
-fn open_blocking(dir: &Path) -> Result<Opened, StorageError> {
+fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
+    let dir = options.dir.as_path();
     std::fs::create_dir_all(dir).map_err(|source| StorageError::CreateDir {
         dir: dir.to_owned(),
         source,
     })?;
     let db = sled::Config::new()
         .path(dir.join("sled"))
+        .cache_capacity(options.cache_capacity_bytes)
+        // Every write that must survive a crash flushes before it is
+        // acknowledged (see `log_store.rs`); sled's background flush every
+        // 500 ms would only add disk writes that compete with those.
+        .flush_every_ms(None)
         .open()
         .map_err(|source| StorageError::Open {
             dir: dir.to_owned(),

@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::{read_logs, read_vote, write_logs, write_vote, RaftError};
-use crate::keys;
+use crate::{codec, keys};
 use crate::{NodeId, StorageError, TypeConfig};
 
 /// Most entries one `limited_get_log_entries` call returns.
@@ -47,13 +47,13 @@ impl LogStore {
 
     fn read_raft_row<T: DeserializeOwned>(&self, name: &[u8]) -> Result<Option<T>, StorageError> {
         match self.raft.get(name)? {
-            Some(bytes) => Ok(Some(serde_json::from_slice(&bytes)?)),
+            Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
             None => Ok(None),
         }
     }
 
     fn write_raft_row<T: Serialize>(&self, name: &[u8], value: &T) -> Result<(), StorageError> {
-        self.raft.insert(name, serde_json::to_vec(value)?)?;
+        self.raft.insert(name, codec::encode(value)?)?;
         Ok(())
     }
 
@@ -80,7 +80,7 @@ impl LogStore {
         for row in self.log.range(range) {
             let (_, value) = row?;
             bytes_read += value.len();
-            entries.push(serde_json::from_slice(&value)?);
+            entries.push(codec::decode(&value)?);
             if entries.len() >= max_entries || bytes_read >= max_bytes {
                 break;
             }
@@ -91,7 +91,7 @@ impl LogStore {
     fn last_log_id(&self) -> Result<Option<LogId<NodeId>>, StorageError> {
         match self.log.last()? {
             Some((_, value)) => {
-                let entry: Entry<TypeConfig> = serde_json::from_slice(&value)?;
+                let entry: Entry<TypeConfig> = codec::decode(&value)?;
                 Ok(Some(entry.log_id))
             }
             None => Ok(None),
@@ -122,7 +122,7 @@ impl LogStore {
                 "appended entries must be consecutive: {previous:?} then {index}"
             );
             previous = Some(index);
-            batch.insert(&keys::log_key(index), serde_json::to_vec(&entry)?);
+            batch.insert(&keys::log_key(index), codec::encode(&entry)?);
         }
         self.log.apply_batch(batch)?;
         Ok(())

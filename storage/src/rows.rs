@@ -1,6 +1,6 @@
 //! The state machine's rows in the `state` tree: writing changes, loading it all.
 //!
-//! Each row's value is the JSON of one core value (a `Grant`, a `Lease`, a
+//! Each row's value is one core value in the [`crate::codec`] encoding (a `Grant`, a `Lease`, a
 //! `RememberedAnswer`, a `KeyMeta`), so a key's state on disk is exactly the
 //! canonical part of `KeyState`; the derived tally is rebuilt on load.
 
@@ -13,6 +13,7 @@ use permitd_core::{KeyConfig, Semaphores, StateChanges};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::codec;
 use crate::keys::{self, Row};
 use crate::{NodeId, PeerNode, StorageError};
 
@@ -39,13 +40,8 @@ impl WriteSet {
         row: impl Into<Vec<u8>>,
         value: &impl Serialize,
     ) -> Result<(), StorageError> {
-        self.rows
-            .insert(row.into(), Some(serde_json::to_vec(value)?));
+        self.rows.insert(row.into(), Some(codec::encode(value)?));
         Ok(())
-    }
-
-    pub fn put_bytes(&mut self, row: impl Into<Vec<u8>>, value: Vec<u8>) {
-        self.rows.insert(row.into(), Some(value));
     }
 
     pub fn delete(&mut self, row: impl Into<Vec<u8>>) {
@@ -202,7 +198,7 @@ fn corrupt(dir: &Path, row: &[u8], detail: impl std::fmt::Display) -> StorageErr
 }
 
 fn decode<T: DeserializeOwned>(dir: &Path, row: &[u8], value: &[u8]) -> Result<T, StorageError> {
-    serde_json::from_slice(value).map_err(|error| corrupt(dir, row, error))
+    codec::decode(value).map_err(|error| corrupt(dir, row, error))
 }
 
 fn system_row<T: DeserializeOwned>(

@@ -1,22 +1,39 @@
-//! The snapshot format: one versioned JSON document of the whole state machine.
+//! Snapshots: their encoding, and the files that hold them.
 //!
-//! `{"version": 1, "lastApplied": …, "membership": …, "semaphores": …}`. The
-//! semaphores serialise only their canonical part (settings, grants, leases,
-//! remembered answers, in `BTreeMap` order), so two replicas at the same log id
-//! produce the same bytes, and the derived indexes are rebuilt on load.
+//! A snapshot is one [`crate::codec`] document `{version, lastApplied,
+//! membership, semaphores}`. The semaphores serialise only their canonical part
+//! (settings, grants, leases, remembered answers, in `BTreeMap` order), so two
+//! replicas at the same log id produce the same bytes, and the derived indexes
+//! are rebuilt on load. The version is read on its own first, so a snapshot from
+//! another build fails with "version N" rather than with whatever field changed.
 //!
-//! The version is read on its own first, so a snapshot from a newer build fails
-//! with "version N" rather than with whatever field it changed.
+//! The bytes live in a file of `<data dir>/snapshots/`, never in sled: a large
+//! state as one sled value would be copied through sled's log and cache on every
+//! snapshot. The `state` tree keeps only [`StoredSnapshot`] (the metadata and the
+//! file's name). Invariants:
+//! - a file is complete and on disk (written to a temporary name, synced,
+//!   renamed, directory synced) before any row names it;
+//! - only the file the row names is kept; others are removed once the row
+//!   naming a newer one is on disk.
 
-use openraft::{LogId, StoredMembership};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use openraft::{LogId, SnapshotMeta, StoredMembership};
 use permitd_core::tokens::TokenRegistry;
 use permitd_core::Semaphores;
 use serde::{Deserialize, Serialize};
 
-use crate::{NodeId, PeerNode, StorageError};
+use crate::{codec, NodeId, PeerNode, StorageError};
 
-/// The snapshot format this build writes and reads.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+/// The snapshot format this build writes and reads (1 was JSON).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+
+/// The folder of snapshot files inside a data dir.
+const SNAPSHOT_DIR: &str = "snapshots";
+/// Extension of a complete snapshot file; `.tmp` while it is written.
+const SNAPSHOT_EXTENSION: &str = "snap";
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -33,10 +50,9 @@ struct Header {
     version: u32,
 }
 
-/// A decoded snapshot.
+/// A decoded snapshot. (`version` is checked through [`Header`] first.)
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-/// (`version` is checked through [`Header`] before the full decode.)
 pub(crate) struct SnapshotImage {
     pub last_applied: Option<LogId<NodeId>>,
     pub membership: StoredMembership<NodeId, PeerNode>,
@@ -44,6 +60,14 @@ pub(crate) struct SnapshotImage {
     /// Absent from snapshots written before tokens existed.
     #[serde(default)]
     pub tokens: TokenRegistry,
+}
+
+/// The `state` tree's row about the current snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct StoredSnapshot {
+    pub meta: SnapshotMeta<NodeId, PeerNode>,
+    /// The file's name in the snapshot folder.
+    pub file: String,
 }
 
 /// Serialises the state machine at `last_applied`.
@@ -60,21 +84,85 @@ pub(crate) fn encode(
         semaphores,
         tokens,
     };
-    Ok(serde_json::to_vec(&image)?)
+    Ok(codec::encode(&image)?)
 }
 
 /// Parses a snapshot, refusing any other format version.
 pub(crate) fn decode(bytes: &[u8]) -> Result<SnapshotImage, StorageError> {
-    let header: Header = serde_json::from_slice(bytes)
-        .map_err(|error| StorageError::Snapshot(format!("unreadable snapshot: {error}")))?;
+    let unreadable =
+        |error: codec::CodecError| StorageError::Snapshot(format!("unreadable snapshot: {error}"));
+    let header: Header = codec::decode(bytes).map_err(unreadable)?;
     if header.version != SNAPSHOT_FORMAT_VERSION {
         return Err(StorageError::Snapshot(format!(
             "snapshot format version {}, this build reads {SNAPSHOT_FORMAT_VERSION}",
             header.version
         )));
     }
-    serde_json::from_slice(bytes)
-        .map_err(|error| StorageError::Snapshot(format!("unreadable snapshot: {error}")))
+    codec::decode(bytes).map_err(unreadable)
+}
+
+/// The snapshot folder of one data dir. Blocking IO: call from blocking threads
+/// (or for reads openraft waits on anyway).
+#[derive(Debug, Clone)]
+pub(crate) struct SnapshotFiles {
+    dir: PathBuf,
+}
+
+impl SnapshotFiles {
+    pub fn new(data_dir: &Path) -> Self {
+        Self {
+            dir: data_dir.join(SNAPSHOT_DIR),
+        }
+    }
+
+    fn io(&self, action: &str, error: std::io::Error) -> StorageError {
+        StorageError::Snapshot(format!("{action} in {}: {error}", self.dir.display()))
+    }
+
+    /// The file name of snapshot `snapshot_id` (only characters safe in a name).
+    pub fn name_of(snapshot_id: &str) -> String {
+        let safe: String = snapshot_id
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        format!("{safe}.{SNAPSHOT_EXTENSION}")
+    }
+
+    /// Writes `data` as `name`, durably, before anything may name it.
+    pub fn write(&self, name: &str, data: &[u8]) -> Result<(), StorageError> {
+        fs::create_dir_all(&self.dir).map_err(|error| self.io("creating the folder", error))?;
+        let path = self.dir.join(name);
+        let temporary = path.with_extension("tmp");
+        let mut file =
+            fs::File::create(&temporary).map_err(|error| self.io("creating a file", error))?;
+        file.write_all(data)
+            .and_then(|()| file.sync_all())
+            .map_err(|error| self.io("writing a snapshot", error))?;
+        fs::rename(&temporary, &path).map_err(|error| self.io("renaming a snapshot", error))?;
+        fs::File::open(&self.dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|error| self.io("syncing the folder", error))
+    }
+
+    pub fn read(&self, name: &str) -> Result<Vec<u8>, StorageError> {
+        fs::read(self.dir.join(name)).map_err(|error| self.io(&format!("reading {name}"), error))
+    }
+
+    /// Removes every file but `keep` (older snapshots, unfinished writes).
+    pub fn remove_all_but(&self, keep: &str) -> Result<(), StorageError> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(self.io("listing", error)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|error| self.io("listing", error))?;
+            if entry.file_name() != keep {
+                fs::remove_file(entry.path()).map_err(|error| self.io("removing", error))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -90,11 +178,13 @@ mod tests {
         assert_eq!(image.semaphores, semaphores);
         assert_eq!(image.last_applied, None);
 
-        let newer = String::from_utf8(bytes)
-            .unwrap()
-            .replace("\"version\":1", "\"version\":2");
-        let error = decode(newer.as_bytes()).unwrap_err().to_string();
-        assert!(error.contains("version 2"), "{error}");
+        #[derive(Serialize)]
+        struct Other {
+            version: u32,
+        }
+        let newer = codec::encode(&Other { version: 7 }).unwrap();
+        let error = decode(&newer).unwrap_err().to_string();
+        assert!(error.contains("version 7"), "{error}");
         assert!(decode(b"garbage").is_err());
     }
 
@@ -113,16 +203,35 @@ mod tests {
         let bytes = encode(&None, &membership, &Semaphores::default(), &tokens).unwrap();
         assert_eq!(decode(&bytes).unwrap().tokens, tokens);
 
-        let without = encode(
-            &None,
-            &membership,
-            &Semaphores::default(),
-            &TokenRegistry::default(),
-        )
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct WithoutTokens<'a> {
+            version: u32,
+            last_applied: Option<LogId<NodeId>>,
+            membership: &'a StoredMembership<NodeId, PeerNode>,
+            semaphores: Semaphores,
+        }
+        let older = codec::encode(&WithoutTokens {
+            version: SNAPSHOT_FORMAT_VERSION,
+            last_applied: None,
+            membership: &membership,
+            semaphores: Semaphores::default(),
+        })
         .unwrap();
-        let mut value: serde_json::Value = serde_json::from_slice(&without).unwrap();
-        value.as_object_mut().unwrap().remove("tokens");
-        let older = serde_json::to_vec(&value).unwrap();
         assert!(decode(&older).unwrap().tokens.is_empty());
+    }
+
+    #[test]
+    fn files_are_written_whole_and_only_the_current_one_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = SnapshotFiles::new(dir.path());
+        let old = SnapshotFiles::name_of("1-1-10-1700");
+        let new = SnapshotFiles::name_of("1-1-20/1800");
+        assert!(!new.contains('/'));
+        files.write(&old, b"old").unwrap();
+        files.write(&new, b"new").unwrap();
+        files.remove_all_but(&new).unwrap();
+        assert_eq!(files.read(&new).unwrap(), b"new");
+        assert!(files.read(&old).is_err());
     }
 }

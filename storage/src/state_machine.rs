@@ -10,7 +10,10 @@
 //!   write, which openraft treats as fatal (the node stops and reloads from disk);
 //! - the stored snapshot only moves forward (a slow builder never overwrites a
 //!   newer installed snapshot), and it is on disk before openraft learns of it,
-//!   together with the state it covers, because openraft purges the log behind it.
+//!   together with the state it covers, because openraft purges the log behind it;
+//! - building a snapshot holds the state lock only to clone the state: encoding
+//!   and writing the file run on a blocking thread while applies go on, so a
+//!   snapshot never stalls a round for longer than the clone.
 
 use std::io::Cursor;
 use std::path::PathBuf;
@@ -30,7 +33,8 @@ use crate::error::{
     read_snapshot, read_state_machine, write_snapshot, write_state_machine, RaftError,
 };
 use crate::rows::{Loaded, WriteSet};
-use crate::{keys, snapshot, CommandResult, NodeId, PeerNode, StorageError, TypeConfig};
+use crate::snapshot::{SnapshotFiles, StoredSnapshot};
+use crate::{codec, keys, snapshot, CommandResult, NodeId, PeerNode, StorageError, TypeConfig};
 
 /// Apply notices kept for subscribers that fall behind; a lagging subscriber gets
 /// `RecvError::Lagged` and should re-read the state.
@@ -139,14 +143,17 @@ pub struct StateMachineStore {
     db: sled::Db,
     state_tree: sled::Tree,
     shared: SharedState,
-    /// Serialises writes of the snapshot rows between snapshot builders (openraft
-    /// runs them in their own tasks, concurrently with applies) and installs.
+    files: SnapshotFiles,
+    /// Serialises the snapshot row and files between snapshot builders (openraft
+    /// runs them in their own tasks, concurrently with applies), installs and
+    /// readers (a file is removed only under it).
     snapshot_lock: Arc<Mutex<()>>,
 }
 
 impl StateMachineStore {
     pub(crate) fn new(dir: PathBuf, db: sled::Db, state_tree: sled::Tree, loaded: Loaded) -> Self {
         Self {
+            files: SnapshotFiles::new(&dir),
             dir,
             shared: SharedState::new(loaded, db.clone()),
             db,
@@ -210,44 +217,38 @@ impl StateMachineStore {
     }
 
     fn read_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let Some(meta) = self.state_tree.get(keys::SNAPSHOT_META)? else {
+        let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
+        let Some(stored) = read_stored_snapshot(&self.state_tree)? else {
             return Ok(None);
         };
-        let meta: SnapshotMeta<NodeId, PeerNode> = serde_json::from_slice(&meta)?;
-        let data =
-            self.state_tree
-                .get(keys::SNAPSHOT_DATA)?
-                .ok_or_else(|| StorageError::Corrupt {
-                    dir: self.dir.clone(),
-                    detail: "snapshot metadata without snapshot data".to_owned(),
-                })?;
+        let data = self
+            .files
+            .read(&stored.file)
+            .map_err(|error| StorageError::Corrupt {
+                dir: self.dir.clone(),
+                detail: format!("the current snapshot's file: {error}"),
+            })?;
         Ok(Some(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data.to_vec())),
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(data)),
         }))
     }
 
-    /// Replaces the whole state by the snapshot's, on disk (one batch) then in memory.
+    /// Replaces the whole state by the snapshot's: the file, then the rows (one
+    /// batch), then memory. Decoding and preparing the rows run on a blocking
+    /// thread.
     async fn install(
         &self,
         meta: &SnapshotMeta<NodeId, PeerNode>,
         data: Vec<u8>,
     ) -> Result<(), StorageError> {
-        let image = snapshot::decode(&data)?;
-        if image.last_applied != meta.last_log_id || image.membership != meta.last_membership {
-            return Err(StorageError::Snapshot(format!(
-                "snapshot {} holds state at {:?}, its metadata says {:?}",
-                meta.snapshot_id, image.last_applied, meta.last_log_id
-            )));
-        }
-        let mut write = WriteSet::default();
-        write.delete_all(&self.state_tree)?;
-        write.record_all(&image.semaphores)?;
-        write.put(crate::token_state::TOKENS, &image.tokens)?;
-        write.put(keys::LAST_APPLIED, &image.last_applied)?;
-        write.put(keys::MEMBERSHIP, &image.membership)?;
-        write.put(keys::SNAPSHOT_META, meta)?;
-        write.put_bytes(keys::SNAPSHOT_DATA, data);
+        let prepare = {
+            let (meta, tree, files) = (meta.clone(), self.state_tree.clone(), self.files.clone());
+            move || prepare_install(&meta, &tree, &files, &data)
+        };
+        let (image, write, file) = tokio::task::spawn_blocking(prepare)
+            .await
+            .map_err(|error| StorageError::Snapshot(format!("install task: {error}")))??;
         let notice = Applied {
             log_index: image.last_applied.map_or(0, |log_id| log_id.index),
             keys: image.semaphores.keys().keys().cloned().collect(),
@@ -265,8 +266,54 @@ impl StateMachineStore {
             };
         }
         self.db.flush_async().await?;
+        self.remove_old_files(&file);
         self.shared.publish(vec![notice]);
         Ok(())
+    }
+
+    fn remove_old_files(&self, keep: &str) {
+        let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
+        if let Err(error) = self.files.remove_all_but(keep) {
+            tracing::warn!(%error, "cannot remove old snapshot files");
+        }
+    }
+}
+
+/// Decodes an installed snapshot, writes its file and prepares the batch that
+/// replaces every row. Blocking.
+fn prepare_install(
+    meta: &SnapshotMeta<NodeId, PeerNode>,
+    tree: &sled::Tree,
+    files: &SnapshotFiles,
+    data: &[u8],
+) -> Result<(snapshot::SnapshotImage, WriteSet, String), StorageError> {
+    let image = snapshot::decode(data)?;
+    if image.last_applied != meta.last_log_id || image.membership != meta.last_membership {
+        return Err(StorageError::Snapshot(format!(
+            "snapshot {} holds state at {:?}, its metadata says {:?}",
+            meta.snapshot_id, image.last_applied, meta.last_log_id
+        )));
+    }
+    let file = SnapshotFiles::name_of(&meta.snapshot_id);
+    files.write(&file, data)?;
+    let mut write = WriteSet::default();
+    write.delete_all(tree)?;
+    write.record_all(&image.semaphores)?;
+    write.put(crate::token_state::TOKENS, &image.tokens)?;
+    write.put(keys::LAST_APPLIED, &image.last_applied)?;
+    write.put(keys::MEMBERSHIP, &image.membership)?;
+    let stored = StoredSnapshot {
+        meta: meta.clone(),
+        file: file.clone(),
+    };
+    write.put(keys::SNAPSHOT_META, &stored)?;
+    Ok((image, write, file))
+}
+
+fn read_stored_snapshot(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StorageError> {
+    match tree.get(keys::SNAPSHOT_META)? {
+        Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
+        None => Ok(None),
     }
 }
 
@@ -295,6 +342,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             db: self.db.clone(),
             state_tree: self.state_tree.clone(),
             shared: self.shared.clone(),
+            files: self.files.clone(),
             snapshot_lock: self.snapshot_lock.clone(),
         }
     }
@@ -325,56 +373,75 @@ pub struct SnapshotBuilder {
     db: sled::Db,
     state_tree: sled::Tree,
     shared: SharedState,
+    files: SnapshotFiles,
     snapshot_lock: Arc<Mutex<()>>,
 }
 
 impl SnapshotBuilder {
     async fn build(&self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        // Encode under the read lock: one consistent view, and applies wait only
-        // for the serialisation (no IO happens under the lock).
-        let (meta, data) = {
+        // Under the read lock only the clone: one consistent view, and applies
+        // wait for a memory copy, not for encoding or IO.
+        let (last_applied, membership, semaphores, tokens) = {
             let state = self.shared.lock_read();
-            let data = snapshot::encode(
-                &state.last_applied,
-                &state.membership,
-                &state.semaphores,
-                &state.tokens,
-            )?;
-            let meta = SnapshotMeta {
-                last_log_id: state.last_applied,
-                last_membership: state.membership.clone(),
-                snapshot_id: snapshot_id(state.last_applied),
-            };
-            (meta, data)
+            (
+                state.last_applied,
+                state.membership.clone(),
+                state.semaphores.clone(),
+                state.tokens.clone(),
+            )
         };
-        self.store(&meta, &data)?;
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: membership.clone(),
+            snapshot_id: snapshot_id(last_applied),
+        };
+        let file = SnapshotFiles::name_of(&meta.snapshot_id);
+        let write_file = {
+            let (files, file) = (self.files.clone(), file.clone());
+            move || {
+                let data = snapshot::encode(&last_applied, &membership, &semaphores, &tokens)?;
+                files.write(&file, &data)?;
+                Ok::<_, StorageError>(data)
+            }
+        };
+        let data = tokio::task::spawn_blocking(write_file)
+            .await
+            .map_err(|error| StorageError::Snapshot(format!("snapshot task: {error}")))??;
+        let stored = self.store(&meta, &file)?;
         // openraft purges the log behind the snapshot: the snapshot and the state
         // it covers must be durable first.
         self.db.flush_async().await?;
+        let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
+        if let Err(error) = self.files.remove_all_but(&stored) {
+            tracing::warn!(%error, "cannot remove old snapshot files");
+        }
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "snapshot built");
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
         })
     }
 
-    /// Stores the snapshot unless a newer one (installed meanwhile) is stored.
+    /// Names `file` as the current snapshot unless a newer one (installed
+    /// meanwhile) is stored; returns the file that is current afterwards.
     fn store(
         &self,
         meta: &SnapshotMeta<NodeId, PeerNode>,
-        data: &[u8],
-    ) -> Result<(), StorageError> {
+        file: &str,
+    ) -> Result<String, StorageError> {
         let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
-        if let Some(stored) = self.state_tree.get(keys::SNAPSHOT_META)? {
-            let stored: SnapshotMeta<NodeId, PeerNode> = serde_json::from_slice(&stored)?;
-            if stored.last_log_id > meta.last_log_id {
-                return Ok(());
+        if let Some(stored) = read_stored_snapshot(&self.state_tree)? {
+            if stored.meta.last_log_id > meta.last_log_id {
+                return Ok(stored.file);
             }
         }
-        let mut write = WriteSet::default();
-        write.put(keys::SNAPSHOT_META, meta)?;
-        write.put_bytes(keys::SNAPSHOT_DATA, data.to_vec());
-        self.state_tree.apply_batch(write.into_batch())?;
-        Ok(())
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            file: file.to_owned(),
+        };
+        self.state_tree
+            .insert(keys::SNAPSHOT_META, codec::encode(&stored)?)?;
+        Ok(stored.file)
     }
 }
 

@@ -64,7 +64,7 @@ async fn reopened_store_equals_a_fresh_replay_of_its_log() {
     let expected_applied = first.state_machine.applied_state().await.unwrap();
     let granted = results
         .iter()
-        .filter(|result| matches!(result, CommandResult::Round { answers } if answers.iter().flatten().any(|answer| !answer.grants.is_empty())))
+        .filter(|result| matches!(result, CommandResult::Round { answers, .. } if answers.iter().flatten().any(|answer| !answer.grants.is_empty())))
         .count();
     assert!(
         granted > 50,
@@ -149,7 +149,7 @@ async fn apply_announces_touched_keys_and_events() {
         .apply([normal(1, command)])
         .await
         .unwrap();
-    let CommandResult::Round { answers } = &results[0] else {
+    let CommandResult::Round { answers, .. } = &results[0] else {
         panic!("{results:?}")
     };
     assert_eq!(answers.len(), 2);
@@ -164,9 +164,7 @@ async fn apply_announces_touched_keys_and_events() {
 /// The error opening `dir` gives, past any lock a just-dropped store still holds
 /// (see `common::open_dir`).
 async fn open_error(dir: &std::path::Path) -> StorageError {
-    let options = Options {
-        dir: dir.to_owned(),
-    };
+    let options = Options::new(dir.to_owned());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match open(&options).await {
@@ -259,9 +257,12 @@ async fn another_format_version_is_refused() {
 async fn another_format_version_in_the_marker_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(open_dir(dir.path()).await);
-    std::fs::write(dir.path().join("format_version"), "2\n").unwrap();
+    // Version 1 is the JSON format of earlier builds: refused, never migrated.
+    std::fs::write(dir.path().join("format_version"), "1\n").unwrap();
     let error = open_error(dir.path()).await;
-    assert!(error.to_string().contains("format version 2"), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("format version 1"), "{error}");
+    assert!(message.contains("does not migrate"), "{error}");
     std::fs::write(dir.path().join("format_version"), "\x00garbage").unwrap();
     let error = open_error(dir.path()).await;
     assert_refused_as(&error, "incompatible", dir.path());
@@ -354,7 +355,11 @@ fn round(now_ms: u64, keys: Vec<Vec<PermitRequest>>) -> Command {
             requests,
         })
         .collect();
-    Command::Round { now_ms, keys }
+    Command::Round {
+        now_ms,
+        syncs: Vec::new(),
+        keys,
+    }
 }
 
 /// The engine drops a key that holds nothing and forgets its pending changes; a
@@ -369,7 +374,7 @@ async fn a_key_emptied_and_refilled_by_one_entry_leaves_no_stale_rows() {
         .apply([normal(1, round(10_000, vec![vec![request(2, vec![])]]))])
         .await
         .unwrap();
-    let CommandResult::Round { answers } = &results[0] else {
+    let CommandResult::Round { answers, .. } = &results[0] else {
         panic!("{results:?}")
     };
     let grant = &answers[0][0].grants[0];

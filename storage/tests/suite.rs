@@ -12,11 +12,9 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for TempDirS
         &self,
     ) -> Result<(TempDir, LogStore, StateMachineStore), openraft::StorageError<NodeId>> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let opened = open(&Options {
-            dir: dir.path().to_owned(),
-        })
-        .await
-        .expect("open a fresh store");
+        let opened = open(&Options::new(dir.path().to_owned()))
+            .await
+            .expect("open a fresh store");
         Ok((dir, opened.log, opened.state_machine))
     }
 }

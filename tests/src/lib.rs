@@ -179,6 +179,8 @@ pub struct Settings {
     /// Node `i` sends its Raft RPCs from `127.0.0.(i+1)` ([`peer_source_ip`]),
     /// so a proxy can tell senders apart without reading the (TLS) traffic.
     pub distinct_source_ips: bool,
+    /// More lines of the `[raft]` table, in TOML.
+    pub raft_toml: String,
 }
 
 impl Default for Settings {
@@ -191,6 +193,7 @@ impl Default for Settings {
             auth: true,
             tls: false,
             distinct_source_ips: false,
+            raft_toml: String::new(),
         }
     }
 }
@@ -582,18 +585,28 @@ fn http_client(certs: Option<&certs::TestCerts>, token: Option<&str>) -> reqwest
     builder.build().expect("http client")
 }
 
+/// Raft heartbeat of every test cluster, in ms (the `cluster.toml` values).
+pub const HEARTBEAT_INTERVAL_MS: u64 = 40;
+/// Shortest election timeout of every test cluster, in ms.
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 120;
+/// Longest election timeout of every test cluster, in ms; openraft 0.9 also
+/// uses it as the leader lease, so a follower elects after up to twice this.
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 240;
+
 fn cluster_toml(nodes: &[Node], settings: &Settings, certs: Option<&certs::TestCerts>) -> String {
     let Settings {
         defaults,
         extra_toml,
         auth,
+        raft_toml,
         ..
     } = settings;
     let mut text = format!(
         "secret = \"{SECRET}\"\n\n[auth]\nenabled = {auth}\nadmin_token = \"{ADMIN_TOKEN}\"\n\n\
-         [raft]\nheartbeat_interval_ms = 50\n\
-         election_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n\
-         rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n[defaults]\n{defaults}\n{extra_toml}\n"
+         [raft]\nheartbeat_interval_ms = {HEARTBEAT_INTERVAL_MS}\n\
+         election_timeout_min_ms = {ELECTION_TIMEOUT_MIN_MS}\n\
+         election_timeout_max_ms = {ELECTION_TIMEOUT_MAX_MS}\n\
+         rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n{raft_toml}\n[defaults]\n{defaults}\n{extra_toml}\n"
     );
     if let Some(certs) = certs {
         text.push_str(&format!(

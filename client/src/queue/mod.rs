@@ -47,7 +47,7 @@ pub use state::{
 
 use crate::client::{now_ms, SemaphoreClient};
 use crate::error::{ClientError, QueueError};
-use state::{Outgoing, QueueState};
+use state::{Lane, Outgoing, QueueState};
 use store::QueueStore;
 
 /// Default time between two `finished` checks.
@@ -130,7 +130,7 @@ struct Shared<T> {
 
 /// What comes back to the loop from its spawned tasks.
 enum Event {
-    Answer(String, Result<SemaphoreResponse, ClientError>),
+    Answer(String, Result<SemaphoreResponse, (Lane, ClientError)>),
     Finished(Vec<String>),
 }
 
@@ -374,9 +374,9 @@ fn apply_event<T: Clone + Serialize>(shared: &Shared<T>, event: Event) {
     let now = now_ms();
     match event {
         Event::Answer(key, Ok(answer)) => state.on_answer(&key, answer, now),
-        Event::Answer(key, Err(error)) => {
-            tracing::warn!(%key, %error, "permit message failed; will retry");
-            state.on_failure(&key, now);
+        Event::Answer(key, Err((lane, error))) => {
+            tracing::warn!(%key, ?lane, %error, "permit message failed; will retry");
+            state.on_failure(&key, lane, now);
         }
         Event::Finished(ids) => {
             for id in ids {
@@ -392,6 +392,7 @@ fn spawn_send(client: &SemaphoreClient, outgoing: Outgoing, events: mpsc::Unboun
     let client = client.clone();
     tokio::spawn(async move {
         let Outgoing { key, message } = outgoing;
+        let lane = Lane::of(&message);
         let answer = match message {
             SemaphoreRequest::Request(request) => client
                 .request(&key, request)
@@ -401,6 +402,6 @@ fn spawn_send(client: &SemaphoreClient, outgoing: Outgoing, events: mpsc::Unboun
                 client.sync(&key, sync).await.map(SemaphoreResponse::Synced)
             }
         };
-        let _ = events.send(Event::Answer(key, answer));
+        let _ = events.send(Event::Answer(key, answer.map_err(|error| (lane, error))));
     });
 }

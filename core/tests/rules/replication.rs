@@ -56,6 +56,26 @@ fn remembered_answers_are_forgotten_after_the_claim_deadline() {
 }
 
 #[test]
+fn answers_that_hand_out_nothing_are_not_remembered() {
+    let mut log = Log::with_limit(2);
+    let id = grant_id(&log.ask(wants("a", "g", 2, T0)));
+    let blocked = retry_of("r", wants("b", "g", 1, T0 + 1));
+    assert_eq!(granted(&log.ask(blocked.clone())), 0);
+    assert!(
+        !log.state().answers().contains_key("b"),
+        "a blocked answer is not stored"
+    );
+    // Its retry is a fresh request: it is granted once room frees up.
+    log.sync(reports("a", vec![report(&id, 2, 2)]));
+    assert_eq!(granted(&log.ask(blocked)), 1);
+    assert_eq!(
+        log.state().answers()["b"].len(),
+        1,
+        "this one handed out a grant"
+    );
+}
+
+#[test]
 fn the_clock_never_runs_backwards() {
     let mut log = Log::new(KeyConfig::default());
     log.ask(wants("a", "g", 1, T0));

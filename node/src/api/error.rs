@@ -115,6 +115,10 @@ impl From<Refused> for ApiError {
     fn from(refused: Refused) -> Self {
         match refused {
             Refused::Rejected(error) => Self::Invalid(error),
+            Refused::KeyLimit(error) => Self::TooMany {
+                code: ErrorCode::TooManyKeys,
+                message: error.to_string(),
+            },
             Refused::NotRestored(reason) => Self::BadRequest(reason),
             other @ Refused::OtherAnswer { .. } => Self::Internal(other.to_string()),
         }

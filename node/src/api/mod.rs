@@ -72,7 +72,7 @@ pub fn public_router(app: App) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(crate::http_metrics::track_api))
-        .layer(trace_layer())
+        .layer(trace_layer(Level::INFO))
         .with_state(app)
 }
 
@@ -92,7 +92,9 @@ pub fn internal_router(app: App) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_RAFT_BODY_BYTES))
         .layer(middleware::from_fn(crate::http_metrics::track_raft))
-        .layer(trace_layer())
+        // Peers call `/raft/append` for every heartbeat and entry: a span per call
+        // at INFO would cost more than the call and drown the log.
+        .layer(trace_layer(Level::DEBUG))
         .with_state(app)
 }
 
@@ -123,11 +125,13 @@ fn cluster_router(app: App) -> Router<App> {
         .merge(leader_only)
 }
 
+/// A span per request at `level` (responses are logged at DEBUG).
 fn trace_layer(
+    level: Level,
 ) -> TraceLayer<tower_http::classify::SharedClassifier<tower_http::classify::ServerErrorsAsFailures>>
 {
     TraceLayer::new_for_http()
-        .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+        .make_span_with(DefaultMakeSpan::new().level(level))
         .on_response(DefaultOnResponse::new().level(Level::DEBUG))
 }
 
@@ -152,8 +156,16 @@ async fn metrics(State(app): State<App>) -> impl IntoResponse {
     )
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+/// Healthy while the Raft core runs: a node whose core stopped serves HTTP but
+/// can never apply again, and is about to exit (`crate::fatal`).
+async fn healthz(State(app): State<App>) -> Result<Json<serde_json::Value>, ApiError> {
+    match crate::fatal::stopped(&app.raft) {
+        None => Ok(Json(json!({"status": "ok"}))),
+        Some(reason) => {
+            tracing::error!(%reason, "unhealthy: the Raft core stopped");
+            Err(ApiError::ShuttingDown)
+        }
+    }
 }
 
 /// Ready when a leader is known: requests can be served or forwarded.

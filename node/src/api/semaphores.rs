@@ -10,14 +10,13 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
-use permitd_core::contract::{ErrorCode, KeyList, KeyUsage, ListQuery};
-use permitd_core::limits::MAX_KEYS;
+use permitd_core::contract::{KeyList, KeyUsage, ListQuery};
 use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
 use permitd_core::validate::{
     parse_request, validate_group, validate_group_config, validate_key, validate_key_config,
 };
 use permitd_core::Usage;
-use permitd_storage::{Command, CommandResult};
+use permitd_storage::{Command, CommandResult, Refused};
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, JsonBytes};
@@ -32,7 +31,7 @@ pub const DEFAULT_LIST_KEYS: usize = 1_000;
 pub const MAX_LIST_KEYS: usize = 10_000;
 
 /// `POST /v1/semaphores/{key}`: a `request` waits for the key's round, a `sync`
-/// is proposed at once.
+/// for the next entry to leave (shared with other syncs and keys' rounds).
 pub async fn post(
     State(app): State<App>,
     ApiPath(key): ApiPath<String>,
@@ -41,35 +40,25 @@ pub async fn post(
     validate_key(&key)?;
     let message = parse_request(&body)?;
     check_room_for(&app, &key)?;
+    let bytes = body.len();
     match message {
         SemaphoreRequest::Request(request) => {
-            let answer = app.rounds.request(&key, request).await?;
+            let answer = app.rounds.request(&key, request, bytes).await?;
             Ok(Json(SemaphoreResponse::Grant(answer)))
         }
         SemaphoreRequest::Sync(sync) => {
-            let command = Command::Sync {
-                now_ms: crate::now_ms(),
-                key,
-                sync,
-            };
-            let answer = write(&app, command).await?.into_synced()?;
+            let answer = app.rounds.sync(&key, sync, bytes).await?;
             Ok(Json(SemaphoreResponse::Synced(answer)))
         }
     }
 }
 
-/// A new key may not push the cluster past `MAX_KEYS`.
+/// A new key may not push the cluster past its key limit. Checked before proposing
+/// so a full cluster answers at once; apply checks again (`Semaphores::room_for`).
 fn check_room_for(app: &App, key: &str) -> Result<(), ApiError> {
-    let full = app
-        .state
-        .read(|semaphores| semaphores.key(key).is_none() && semaphores.keys().len() >= MAX_KEYS);
-    if full {
-        return Err(ApiError::TooMany {
-            code: ErrorCode::TooManyKeys,
-            message: format!("the cluster already holds {MAX_KEYS} keys"),
-        });
-    }
-    Ok(())
+    app.state
+        .read(|semaphores| semaphores.room_for([key]))
+        .map_err(|error| Refused::KeyLimit(error).into())
 }
 
 /// `GET /v1/semaphores/{key}/usage`, linearizable.
@@ -133,7 +122,8 @@ pub async fn put_group(
     Ok(Json(config))
 }
 
-/// `DELETE /v1/semaphores/{key}/groups/{group}`: back to no cap, permitted.
+/// `DELETE /v1/semaphores/{key}/groups/{group}`: back to no cap, permitted. On a
+/// key or group without settings it changes nothing and creates no key.
 pub async fn delete_group(
     State(app): State<App>,
     ApiPath((key, group)): ApiPath<(String, String)>,

@@ -10,7 +10,6 @@
 //! existing data resumes and never initialises again.
 
 use std::collections::BTreeMap;
-use std::future::IntoFuture;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,12 +19,13 @@ use permitd_core::KeyConfig;
 use crate::app::{self, NodeSettings, StartError, Started};
 use crate::auth::{random_hex, write_private_file, AuthSettings, Secret};
 use crate::config::{
-    ClusterConfig, ConfigError, RaftTimings, ADMIN_TOKEN_ENV, MIN_ADMIN_TOKEN_BYTES,
-    MIN_SECRET_BYTES,
+    ClusterConfig, ConfigError, RaftTimings, StorageSettings, ADMIN_TOKEN_ENV,
+    MIN_ADMIN_TOKEN_BYTES, MIN_SECRET_BYTES,
 };
+use crate::edge::{self, EdgeLimits};
 use crate::propose::ProposeError;
 use crate::shutdown::Shutdown;
-use crate::tls::{Tls, TlsListener};
+use crate::tls::Tls;
 
 /// How long stopping may take before the listeners are abandoned.
 const STOP_TIMEOUT_MS: u64 = 10_000;
@@ -60,6 +60,8 @@ pub enum ServeError {
     MissingId,
     #[error("node {0} is not in the cluster file")]
     UnknownNode(u64),
+    #[error("the Raft core stopped: {0}")]
+    RaftStopped(String),
     #[error("secret file {path}: {source}")]
     Secret {
         path: PathBuf,
@@ -71,8 +73,6 @@ pub enum ServeError {
     Random(getrandom::Error),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
-    #[error("server: {0}")]
-    Server(std::io::Error),
 }
 
 pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
@@ -97,7 +97,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     if settings.initialize_at_start {
         tokio::spawn(initialize_if_new(started.app.clone()));
     }
-    serve_until_signal(started, settings.tls.clone()).await
+    serve_until_signal(started, settings.edge, settings.tls.clone()).await
 }
 
 fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
@@ -118,10 +118,13 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         tls: config.tls.as_ref().map(Tls::load).transpose()?,
         peer_source_ip: node.peer_source_ip,
         timings: config.raft.clone(),
+        storage: config.storage.clone(),
         defaults: config.key_defaults(),
         initial_members: members,
         initialize_at_start: false,
         max_pending_per_key: config.limits.max_pending_per_key,
+        edge: config.limits.edge(),
+        entries_in_flight: config.limits.entries_in_flight,
     })
 }
 
@@ -152,10 +155,13 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         tls: None,
         peer_source_ip: None,
         timings: RaftTimings::default(),
+        storage: StorageSettings::default(),
         defaults: KeyConfig::default(),
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: true,
         max_pending_per_key: permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY,
+        edge: crate::edge::EdgeLimits::default(),
+        entries_in_flight: permitd_core::limits::DEFAULT_ENTRIES_IN_FLIGHT,
     })
 }
 
@@ -208,23 +214,11 @@ async fn initialize_if_new(app: app::App) {
     }
 }
 
-/// Serves `router` on `listener` (plain or TLS) until `stop` triggers.
-fn spawn_server<L>(
-    listener: L,
-    router: axum::Router,
-    stop: &Shutdown,
-) -> tokio::task::JoinHandle<std::io::Result<()>>
-where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-{
-    let stop = stop.clone();
-    let server =
-        axum::serve(listener, router).with_graceful_shutdown(async move { stop.wait().await });
-    tokio::spawn(server.into_future())
-}
-
-async fn serve_until_signal(started: Started, tls: Option<Tls>) -> Result<(), ServeError> {
+async fn serve_until_signal(
+    started: Started,
+    edge: EdgeLimits,
+    tls: Option<Tls>,
+) -> Result<(), ServeError> {
     let Started {
         app,
         api_listener,
@@ -233,28 +227,30 @@ async fn serve_until_signal(started: Started, tls: Option<Tls>) -> Result<(), Se
     let stop_api = Shutdown::default();
     let stop_raft = Shutdown::default();
     let public = crate::api::public_router(app.clone());
+    let api_task = tokio::spawn(edge::serve(
+        api_listener,
+        public,
+        edge,
+        tls.as_ref().map(Tls::api_acceptor),
+        stop_api.clone(),
+    ));
     let internal = crate::api::internal_router(app.clone());
-    let (api_task, raft_task) = match &tls {
-        Some(tls) => (
-            spawn_server(
-                TlsListener::new(api_listener, tls.api_server.clone())
-                    .map_err(ServeError::Server)?,
-                public,
-                &stop_api,
-            ),
-            spawn_server(
-                TlsListener::new(raft_listener, tls.raft_server.clone())
-                    .map_err(ServeError::Server)?,
-                internal,
-                &stop_raft,
-            ),
-        ),
-        None => (
-            spawn_server(api_listener, public, &stop_api),
-            spawn_server(raft_listener, internal, &stop_raft),
-        ),
+    let raft_task = tokio::spawn(edge::serve(
+        raft_listener,
+        internal,
+        edge,
+        tls.as_ref().map(Tls::raft_acceptor),
+        stop_raft.clone(),
+    ));
+    // A core that stopped on its own ends the process with an error, after the
+    // same orderly stop as a signal, so a supervisor restarts it.
+    let fatal = tokio::select! {
+        () = crate::shutdown::signal() => None,
+        reason = crate::fatal::wait(&app.raft) => Some(reason),
     };
-    crate::shutdown::signal().await;
+    if let Some(reason) = &fatal {
+        tracing::error!(%reason, "the Raft core stopped; stopping the node");
+    }
     // Stop taking calls, then fail the ones parked for a round: their clients
     // retry on another node. In-flight answers drain before the server returns.
     stop_api.trigger();
@@ -270,8 +266,8 @@ async fn serve_until_signal(started: Started, tls: Option<Tls>) -> Result<(), Se
         tracing::error!(%error, "flushing the store failed");
     }
     tracing::info!("stopped");
-    match api_result {
-        Ok(Ok(Err(error))) => Err(ServeError::Server(error)),
-        _ => Ok(()),
+    if api_result.is_err() {
+        tracing::warn!("open API connections did not finish in time");
     }
+    fatal.map_or(Ok(()), |reason| Err(ServeError::RaftStopped(reason)))
 }

@@ -1,19 +1,20 @@
 //! Inbound Raft RPCs: `/raft/vote`, `/raft/append`, `/raft/snapshot`.
 //!
-//! Each answers the local Raft's `Result` as JSON, error included, so the caller
-//! can tell a remote Raft error from a transport failure.
+//! Bodies are in the storage codec ([`super::wire`]). Each answers the local
+//! Raft's `Result`, error included, so the caller can tell a remote Raft error
+//! from a transport failure; a body that does not decode is a 400.
 
+use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Json, Router};
-use openraft::error::{InstallSnapshotError, RaftError};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
-};
-use permitd_storage::{NodeId, TypeConfig};
+use axum::Router;
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use permitd_storage::{codec, NodeId, TypeConfig};
+use serde::Serialize;
 
-use crate::api::extract::ApiJson;
+use super::wire::SnapshotChunk;
 use crate::app::App;
 
 /// The `/raft/*` routes (the caller adds the secret check).
@@ -24,26 +25,40 @@ pub fn router() -> Router<App> {
         .route("/raft/snapshot", post(snapshot))
 }
 
-async fn vote(
-    State(app): State<App>,
-    ApiJson(request): ApiJson<VoteRequest<NodeId>>,
-) -> Json<Result<VoteResponse<NodeId>, RaftError<NodeId>>> {
-    Json(app.raft.vote(request).await)
+/// The 400 for a body that does not decode.
+fn undecodable(error: codec::CodecError) -> Response {
+    let message = format!("undecodable Raft RPC body: {error}");
+    (StatusCode::BAD_REQUEST, message).into_response()
 }
 
-async fn append(
-    State(app): State<App>,
-    ApiJson(request): ApiJson<AppendEntriesRequest<TypeConfig>>,
-) -> Json<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>> {
-    Json(app.raft.append_entries(request).await)
+/// An answer in the codec.
+fn encoded(answer: &impl Serialize) -> Response {
+    match codec::encode(answer) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, codec::CONTENT_TYPE)], bytes).into_response(),
+        Err(error) => {
+            tracing::error!(%error, "cannot encode a Raft answer");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
 }
 
-type SnapshotResult =
-    Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>;
+async fn vote(State(app): State<App>, body: Bytes) -> Response {
+    match codec::decode::<VoteRequest<NodeId>>(&body) {
+        Ok(request) => encoded(&app.raft.vote(request).await),
+        Err(error) => undecodable(error),
+    }
+}
 
-async fn snapshot(
-    State(app): State<App>,
-    ApiJson(request): ApiJson<InstallSnapshotRequest<TypeConfig>>,
-) -> Json<SnapshotResult> {
-    Json(app.raft.install_snapshot(request).await)
+async fn append(State(app): State<App>, body: Bytes) -> Response {
+    match codec::decode::<AppendEntriesRequest<TypeConfig>>(&body) {
+        Ok(request) => encoded(&app.raft.append_entries(request).await),
+        Err(error) => undecodable(error),
+    }
+}
+
+async fn snapshot(State(app): State<App>, body: Bytes) -> Response {
+    match codec::decode::<SnapshotChunk>(&body) {
+        Ok(chunk) => encoded(&app.raft.install_snapshot(chunk.into()).await),
+        Err(error) => undecodable(error),
+    }
 }

@@ -1,13 +1,14 @@
 //! openraft wiring: the Raft handle type, the outbound network over HTTP and the
 //! inbound `/raft/*` endpoints.
 //!
-//! Peers talk JSON over HTTP. Every request carries the cluster secret; every
-//! answer is a JSON `Result<Response, RaftError>` so that a remote Raft error
+//! Peers talk HTTP with MessagePack bodies ([`wire`]). Every request carries the
+//! cluster secret; every answer is an encoded `Result<Response, RaftError>` so that a remote Raft error
 //! reaches the caller as a [`openraft::error::RemoteError`], distinct from a peer
 //! that cannot be reached or a connection that broke.
 
 pub mod inbound;
 pub mod network;
+pub mod wire;
 
 use permitd_storage::TypeConfig;
 

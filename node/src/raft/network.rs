@@ -15,10 +15,11 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use permitd_core::contract::headers;
-use permitd_storage::{NodeId, PeerNode, TypeConfig};
+use permitd_storage::{codec, NodeId, PeerNode, TypeConfig};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::wire::SnapshotChunk;
 use super::{bearer, SECRET_HEADER};
 use crate::auth::Secret;
 
@@ -101,14 +102,17 @@ impl Connection {
             self.network.scheme, self.target_node.raft_addr
         );
         let timeout = option.hard_ttl().min(self.network.rpc_timeout);
+        let body =
+            codec::encode(request).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
         let response = self
             .network
             .client
             .post(url)
             .header(SECRET_HEADER, bearer(self.network.secret.expose()))
             .header(headers::SENDER, self.network.id)
+            .header(reqwest::header::CONTENT_TYPE, codec::CONTENT_TYPE)
             .timeout(timeout)
-            .json(request)
+            .body(body)
             .send()
             .await
             .map_err(|error| {
@@ -121,10 +125,12 @@ impl Connection {
         let response = response
             .error_for_status()
             .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-        let answer: Result<Resp, Err> = response
-            .json()
+        let bytes = response
+            .bytes()
             .await
             .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+        let answer: Result<Resp, Err> =
+            codec::decode(&bytes).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
         answer.map_err(|error| {
             RPCError::RemoteError(RemoteError::new_with_node(
                 self.target,
@@ -149,7 +155,8 @@ impl RaftNetwork<TypeConfig> for Connection {
         request: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
-        self.send("snapshot", &request, &option).await
+        self.send("snapshot", &SnapshotChunk::from(request), &option)
+            .await
     }
 
     async fn vote(

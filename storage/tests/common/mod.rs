@@ -41,9 +41,7 @@ pub fn blank(index: u64) -> Entry<TypeConfig> {
 /// process never sees this: the lock goes with the old process), so a lock
 /// conflict is retried briefly; any other error fails at once.
 pub async fn open_dir(dir: &Path) -> Opened {
-    let options = Options {
-        dir: dir.to_owned(),
-    };
+    let options = Options::new(dir.to_owned());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match open(&options).await {
@@ -214,6 +212,7 @@ impl Workload {
         }
         Command::Round {
             now_ms: self.now_ms,
+            syncs: Vec::new(),
             keys: rounds,
         }
     }
@@ -300,7 +299,7 @@ impl Workload {
 
     /// Learns the grants and leases an applied command handed out.
     pub fn observe(&mut self, command: &Command, result: &CommandResult) {
-        let (Command::Round { keys, .. }, CommandResult::Round { answers }) = (command, result)
+        let (Command::Round { keys, .. }, CommandResult::Round { answers, .. }) = (command, result)
         else {
             return;
         };

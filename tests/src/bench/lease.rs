@@ -1,24 +1,27 @@
-//! The lease path: `SemaphoreQueue` runners (in memory, strict leases) whose
+//! The lease path: `SemaphoreQueue` runners (in memory, strict leases or none) whose
 //! application releases every admitted item at once, so each admission is one
 //! whole permit cycle: enqueue → permit (a drawn lease permit, or a claimed
 //! grant) → admit → release → reported back to the holder.
 //!
-//! A feeder per runner keeps a backlog queued; cycles are counted in `admit`.
+//! A feeder per runner keeps a backlog queued; cycles are counted in `admit`,
+//! and those admitted under a drawn lease permit apart, so a run shows whether
+//! leases were issued at all.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use permitd_client::{
-    Admission, AdmittedItem, ClientConfig, QueueConfig, QueueItem, SemaphoreClient, SemaphoreQueue,
+    Admission, AdmittedItem, ClientConfig, Permit, QueueConfig, QueueItem, SemaphoreClient,
+    SemaphoreQueue,
 };
 use serde_json::json;
 
 use super::stats::{last_log_index, set_key_config};
 use crate::{Cluster, ADMIN_TOKEN};
 
-/// Items kept queued per runner.
-const BACKLOG: usize = 4_096;
+/// Items kept queued per runner, unless a run names fewer.
+pub const BACKLOG: usize = 4_096;
 /// Items per `enqueue` call.
 const ENQUEUE_BATCH: usize = 1_024;
 /// Pause of a feeder whose backlog is full.
@@ -29,6 +32,10 @@ const FEED_PAUSE: Duration = Duration::from_millis(2);
 pub struct LeaseRun {
     pub runners: usize,
     pub limit: u64,
+    /// Strict leases on the key; otherwise grants only.
+    pub leases: bool,
+    /// Items each runner keeps queued.
+    pub backlog: usize,
     pub permits_per_lease: u64,
     pub round_wait_ms: u64,
     pub warmup: Duration,
@@ -39,6 +46,8 @@ pub struct LeaseRun {
 #[derive(Debug, Clone, Default)]
 pub struct LeaseResult {
     pub cycles_per_s: f64,
+    /// Of those, cycles under a drawn lease permit.
+    pub lease_cycles_per_s: f64,
     pub entries_per_s: f64,
 }
 
@@ -46,6 +55,7 @@ pub struct LeaseResult {
 #[derive(Debug, Clone)]
 struct Releaser {
     cycles: Arc<AtomicU64>,
+    lease_cycles: Arc<AtomicU64>,
     queue: Arc<Mutex<Weak<SemaphoreQueue<u8>>>>,
 }
 
@@ -53,10 +63,13 @@ impl Admission<u8> for Releaser {
     async fn admit(&self, items: Vec<AdmittedItem<u8>>) {
         let queue = self.queue.lock().expect("queue slot").upgrade();
         let Some(queue) = queue else { return };
+        let mut leased = 0;
         for item in &items {
             let _ = queue.release(&item.id);
+            leased += u64::from(matches!(item.permit, Permit::Lease { .. }));
         }
         self.cycles.fetch_add(items.len() as u64, Ordering::Relaxed);
+        self.lease_cycles.fetch_add(leased, Ordering::Relaxed);
     }
 
     async fn finished(&self, _ids: Vec<String>) -> Vec<String> {
@@ -67,14 +80,17 @@ impl Admission<u8> for Releaser {
 /// Runs `run` on key `key`.
 pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> LeaseResult {
     let wait = run.round_wait_ms;
+    let leases = run.leases.then(
+        || json!({"provisioning": {"mode": "strict"}, "permitsPerLease": run.permits_per_lease}),
+    );
     let config = json!({"limit": run.limit, "roundWaitMs": wait, "roundPeriodMs": wait,
-        "grantTimeoutMs": 60_000,
-        "leases": {"provisioning": {"mode": "strict"}, "permitsPerLease": run.permits_per_lease}});
+        "grantTimeoutMs": 60_000, "leases": leases});
     set_key_config(cluster, leader, key, &config).await;
     let mut client_config = ClientConfig::new(cluster.nodes.iter().map(|node| node.url()));
     client_config.token = Some(ADMIN_TOKEN.to_string());
     let client = SemaphoreClient::new(client_config).expect("client");
     let cycles = Arc::new(AtomicU64::new(0));
+    let lease_cycles = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let window_start = started + run.warmup;
     let window_end = window_start + run.measure;
@@ -83,6 +99,7 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
         let slot = Arc::new(Mutex::new(Weak::new()));
         let releaser = Releaser {
             cycles: cycles.clone(),
+            lease_cycles: lease_cycles.clone(),
             queue: slot.clone(),
         };
         let mut config = QueueConfig::new(format!("{key}-runner-{runner}"));
@@ -94,15 +111,18 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
             queue,
             key.to_owned(),
             runner,
+            run.backlog,
             window_end,
         )));
     }
     tokio::time::sleep_until(window_start.into()).await;
+    let first_leased = lease_cycles.load(Ordering::Relaxed);
     let (first_cycles, first_index) = (
         cycles.load(Ordering::Relaxed),
         last_log_index(cluster, leader).await,
     );
     tokio::time::sleep_until(window_end.into()).await;
+    let last_leased = lease_cycles.load(Ordering::Relaxed);
     let (last_cycles, last_index) = (
         cycles.load(Ordering::Relaxed),
         last_log_index(cluster, leader).await,
@@ -114,6 +134,7 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
     let seconds = run.measure.as_secs_f64();
     LeaseResult {
         cycles_per_s: (last_cycles - first_cycles) as f64 / seconds,
+        lease_cycles_per_s: (last_leased - first_leased) as f64 / seconds,
         entries_per_s: last_index.saturating_sub(first_index) as f64 / seconds,
     }
 }
@@ -123,15 +144,17 @@ async fn feed(
     queue: Arc<SemaphoreQueue<u8>>,
     key: String,
     runner: usize,
+    backlog: usize,
     until: Instant,
 ) -> Arc<SemaphoreQueue<u8>> {
     let mut next = 0u64;
     while Instant::now() < until {
-        if queue.counts().queued >= BACKLOG {
+        let queued = queue.counts().queued;
+        if queued >= backlog {
             tokio::time::sleep(FEED_PAUSE).await;
             continue;
         }
-        let items = (0..ENQUEUE_BATCH)
+        let items = (0..ENQUEUE_BATCH.min(backlog - queued))
             .map(|_| {
                 next += 1;
                 QueueItem {

@@ -7,7 +7,9 @@
 //! 2. the grant path ([`grant`]): 1–256 clients on 1 or 100 keys, at
 //!    `roundWaitMs` 1 and 5, no leases, limit 32 per key;
 //! 3. messages per second at saturation: the grant loop plus a `sync` per grant;
-//! 4. the lease path ([`lease`]): `SemaphoreQueue` runners with strict leases;
+//! 4. the queue path ([`lease`]): `SemaphoreQueue` runners with strict leases
+//!    (demand far over the limit, and at each runner's share of it) and, in the
+//!    contended case, without leases;
 //! 5. failover ([`failover`]): SIGKILL of the leader to the first grant;
 //! 6. scale ([`scale`]): round overhead and leader RSS with 1 to 100,000 keys,
 //!    on a fresh cluster.
@@ -40,8 +42,8 @@ pub struct Profile {
     pub warmup: Duration,
     pub measure: Duration,
     pub saturation_clients: usize,
-    /// `(runners, limit)` of each lease-path run.
-    pub lease_runs: Vec<(usize, u64)>,
+    /// `(runners, limit, strict leases, backlog per runner)` of each queue run.
+    pub lease_runs: Vec<(usize, u64, bool, usize)>,
     pub lease_measure: Duration,
     pub failover_kills: usize,
     pub scale_sizes: Vec<usize>,
@@ -49,6 +51,18 @@ pub struct Profile {
     /// Sections to run (all when empty): floor, grant, messages, lease,
     /// failover, scale.
     pub only: Vec<String>,
+}
+
+/// The queue runs: the lease path with demand far over the limit (grants take
+/// it all, as the protocol specifies: grants come first), with each runner's demand at its share of the
+/// limit (leases are issued), and the contended case with and without leases.
+fn lease_runs() -> Vec<(usize, u64, bool, usize)> {
+    vec![
+        (16, 1_000, true, lease::BACKLOG),
+        (16, 1_000, true, 1_000 / 16),
+        (64, 32, true, lease::BACKLOG),
+        (64, 32, false, lease::BACKLOG),
+    ]
 }
 
 /// Limit of every grant-path key (the target's "limit 32").
@@ -68,7 +82,7 @@ impl Profile {
             warmup: Duration::from_secs(1),
             measure: Duration::from_secs(4),
             saturation_clients: 256,
-            lease_runs: vec![(16, 1_000), (64, 32)],
+            lease_runs: lease_runs(),
             lease_measure: Duration::from_secs(5),
             failover_kills: 10,
             scale_sizes: vec![1, 1_000, 100_000],
@@ -88,7 +102,7 @@ impl Profile {
             warmup: Duration::from_millis(300),
             measure: Duration::from_millis(1_200),
             saturation_clients: 64,
-            lease_runs: vec![(16, 1_000), (64, 32)],
+            lease_runs: lease_runs(),
             lease_measure: Duration::from_millis(1_500),
             failover_kills: 2,
             scale_sizes: vec![1, 1_000],
@@ -162,10 +176,12 @@ pub async fn run(profile: &Profile) -> Report {
         report.messages(&run, &result);
     }
     if profile.runs("lease") {
-        for (index, &(runners, limit)) in profile.lease_runs.iter().enumerate() {
+        for (index, &(runners, limit, leases, backlog)) in profile.lease_runs.iter().enumerate() {
             let run = lease::LeaseRun {
                 runners,
                 limit,
+                leases,
+                backlog,
                 permits_per_lease: PERMITS_PER_LEASE,
                 round_wait_ms: 1,
                 warmup: profile.warmup * 2,

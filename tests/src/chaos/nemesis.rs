@@ -19,10 +19,8 @@ use serde_json::{json, Value};
 
 use super::proxy::Network;
 use super::random::{RandomState, ReplayRng};
-use crate::Cluster;
+use crate::{Cluster, ELECTION_TIMEOUT_MAX_MS};
 
-/// Longest election timeout of the harness's cluster file, in ms.
-pub const ELECTION_TIMEOUT_MAX_MS: u64 = 600;
 /// How long the cluster may take to recover from one fault.
 pub const RECOVERY_TIMEOUT: Duration = Duration::from_secs(45);
 

@@ -133,7 +133,7 @@ impl<T: Clone> QueueState<T> {
             }
             let runtime = self.runtime.entry(key.clone()).or_default();
             runtime.force_report = !record.is_empty();
-            runtime.retry_at_ms = 0;
+            runtime.report_retry_at_ms = 0;
         }
     }
 
@@ -253,13 +253,13 @@ impl<T: Clone> QueueState<T> {
     }
 
     /// Admits queued items of the key under drawable lease permits, oldest first
-    /// per group, one permit per item.
-    pub(super) fn draw(&mut self, key: &str, now_ms: u64) {
+    /// per group, one permit per item. Returns whether it drew any.
+    pub(super) fn draw(&mut self, key: &str, now_ms: u64) -> bool {
         let Some(record) = self.keys.get_mut(key) else {
-            return;
+            return false;
         };
         let Some(groups) = self.queued.get_mut(key) else {
-            return;
+            return false;
         };
         let mut drew = false;
         for (lease_id, lease) in record.leases.iter_mut() {
@@ -290,6 +290,7 @@ impl<T: Clone> QueueState<T> {
             }
             self.dirty.keys.insert(key.to_string());
         }
+        drew
     }
 }
 
@@ -337,7 +338,7 @@ mod tests {
         assert_eq!(claim.leases.unwrap(), [lease_report(0, 0, false)]);
         assert!(admitted_ids(&mut state).is_empty());
         // A lost claim is sent again after the failure wait, still undrawn.
-        state.on_failure(KEY, 200);
+        state.on_failure(KEY, Lane::Report, 200);
         assert!(state.poll(1_199).is_empty());
         let claim = as_sync(only(state.poll(1_200)));
         assert_eq!(claim.leases.unwrap(), [lease_report(0, 0, false)]);
@@ -421,7 +422,7 @@ mod tests {
         );
         let request = as_request(only(state.poll(2_100)));
         assert_eq!(request.demand[0].count, 1);
-        assert_eq!(request.leases.unwrap()[0].drawn, 2);
+        assert_eq!(request.leases, Some(vec![]), "reports travel in syncs only");
     }
 
     #[test]
@@ -457,7 +458,10 @@ mod tests {
         assert_eq!(admitted_ids(&mut state).len(), 2);
         // Retired by the holder (expiresAt = its now): stop drawing, report it.
         state.enqueue(vec![item("c", "wf")], 150).unwrap();
-        as_request(only(state.poll(2_100)));
+        // The draws are reported while c's request waits for its round.
+        let messages = state.poll(2_100);
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        answer_lease(&mut state, 2, 60_100, 2_100);
         state.on_answer(
             KEY,
             grant_answer(vec![], vec![lease("L", "wf", 2, 2_100)], 4_100),

@@ -1,11 +1,22 @@
 //! Messages: per key, what is due to the holder, and what its answer changes.
 //!
-//! Each key has at most one message in flight; what it reported is kept
-//! ([`InFlight`]) so the answer is matched against what the holder saw, not
-//! against what changed since. A failed message frees the key after
-//! `failure_retry_ms`.
+//! Each key has two independent lanes to the holder, each with at most one
+//! message in flight:
+//! - the **demand** lane carries `request`s: demand only, no reports, sent when
+//!   items are queued, the key's `nextRequestAt` has come, no lease of the key
+//!   awaits confirmation (its permits will serve the queued items; asking again
+//!   could bring a second lease for the same items), and the same poll drew no
+//!   lease permits (the demand it would carry just changed);
+//! - the **report** lane carries `sync`s: grant claims, lease claims, releases
+//!   and heartbeats, sent as soon as they exist, never behind a demand request
+//!   waiting for its round.
+//!
+//! Reports are cumulative high-water marks, so the two lanes may be answered in
+//! any order. What a sync reported is kept ([`InFlight`]) so its answer is
+//! matched against what the holder saw, not against what changed since. A failed
+//! message frees its lane after `failure_retry_ms`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use permitd_core::limits::MAX_DEMAND_ENTRIES;
 use permitd_core::protocol::{
@@ -15,20 +26,53 @@ use permitd_core::protocol::{
 
 use super::{KeyRecord, QueueState};
 
-/// What a message in flight reported, to match the holder's answer against.
+/// What a sync in flight reported, to match the holder's answer against.
 #[derive(Debug, Clone, Default)]
 pub(super) struct InFlight {
     pub(super) grants: BTreeMap<String, GrantReport>,
     pub(super) leases: BTreeMap<String, LeaseReport>,
 }
 
+/// One of a key's two lanes to the holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// `request`s: demand, answered by the key's next round.
+    Demand,
+    /// `sync`s: claims, releases and heartbeats, applied with the next entry.
+    Report,
+}
+
+impl Lane {
+    /// The lane a message travels on.
+    pub fn of(message: &SemaphoreRequest) -> Self {
+        match message {
+            SemaphoreRequest::Request(_) => Self::Demand,
+            SemaphoreRequest::Sync(_) => Self::Report,
+        }
+    }
+}
+
 /// Per-key state that is not stored.
 #[derive(Debug, Clone, Default)]
 pub(super) struct KeyRuntime {
-    pub(super) in_flight: Option<InFlight>,
-    pub(super) retry_at_ms: u64,
+    /// A request is in flight.
+    pub(super) demand_in_flight: bool,
+    /// A sync is in flight, with what it reported.
+    pub(super) report_in_flight: Option<InFlight>,
+    pub(super) demand_retry_at_ms: u64,
+    pub(super) report_retry_at_ms: u64,
     /// Report every holding once (after a restart, or at shutdown).
     pub(super) force_report: bool,
+}
+
+impl KeyRuntime {
+    fn busy(&self) -> bool {
+        self.demand_in_flight || self.report_in_flight.is_some()
+    }
+
+    fn in_flight(&self) -> usize {
+        usize::from(self.demand_in_flight) + usize::from(self.report_in_flight.is_some())
+    }
 }
 
 /// A message to send for a key.
@@ -39,24 +83,29 @@ pub struct Outgoing {
 }
 
 impl<T: Clone> QueueState<T> {
-    /// Keys with a message in flight.
+    /// Messages in flight, over every key and lane.
     pub fn in_flight(&self) -> usize {
-        self.runtime
-            .values()
-            .filter(|runtime| runtime.in_flight.is_some())
-            .count()
+        self.runtime.values().map(KeyRuntime::in_flight).sum()
     }
 
     /// Advances time: draws lease permits for queued items, retires expired and
-    /// idle leases, and returns the messages now due (each key's in-flight slot
-    /// is taken until [`Self::on_answer`] or [`Self::on_failure`]).
+    /// idle leases, and returns the messages now due (each takes its key's lane
+    /// until [`Self::on_answer`] or [`Self::on_failure`]).
     pub fn poll(&mut self, now_ms: u64) -> Vec<Outgoing> {
         let keys: Vec<String> = self.active_keys();
         let mut outgoing = Vec::new();
         for key in keys {
-            self.draw(&key, now_ms);
+            let drew = self.draw(&key, now_ms);
             self.retire_stale_leases(&key, now_ms);
-            if let Some(message) = self.due_message(&key, now_ms) {
+            if self.report_lane_free(&key, now_ms) && self.reports_due(&key, now_ms) {
+                let message = self.take_sync(&key);
+                outgoing.push(Outgoing {
+                    key: key.clone(),
+                    message,
+                });
+            }
+            if !drew && self.demand_due(&key, now_ms) {
+                let message = self.take_request(&key);
                 outgoing.push(Outgoing { key, message });
             }
         }
@@ -68,26 +117,41 @@ impl<T: Clone> QueueState<T> {
     pub fn next_wakeup_ms(&self, now_ms: u64) -> Option<u64> {
         let mut wakeup: Option<u64> = None;
         let mut consider = |at: u64| wakeup = Some(wakeup.map_or(at, |known| known.min(at)));
+        let idle = KeyRuntime::default();
         for key in self.active_keys() {
-            let runtime = self.runtime.get(&key).cloned().unwrap_or_default();
-            if runtime.in_flight.is_some() {
-                continue;
+            let runtime = self.runtime.get(&key).unwrap_or(&idle);
+            let record = self.keys.get(&key);
+            if !runtime.demand_in_flight && self.has_queued(&key) {
+                let lease_claims = record.is_some_and(|record| {
+                    record
+                        .leases
+                        .values()
+                        .any(|lease| lease.awaits_confirmation())
+                });
+                if !lease_claims {
+                    consider(
+                        self.next_request_at_ms(&key)
+                            .max(runtime.demand_retry_at_ms),
+                    );
+                }
             }
-            if self.has_queued(&key) || runtime.force_report {
-                consider(self.next_request_at_ms(&key).max(runtime.retry_at_ms));
-            }
-            let Some(record) = self.keys.get(&key) else {
+            let Some(record) = record else {
                 continue;
             };
-            if record.grants.values().any(|grant| grant.needs_report()) {
-                consider(runtime.retry_at_ms);
+            let report_at = |at: u64| at.max(runtime.report_retry_at_ms);
+            let reports_free = runtime.report_in_flight.is_none();
+            if reports_free && (runtime.force_report && !record.is_empty()) {
+                consider(report_at(now_ms));
+            }
+            if reports_free && record.grants.values().any(|grant| grant.needs_report()) {
+                consider(report_at(now_ms));
             }
             for lease in record.leases.values() {
-                if lease.needs_report() {
-                    consider(runtime.retry_at_ms);
+                if reports_free && lease.needs_report() {
+                    consider(report_at(now_ms));
                 }
-                if let Some(due) = lease.heartbeat_due_ms() {
-                    consider(due.max(runtime.retry_at_ms));
+                if let (true, Some(due)) = (reports_free, lease.heartbeat_due_ms()) {
+                    consider(report_at(due));
                 }
                 if !lease.retired {
                     consider(lease.expires_at_ms);
@@ -102,18 +166,29 @@ impl<T: Clone> QueueState<T> {
         wakeup.map(|at| at.max(now_ms))
     }
 
-    /// The holder answered the key's message in flight.
+    /// The holder answered the key's message in flight on the answer's lane.
     pub fn on_answer(&mut self, key: &str, answer: SemaphoreResponse, now_ms: u64) {
-        let Some(sent) = self
-            .runtime
-            .get_mut(key)
-            .and_then(|runtime| runtime.in_flight.take())
-        else {
+        let Some(runtime) = self.runtime.get_mut(key) else {
             debug_assert!(
                 false,
                 "an answer for key {key:?} without a message in flight"
             );
             return;
+        };
+        let sent = match &answer {
+            SemaphoreResponse::Grant(_) => {
+                debug_assert!(runtime.demand_in_flight, "a grant answer without a request");
+                runtime.demand_in_flight = false;
+                // Requests carry no reports: nothing of theirs to acknowledge.
+                InFlight::default()
+            }
+            SemaphoreResponse::Synced(_) => {
+                let Some(sent) = runtime.report_in_flight.take() else {
+                    debug_assert!(false, "a synced answer for key {key:?} without a sync");
+                    return;
+                };
+                sent
+            }
         };
         self.dirty.keys.insert(key.to_string());
         let (results, leases, contended) = match answer {
@@ -126,13 +201,12 @@ impl<T: Clone> QueueState<T> {
                     next_request_at_ms,
                     ..
                 } = grant;
-                self.apply_grant_results(key, &sent, grant_results);
                 for granted in grants {
                     self.accept_grant(key, granted);
                 }
                 let record = self.keys.entry(key.to_string()).or_default();
                 record.next_request_at_ms = record.next_request_at_ms.max(next_request_at_ms);
-                (Vec::new(), leases, contended)
+                (grant_results, leases, contended)
             }
             SemaphoreResponse::Synced(synced) => {
                 (synced.grant_results, synced.leases, synced.contended)
@@ -147,11 +221,20 @@ impl<T: Clone> QueueState<T> {
         self.drop_if_empty(key);
     }
 
-    /// The key's message in flight failed (deadline passed, or rejected).
-    pub fn on_failure(&mut self, key: &str, now_ms: u64) {
+    /// The key's message in flight on `lane` failed (deadline passed, or rejected).
+    pub fn on_failure(&mut self, key: &str, lane: Lane, now_ms: u64) {
+        let retry_at_ms = now_ms.saturating_add(self.config.failure_retry_ms);
         if let Some(runtime) = self.runtime.get_mut(key) {
-            runtime.in_flight = None;
-            runtime.retry_at_ms = now_ms.saturating_add(self.config.failure_retry_ms);
+            match lane {
+                Lane::Demand => {
+                    runtime.demand_in_flight = false;
+                    runtime.demand_retry_at_ms = retry_at_ms;
+                }
+                Lane::Report => {
+                    runtime.report_in_flight = None;
+                    runtime.report_retry_at_ms = retry_at_ms;
+                }
+            }
         }
     }
 
@@ -161,7 +244,11 @@ impl<T: Clone> QueueState<T> {
         let keys: Vec<String> = self.keys.keys().cloned().collect();
         let mut outgoing = Vec::new();
         for key in keys {
-            if !self.busy(&key) && self.reports_due(&key, now_ms) {
+            let free = self
+                .runtime
+                .get(&key)
+                .map_or(true, |runtime| runtime.report_in_flight.is_none());
+            if free && self.reports_due(&key, now_ms) {
                 outgoing.push(Outgoing {
                     message: self.take_sync(&key),
                     key,
@@ -171,22 +258,22 @@ impl<T: Clone> QueueState<T> {
         outgoing
     }
 
+    /// Keys with holdings or queued items, in order.
     fn active_keys(&self) -> Vec<String> {
-        let mut keys: BTreeSet<&String> = self.keys.keys().collect();
-        keys.extend(
-            self.queued
-                .iter()
-                .filter(|(_, groups)| !groups.is_empty())
-                .map(|(key, _)| key),
-        );
-        keys.into_iter().cloned().collect()
+        let mut keys: Vec<String> = self.keys.keys().cloned().collect();
+        let queued = self
+            .queued
+            .iter()
+            .filter(|(key, groups)| !groups.is_empty() && !self.keys.contains_key(*key))
+            .map(|(key, _)| key.clone());
+        keys.extend(queued);
+        keys.sort_unstable();
+        keys
     }
 
-    /// Whether the key has a message in flight.
+    /// Whether the key has a message in flight on either lane.
     fn busy(&self, key: &str) -> bool {
-        self.runtime
-            .get(key)
-            .is_some_and(|runtime| runtime.in_flight.is_some())
+        self.runtime.get(key).is_some_and(KeyRuntime::busy)
     }
 
     fn next_request_at_ms(&self, key: &str) -> u64 {
@@ -195,31 +282,24 @@ impl<T: Clone> QueueState<T> {
             .map_or(0, |record| record.next_request_at_ms)
     }
 
-    fn due_message(&mut self, key: &str, now_ms: u64) -> Option<SemaphoreRequest> {
-        let runtime = self.runtime.entry(key.to_string()).or_default();
-        if runtime.in_flight.is_some() || now_ms < runtime.retry_at_ms {
-            return None;
-        }
-        // Claims first: a sync is not held back by nextRequestAt, and the holder
-        // reclaims grants and leases not confirmed by their claim deadline.
-        let claims_waiting = self.keys.get(key).is_some_and(|record| {
-            record
-                .grants
-                .values()
-                .any(|grant| grant.awaits_confirmation())
-                || record
-                    .leases
-                    .values()
-                    .any(|lease| lease.awaits_confirmation())
+    fn report_lane_free(&self, key: &str, now_ms: u64) -> bool {
+        self.runtime.get(key).map_or(true, |runtime| {
+            runtime.report_in_flight.is_none() && now_ms >= runtime.report_retry_at_ms
+        })
+    }
+
+    /// Whether a request may leave now (see the module's rules for the lane).
+    fn demand_due(&self, key: &str, now_ms: u64) -> bool {
+        let lane_free = self.runtime.get(key).map_or(true, |runtime| {
+            !runtime.demand_in_flight && now_ms >= runtime.demand_retry_at_ms
         });
-        let request_due = self.has_queued(key) && self.next_request_at_ms(key) <= now_ms;
-        if !claims_waiting && request_due {
-            return Some(self.take_request(key));
-        }
-        if self.reports_due(key, now_ms) {
-            return Some(self.take_sync(key));
-        }
-        None
+        let lease_claims = self.keys.get(key).is_some_and(|record| {
+            record
+                .leases
+                .values()
+                .any(|lease| lease.awaits_confirmation())
+        });
+        lane_free && !lease_claims && self.has_queued(key) && self.next_request_at_ms(key) <= now_ms
     }
 
     fn reports_due(&self, key: &str, now_ms: u64) -> bool {
@@ -240,25 +320,6 @@ impl<T: Clone> QueueState<T> {
             })
     }
 
-    fn take_reports(&mut self, key: &str) -> (Vec<GrantReport>, Vec<LeaseReport>) {
-        let runtime = self.runtime.entry(key.to_string()).or_default();
-        let forced = std::mem::take(&mut runtime.force_report);
-        let grants = self.grant_reports(key, forced);
-        let leases = self.lease_reports(key);
-        let in_flight = InFlight {
-            grants: grants
-                .iter()
-                .map(|report| (report.grant_id.clone(), report.clone()))
-                .collect(),
-            leases: leases
-                .iter()
-                .map(|report| (report.lease_id.clone(), report.clone()))
-                .collect(),
-        };
-        self.runtime.entry(key.to_string()).or_default().in_flight = Some(in_flight);
-        (grants, leases)
-    }
-
     fn take_request(&mut self, key: &str) -> SemaphoreRequest {
         let mut demand: Vec<Demand> = self
             .queued
@@ -276,19 +337,40 @@ impl<T: Clone> QueueState<T> {
             .collect();
         demand.sort_by(|a, b| (a.oldest_at_ms, &a.group).cmp(&(b.oldest_at_ms, &b.group)));
         demand.truncate(MAX_DEMAND_ENTRIES);
-        let (grants, leases) = self.take_reports(key);
+        self.runtime
+            .entry(key.to_string())
+            .or_default()
+            .demand_in_flight = true;
         SemaphoreRequest::Request(PermitRequest {
             v: V1,
             client_id: self.client_id.clone(),
             request_id: None,
             demand,
-            grants,
-            leases: Some(leases),
+            grants: Vec::new(),
+            // Present, though empty: this client takes leases.
+            leases: Some(Vec::new()),
         })
     }
 
     fn take_sync(&mut self, key: &str) -> SemaphoreRequest {
-        let (grants, leases) = self.take_reports(key);
+        let runtime = self.runtime.entry(key.to_string()).or_default();
+        let forced = std::mem::take(&mut runtime.force_report);
+        let grants = self.grant_reports(key, forced);
+        let leases = self.lease_reports(key);
+        let in_flight = InFlight {
+            grants: grants
+                .iter()
+                .map(|report| (report.grant_id.clone(), report.clone()))
+                .collect(),
+            leases: leases
+                .iter()
+                .map(|report| (report.lease_id.clone(), report.clone()))
+                .collect(),
+        };
+        self.runtime
+            .entry(key.to_string())
+            .or_default()
+            .report_in_flight = Some(in_flight);
         SemaphoreRequest::Sync(PermitSync {
             v: V1,
             client_id: self.client_id.clone(),
@@ -334,7 +416,7 @@ mod tests {
             Some(vec![]),
             "the queue always supports leases"
         );
-        assert!(state.poll(300).is_empty(), "one message in flight per key");
+        assert!(state.poll(300).is_empty(), "one request in flight per key");
     }
 
     #[test]
@@ -348,8 +430,109 @@ mod tests {
         assert!(state.poll(1_999).is_empty());
         assert_eq!(state.next_wakeup_ms(1_000), Some(2_000));
         as_request(only(state.poll(2_000)));
-        state.on_failure(KEY, 2_500);
+        state.on_failure(KEY, Lane::Demand, 2_500);
         assert!(state.poll(3_000).is_empty());
         as_request(only(state.poll(3_500)));
+    }
+
+    #[test]
+    fn a_release_is_reported_while_a_request_waits_for_its_round() {
+        let mut state = queue();
+        granted_and_claiming(&mut state, &["a", "b", "c"], 2);
+        answer_claim(
+            &mut state,
+            2,
+            permitd_core::protocol::GrantStatus::Ok,
+            1_200,
+        );
+        assert_eq!(admitted_ids(&mut state), ["a", "b"]);
+        // c is asked for once nextRequestAt comes; the request waits for its round.
+        let request = as_request(only(state.poll(2_100)));
+        assert!(request.grants.is_empty(), "requests carry demand only");
+        state.release("a");
+        let sync = as_sync(only(state.poll(2_101)));
+        assert_eq!((sync.grants[0].claimed, sync.grants[0].released), (2, 1));
+        // One message per lane: the second release waits for the first's answer.
+        state.release("b");
+        assert!(state.poll(2_102).is_empty());
+        assert_eq!(state.in_flight(), 2);
+        // The lanes are answered in either order.
+        answer_claim(
+            &mut state,
+            2,
+            permitd_core::protocol::GrantStatus::Ok,
+            2_103,
+        );
+        let sync = as_sync(only(state.poll(2_103)));
+        assert_eq!(sync.grants[0].released, 2);
+        state.on_answer(KEY, grant_answer(vec![], vec![], 4_000), 2_104);
+        assert_eq!(state.in_flight(), 1);
+    }
+
+    #[test]
+    fn both_lanes_leave_in_one_poll_and_fail_apart() {
+        let mut state = queue();
+        granted_and_claiming(&mut state, &["a", "b"], 1);
+        answer_claim(
+            &mut state,
+            1,
+            permitd_core::protocol::GrantStatus::Ok,
+            1_200,
+        );
+        state.release("a");
+        let messages = state.poll(2_100);
+        let lanes: Vec<Lane> = messages.iter().map(|out| Lane::of(&out.message)).collect();
+        assert_eq!(lanes, [Lane::Report, Lane::Demand]);
+        state.on_failure(KEY, Lane::Report, 2_200);
+        assert!(
+            state.poll(2_300).is_empty(),
+            "the report lane waits out its retry"
+        );
+        assert_eq!(state.next_wakeup_ms(2_300), Some(3_200));
+        as_sync(only(state.poll(3_200)));
+    }
+
+    #[test]
+    fn no_request_while_a_lease_awaits_confirmation() {
+        let mut state = queue();
+        lent(&mut state, &["a", "b", "c"], 2, 60_000, 100);
+        // nextRequestAt passes, but the lease's permits may serve the items.
+        as_sync(only(state.poll(5_000)));
+        assert!(state.poll(5_001).is_empty());
+        answer_lease(&mut state, 2, 60_000, 5_002);
+        assert_eq!(admitted_ids(&mut state), ["a", "b"]);
+        let messages = state.poll(5_003);
+        let lanes: Vec<Lane> = messages.iter().map(|out| Lane::of(&out.message)).collect();
+        assert_eq!(
+            lanes,
+            [Lane::Report, Lane::Demand],
+            "the draws, and c's demand"
+        );
+        let request = as_request(messages[1].message.clone());
+        assert_eq!(request.demand[0].count, 1);
+    }
+
+    #[test]
+    fn no_request_in_the_poll_that_drew_lease_permits() {
+        let mut state = queue();
+        leased(&mut state, &["a"], 2, 60_000, 100);
+        assert_eq!(admitted_ids(&mut state), ["a"]);
+        as_sync(only(state.poll(100)));
+        answer_lease(&mut state, 2, 60_000, 100);
+        state
+            .enqueue(vec![item("b", "wf"), item("c", "wf")], 3_000)
+            .unwrap();
+        // b draws the last permit; c's request waits for the next poll.
+        let drawn = state.poll(3_000);
+        assert_eq!(admitted_ids(&mut state), ["b"]);
+        assert!(drawn
+            .iter()
+            .all(|out| Lane::of(&out.message) == Lane::Report));
+        let request = state
+            .poll(3_001)
+            .into_iter()
+            .find(|out| Lane::of(&out.message) == Lane::Demand)
+            .expect("a request in the next poll");
+        assert_eq!(as_request(request.message).demand[0].count, 1);
     }
 }

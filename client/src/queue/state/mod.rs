@@ -11,11 +11,10 @@
 //! grant arrives: `Claiming` → the claim is confirmed: `Admitted`, or came back
 //! `expired`/`not_found`: `Queued` again) → `release(id)` → `Released`.
 //!
-//! Per key, at most one message is in flight. What is due is sent in this order:
-//! a `sync` while grant claims or new leases wait for confirmation (admission
-//! waits on it, and the holder reclaims what is not confirmed in time); a
-//! `request` when items are queued and the key's `nextRequestAt` has come; a
-//! `sync` when a report changed or a lease in use is at half its lifetime.
+//! Per key, two lanes each carry at most one message in flight (see
+//! `messages`): `request`s with demand only, and `sync`s with every report
+//! (claims, releases, heartbeats) as soon as it exists, so a freed permit never
+//! waits behind a request parked for its round.
 //!
 //! Invariants:
 //! - an item is admitted only under a confirmed grant claim or a permit drawn
@@ -57,7 +56,7 @@ pub use items::{
     ReleaseOutcome, MAX_ITEM_ID_BYTES, MAX_RELEASED_REMEMBERED,
 };
 pub use leases::LeaseHolding;
-pub use messages::Outgoing;
+pub use messages::{Lane, Outgoing};
 
 use items::QueuedOrder;
 use messages::KeyRuntime;

@@ -7,6 +7,7 @@ use permitd_core::protocol::{
 };
 use permitd_core::GrantId;
 
+pub use super::Lane;
 use super::{Outgoing, QueueItem, QueueState, StateConfig};
 
 pub const KEY: &str = "acct-1";

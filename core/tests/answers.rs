@@ -1,0 +1,202 @@
+//! Property test of `requestId` memory: only answers that hand something out
+//! are remembered, and leaving the others out is harmless.
+//!
+//! One key, a small limit, a few clients that ask with requestIds drawn from a
+//! small pool (so retries of earlier ids, remembered or not, are common) and
+//! release what they hold between rounds. After every round:
+//! - every remembered answer carries grants or a lease its own entry minted;
+//! - every fresh answer with grants and a requestId is remembered;
+//! - a retry of a remembered id gets the remembered answer, byte for byte;
+//! - grants never pass the limit, whatever was retried.
+
+use std::collections::BTreeMap;
+
+use permitd_core::protocol::{Demand, GrantReport, PermitGrant, PermitRequest, PermitSync, V1};
+use permitd_core::{IdAllocator, KeyConfig, Semaphores};
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+const KEY: &str = "acct";
+const T0: u64 = 1_764_460_800_000;
+const CLIENTS: [&str; 3] = ["runner-0", "runner-1", "runner-2"];
+
+#[derive(Debug, Clone)]
+struct Ask {
+    client: usize,
+    count: u64,
+    /// From a pool of 4 per client: reuse is a retry.
+    request_id: Option<u8>,
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Round(Vec<Ask>),
+    /// The client reports every grant it holds as claimed and released.
+    ReleaseAll(usize),
+    Advance(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let ask = (0..CLIENTS.len(), 1..4u64, proptest::option::of(0..4u8)).prop_map(
+        |(client, count, request_id)| Ask {
+            client,
+            count,
+            request_id,
+        },
+    );
+    prop_oneof![
+        4 => vec(ask, 1..5).prop_map(Step::Round),
+        2 => (0..CLIENTS.len()).prop_map(Step::ReleaseAll),
+        1 => (1..3_000u64).prop_map(Step::Advance),
+    ]
+}
+
+fn request(ask: &Ask) -> PermitRequest {
+    PermitRequest {
+        v: V1,
+        client_id: CLIENTS[ask.client].to_owned(),
+        request_id: ask.request_id.map(|id| format!("r{id}")),
+        demand: vec![Demand {
+            group: "g".into(),
+            count: ask.count,
+            oldest_at_ms: T0,
+        }],
+        grants: Vec::new(),
+        leases: None,
+    }
+}
+
+/// The world: the engine and, per client, the grants it was told about.
+struct World {
+    semaphores: Semaphores,
+    limit: u64,
+    now_ms: u64,
+    index: u64,
+    held: BTreeMap<usize, Vec<GrantReport>>,
+}
+
+impl World {
+    fn round(&mut self, asks: &[Ask]) -> Result<(), TestCaseError> {
+        let requests: Vec<PermitRequest> = asks.iter().map(request).collect();
+        // The round first forgets answers whose claim deadline passed.
+        let now_ms = self.now_ms;
+        let before: BTreeMap<_, _> = self
+            .remembered()
+            .into_iter()
+            .filter(|(_, (_, forget_at_ms))| *forget_at_ms > now_ms)
+            .map(|(id, (answer, _))| (id, answer))
+            .collect();
+        self.index += 1;
+        let mut ids = IdAllocator::new(self.index);
+        let outcome = self.semaphores.round(KEY, &mut ids, self.now_ms, &requests);
+        for (ask, answer) in asks.iter().zip(&outcome.answers) {
+            let known = ask
+                .request_id
+                .and_then(|id| before.get(&(CLIENTS[ask.client].to_owned(), format!("r{id}"))));
+            if let Some(remembered) = known {
+                prop_assert_eq!(answer, remembered, "a retry replays the answer");
+                continue;
+            }
+            if let (Some(request_id), false) = (ask.request_id, answer.grants.is_empty()) {
+                let kept = self.remembered();
+                let id = (CLIENTS[ask.client].to_owned(), format!("r{request_id}"));
+                prop_assert!(kept.contains_key(&id), "an answer with grants is kept");
+            }
+            let reports = answer.grants.iter().map(|granted| GrantReport {
+                grant_id: granted.grant_id.to_string(),
+                claimed: granted.permits,
+                released: 0,
+            });
+            self.held.entry(ask.client).or_default().extend(reports);
+        }
+        self.check()
+    }
+
+    fn release_all(&mut self, client: usize) -> Result<(), TestCaseError> {
+        let grants: Vec<GrantReport> = self
+            .held
+            .remove(&client)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|report| GrantReport {
+                released: report.claimed,
+                ..report
+            })
+            .collect();
+        let sync = PermitSync {
+            v: V1,
+            client_id: CLIENTS[client].to_owned(),
+            grants,
+            leases: None,
+        };
+        self.index += 1;
+        self.semaphores.sync(KEY, self.now_ms, &sync);
+        self.check()
+    }
+
+    /// Every remembered answer with its forget time.
+    fn remembered(&self) -> BTreeMap<(String, String), (PermitGrant, u64)> {
+        let Some(state) = self.semaphores.key(KEY) else {
+            return BTreeMap::new();
+        };
+        state
+            .answers()
+            .iter()
+            .flat_map(|(client, answers)| {
+                answers.iter().map(move |(request_id, remembered)| {
+                    let kept = (remembered.answer.clone(), remembered.forget_at_ms);
+                    ((client.clone(), request_id.clone()), kept)
+                })
+            })
+            .collect()
+    }
+
+    fn check(&self) -> Result<(), TestCaseError> {
+        for (id, (answer, _)) in self.remembered() {
+            prop_assert!(
+                !answer.grants.is_empty() || answer.leases.iter().flatten().next().is_some(),
+                "{id:?} was remembered though it handed out nothing"
+            );
+        }
+        let granted = self
+            .semaphores
+            .key(KEY)
+            .map_or(0, |state| state.tally().granted);
+        prop_assert!(
+            granted <= self.limit,
+            "{granted} granted over {}",
+            self.limit
+        );
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn only_answers_that_hand_out_permits_are_remembered(
+        limit in 1..5u64,
+        steps in vec(step(), 1..40),
+    ) {
+        let config = KeyConfig {
+            limit,
+            grant_timeout_ms: 5_000,
+            ..KeyConfig::default()
+        };
+        let mut world = World {
+            semaphores: Semaphores::new(config).expect("a valid config"),
+            limit,
+            now_ms: T0,
+            index: 0,
+            held: BTreeMap::new(),
+        };
+        for step in &steps {
+            match step {
+                Step::Round(asks) => world.round(asks)?,
+                Step::ReleaseAll(client) => world.release_all(*client)?,
+                Step::Advance(ms) => world.now_ms += ms,
+            }
+        }
+    }
+}

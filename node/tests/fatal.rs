@@ -1,0 +1,56 @@
+//! A node whose Raft core stopped is unhealthy, and the watch that ends `serve`
+//! fires: a real node (sled in a temp dir, openraft) in this process.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use permitd_core::KeyConfig;
+use permitd_node::app::{self, NodeSettings};
+use permitd_node::config::{RaftTimings, StorageSettings};
+use permitd_node::edge::EdgeLimits;
+use permitd_storage::PeerNode;
+use tower::ServiceExt;
+
+async fn healthz(app: &app::App) -> StatusCode {
+    let router = permitd_node::api::public_router(app.clone());
+    let request = Request::get("/healthz").body(Body::empty()).unwrap();
+    router.oneshot(request).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn a_stopped_raft_core_fails_healthz_and_ends_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer = PeerNode {
+        api_addr: "127.0.0.1:0".into(),
+        raft_addr: "127.0.0.1:0".into(),
+    };
+    let settings = NodeSettings {
+        id: 1,
+        api_addr: "127.0.0.1:0".into(),
+        raft_addr: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("data"),
+        secret: "0123456789abcdef".into(),
+        timings: RaftTimings::default(),
+        storage: StorageSettings::default(),
+        defaults: KeyConfig::default(),
+        initial_members: BTreeMap::from([(1, peer)]),
+        initialize_at_start: false,
+        max_pending_per_key: 10,
+        edge: EdgeLimits::default(),
+        entries_in_flight: permitd_core::limits::DEFAULT_ENTRIES_IN_FLIGHT,
+    };
+    let started = app::start(&settings).await.expect("node starts");
+    let app = started.app;
+    assert_eq!(healthz(&app).await, StatusCode::OK);
+    assert_eq!(permitd_node::fatal::stopped(&app.raft), None);
+
+    app.raft.shutdown().await.expect("core stops");
+    assert_eq!(healthz(&app).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(permitd_node::fatal::stopped(&app.raft).is_some());
+    let reason = tokio::time::timeout(Duration::from_secs(5), permitd_node::fatal::wait(&app.raft))
+        .await
+        .expect("the wait ends once the core stopped");
+    assert!(!reason.is_empty());
+}
