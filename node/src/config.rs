@@ -457,7 +457,9 @@ mod tests {
     fn edge_limits_default_to_the_maxima_and_are_checked() {
         let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
         let config = |limits: &str| -> ClusterConfig {
-            let text = format!("secret = \"0123456789abcdef\"\n[limits]\n{limits}\n{node}");
+            let text = format!(
+                "secret = \"0123456789abcdef\"\n[auth]\nadmin_token = \"0123456789abcdef\"\n[limits]\n{limits}\n{node}"
+            );
             toml::from_str(&text).unwrap()
         };
         let edge = config("").limits.edge();

@@ -106,8 +106,12 @@ pub async fn serve(
 type EdgeService = TowerToHyperService<RequestBodyTimeout<Router>>;
 
 /// One connection's requests, until it closes or the server stops.
-async fn serve_connection<T>(builder: &http1::Builder, stream: T, service: EdgeService, watcher: Watcher)
-where
+async fn serve_connection<T>(
+    builder: &http1::Builder,
+    stream: T,
+    service: EdgeService,
+    watcher: Watcher,
+) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let connection = builder.serve_connection(TokioIo::new(stream), service);

@@ -43,8 +43,8 @@ pub mod reclaim;
 pub mod rounds;
 pub mod schedule;
 pub mod shutdown;
-pub mod tls;
 pub mod timer;
+pub mod tls;
 
 /// Milliseconds since the Unix epoch by this node's clock: the `now` of entries
 /// this node proposes as leader.

@@ -174,4 +174,3 @@ pub fn scheme(tls: Option<&Tls>) -> &'static str {
         "http"
     }
 }
-

@@ -118,7 +118,7 @@ fn check(command: &Command) -> Result<(), InvalidInput> {
 /// A round entry is refused whole (its callers get `too_many_keys` and retry), since
 /// its answer has no place for one key's refusal; the leader's own check before
 /// proposing makes that a race at the limit, not a habit. Commands that never
-/// create a key (reclaim, removals, force release) always pass.
+/// create a key (reclaim, removals, force release, tokens) always pass.
 fn check_room(semaphores: &Semaphores, command: &Command) -> Result<(), KeyLimitReached> {
     match command {
         Command::Round { keys, syncs, .. } => semaphores.room_for(
@@ -136,7 +136,9 @@ fn check_room(semaphores: &Semaphores, command: &Command) -> Result<(), KeyLimit
         | Command::RemoveKey { .. }
         | Command::SetDefaults { .. }
         | Command::ForceRelease { .. }
-        | Command::Restore { .. } => Ok(()),
+        | Command::Restore { .. }
+        | Command::CreateToken { .. }
+        | Command::RevokeToken { .. } => Ok(()),
     }
 }
 
@@ -252,9 +254,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tree = sled::open(dir.path()).unwrap().open_tree("state").unwrap();
         let mut write = WriteSet::default();
-        apply_command(semaphores, &tree, &mut write, log_index, &command)
-            .unwrap()
-            .0
+        let mut tokens = TokenRegistry::default();
+        apply_command(
+            semaphores,
+            &mut tokens,
+            &tree,
+            &mut write,
+            log_index,
+            &command,
+        )
+        .unwrap()
+        .0
     }
 
     fn set_group(key: &str) -> Command {
