@@ -28,7 +28,9 @@ pub struct Semaphores {
     defaults: KeyConfig,
     /// The largest `now` applied so far.
     last_now_ms: u64,
-    keys: BTreeMap<String, KeyState>,
+    /// Boxed: a B-tree node holds eleven slots, mostly empty, and a slot of
+    /// a box costs a pointer where an inline state costs its whole size.
+    keys: BTreeMap<String, Box<KeyState>>,
     /// Most keys this state holds ([`MAX_KEYS`]; smaller only in tests). Not
     /// replicated: every replica runs the same build, so every replica refuses alike.
     #[serde(skip, default = "max_keys_default")]
@@ -99,7 +101,10 @@ impl Semaphores {
         Self {
             defaults,
             last_now_ms,
-            keys,
+            keys: keys
+                .into_iter()
+                .map(|(key, state)| (key, Box::new(state)))
+                .collect(),
             ..Self::default()
         }
     }
@@ -136,37 +141,31 @@ impl Semaphores {
         self.last_now_ms
     }
 
-    pub fn keys(&self) -> &BTreeMap<String, KeyState> {
+    pub fn keys(&self) -> &BTreeMap<String, Box<KeyState>> {
         &self.keys
     }
 
     pub fn key(&self, key: &str) -> Option<&KeyState> {
-        self.keys.get(key)
+        self.keys.get(key).map(Box::as_ref)
     }
 
     /// The configuration a key runs with: its own, or the defaults.
     pub fn config(&self, key: &str) -> &KeyConfig {
         self.keys
             .get(key)
-            .and_then(|state| state.meta().config.as_ref())
+            .and_then(|state| state.meta().config.as_deref())
             .unwrap_or(&self.defaults)
     }
 
     /// A key's usage at `now_ms` (the serving node's clock); zero for unknown keys.
     pub fn usage(&self, key: &str, now_ms: u64) -> Usage {
         let empty = KeyState::default();
-        usage(
-            self.keys.get(key).unwrap_or(&empty),
-            self.config(key),
-            now_ms,
-        )
+        usage(self.key(key).unwrap_or(&empty), self.config(key), now_ms)
     }
 
     /// The earliest claim deadline of an unclaimed grant of `key`.
     pub fn next_claim_deadline_ms(&self, key: &str) -> Option<u64> {
-        self.keys
-            .get(key)
-            .and_then(KeyState::next_claim_deadline_ms)
+        self.key(key).and_then(KeyState::next_claim_deadline_ms)
     }
 
     pub(crate) fn advance_clock(&mut self, now_ms: u64) -> u64 {
@@ -187,14 +186,15 @@ impl Semaphores {
         let mut state = self.keys.remove(key).unwrap_or_else(|| {
             // A key dropped earlier in this change window: its deleted rows must
             // still reach storage through the re-created state.
-            let mut state = KeyState::default();
+            let mut state = Box::<KeyState>::default();
             state.carry_changes(self.dirty.dropped.remove(key).unwrap_or_default());
             state
         });
         let config = state
             .meta()
             .config
-            .clone()
+            .as_deref()
+            .cloned()
             .unwrap_or_else(|| self.defaults.clone());
         let result = change(&mut state, &config);
         if state.is_empty() {
@@ -249,7 +249,7 @@ impl Semaphores {
         validate_key_config(&config)?;
         self.with_key(key, |state, _| {
             let meta = state.meta_mut();
-            meta.config = Some(config.clone());
+            meta.config = Some(Box::new(config.clone()));
             meta.recheck_leases = true;
         });
         Ok(config)
@@ -337,7 +337,7 @@ impl Semaphores {
             .keys
             .into_iter()
             .map(|key| {
-                let changes = self.keys.get_mut(&key).map(KeyState::take_changes);
+                let changes = self.keys.get_mut(&key).map(|state| state.take_changes());
                 (key, changes)
             })
             .collect();
