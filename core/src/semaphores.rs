@@ -163,9 +163,10 @@ impl Semaphores {
         usage(self.key(key).unwrap_or(&empty), self.config(key), now_ms)
     }
 
-    /// The earliest claim deadline of an unclaimed grant of `key`.
-    pub fn next_claim_deadline_ms(&self, key: &str) -> Option<u64> {
-        self.key(key).and_then(KeyState::next_claim_deadline_ms)
+    /// When a reclaim entry of `key` would next change it (see
+    /// [`KeyState::next_deadline_ms`]).
+    pub fn next_deadline_ms(&self, key: &str) -> Option<u64> {
+        self.key(key).and_then(KeyState::next_deadline_ms)
     }
 
     pub(crate) fn advance_clock(&mut self, now_ms: u64) -> u64 {
@@ -228,7 +229,8 @@ impl Semaphores {
         self.with_key(key, |state, config| run_sync(state, config, now_ms, sync))
     }
 
-    /// A reclaim pass over `key` (the claim-deadline timer).
+    /// A reclaim pass over `key` (the leader's deadline timer): reclaims what
+    /// passed its claim deadline and forgets answers past their time.
     pub fn reclaim(&mut self, key: &str, now_ms: u64) -> Vec<Event> {
         let now_ms = self.advance_clock(now_ms);
         self.with_key(key, |state, _| {

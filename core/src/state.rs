@@ -333,16 +333,15 @@ impl KeyState {
         self.changes.get_or_insert_with(Box::default)
     }
 
-    /// The earliest claim deadline of a grant with unclaimed permits: when the
-    /// leader's reclaim timer for this key should fire.
-    pub fn next_claim_deadline_ms(&self) -> Option<u64> {
-        let grant = self.tally.claim_deadlines.first();
-        let lease = self.tally.lease_claim_deadlines.first();
-        grant
-            .into_iter()
-            .map(|(deadline, _)| *deadline)
-            .chain(lease.map(|(deadline, _)| *deadline))
-            .min()
+    /// The earliest time a reclaim entry would change this key: a claim
+    /// deadline of a grant or lease, or the forget time of a remembered answer.
+    /// The leader's reclaim timer for this key fires then, so unclaimed permits
+    /// return and answers age out even when nobody asks about the key.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        let grant = self.tally.claim_deadlines.first().map(|(at, _)| *at);
+        let lease = self.tally.lease_claim_deadlines.first().map(|(at, _)| *at);
+        let answer = self.tally.answer_expiries.first().map(|(at, _, _)| *at);
+        [grant, lease, answer].into_iter().flatten().min()
     }
 
     /// Replaces (or with `None` deletes) a grant, keeping the tally exact.
