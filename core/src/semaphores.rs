@@ -31,6 +31,12 @@ pub struct Semaphores {
     /// Boxed: a B-tree node holds eleven slots, mostly empty, and a slot of
     /// a box costs a pointer where an inline state costs its whole size.
     keys: BTreeMap<String, Box<KeyState>>,
+    /// Some `SetDefaults` was applied: `/cluster/init`'s, or an operator's.
+    /// Until then every new leader proposes its own `[defaults]` (the node's
+    /// defaults task), so a failed write after init is retried. States saved
+    /// before this field existed come from clusters whose init wrote them.
+    #[serde(default = "written_by_older_versions")]
+    defaults_written: bool,
     /// Most keys this state holds ([`MAX_KEYS`]; smaller only in tests). Not
     /// replicated: every replica runs the same build, so every replica refuses alike.
     #[serde(skip, default = "max_keys_default")]
@@ -43,12 +49,17 @@ fn max_keys_default() -> usize {
     MAX_KEYS
 }
 
+fn written_by_older_versions() -> bool {
+    true
+}
+
 impl Default for Semaphores {
     fn default() -> Self {
         Self {
             defaults: KeyConfig::default(),
             last_now_ms: 0,
             keys: BTreeMap::new(),
+            defaults_written: false,
             max_keys: MAX_KEYS,
             dirty: Dirty::default(),
         }
@@ -107,6 +118,17 @@ impl Semaphores {
                 .collect(),
             ..Self::default()
         }
+    }
+
+    /// The same state, marked as having had its defaults written (or not).
+    pub fn with_defaults_written(mut self, written: bool) -> Self {
+        self.defaults_written = written;
+        self
+    }
+
+    /// Whether a `SetDefaults` was ever applied to this state.
+    pub fn defaults_written(&self) -> bool {
+        self.defaults_written
     }
 
     /// The same state with a smaller key limit, so tests can reach it.
@@ -309,6 +331,7 @@ impl Semaphores {
     pub fn set_defaults(&mut self, defaults: KeyConfig) -> Result<(), InvalidInput> {
         validate_key_config(&defaults)?;
         self.defaults = defaults;
+        self.defaults_written = true;
         self.dirty.cluster = true;
         let following: Vec<String> = self
             .keys
@@ -385,6 +408,21 @@ mod tests {
         assert!(semaphores.take_changes().keys.is_empty());
         semaphores.remove_group("k", "a");
         assert!(semaphores.key("k").unwrap().meta().groups.is_empty());
+    }
+
+    #[test]
+    fn defaults_count_as_written_once_set_and_in_states_saved_before_the_flag() {
+        let mut fresh = Semaphores::default();
+        assert!(!fresh.defaults_written());
+        fresh.set_defaults(KeyConfig::default()).unwrap();
+        assert!(fresh.defaults_written());
+        let mut saved = serde_json::to_value(Semaphores::default()).unwrap();
+        saved.as_object_mut().unwrap().remove("defaultsWritten");
+        let older: Semaphores = serde_json::from_value(saved).unwrap();
+        assert!(
+            older.defaults_written(),
+            "an older cluster's init wrote them"
+        );
     }
 
     #[test]

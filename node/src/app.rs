@@ -157,6 +157,12 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         settings.entries_in_flight,
     );
     crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
+    crate::defaults::start(
+        raft.clone(),
+        state.clone(),
+        leadership.clone(),
+        settings.defaults.clone(),
+    );
     crate::events::start(state.clone());
     crate::raft_metrics::start(raft.clone());
     let app = App {
