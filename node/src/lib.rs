@@ -46,6 +46,7 @@ pub mod reclaim;
 pub mod rounds;
 pub mod schedule;
 pub mod shutdown;
+pub mod snapshots;
 pub mod timer;
 pub mod tls;
 
