@@ -15,6 +15,7 @@
 //! The document is checked in as `docs/openapi.json`; a test regenerates it and
 //! compares (`PERMITD_WRITE_OPENAPI=1` rewrites the file).
 
+use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use axum::http::{header, Method};
@@ -22,11 +23,14 @@ use axum::response::IntoResponse;
 use permitd_core::contract::{paths, ErrorAnswer, ErrorCode};
 use utoipa::openapi::header::{Header, HeaderBuilder};
 use utoipa::openapi::path::{Operation, ParameterIn};
+use utoipa::openapi::schema::Schema;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
 use crate::auth::roles::action_of;
+
+mod limits;
 
 /// The name of the bearer scheme in `components.securitySchemes`.
 const BEARER: &str = "bearer";
@@ -105,7 +109,7 @@ impl Modify for SharedAnswers {
         let bearer = HttpBuilder::new()
             .scheme(HttpAuthScheme::Bearer)
             .description(Some(
-                "An API token (`pd_…`) or the admin token of the config file.",
+                "An API token (`pmt_…`) or the admin token of the config file.",
             ))
             .build();
         components.add_security_scheme(BEARER, SecurityScheme::Http(bearer));
@@ -113,6 +117,8 @@ impl Modify for SharedAnswers {
             .schemas
             .entry(ErrorAnswer::name().into_owned())
             .or_insert_with(ErrorAnswer::schema);
+        open_flattened_parts(&mut components.schemas);
+        limits::apply(&mut components.schemas);
         for (path, item) in openapi.paths.paths.iter_mut() {
             let operations = [
                 (Method::GET, &mut item.get),
@@ -130,12 +136,50 @@ impl Modify for SharedAnswers {
     }
 }
 
+/// A response that flattens a request type refusing unknown fields (a token's
+/// record flattens its `TokenSpec`) holds that type's fields *and* its own: in
+/// the `allOf`, the part is inlined without `additionalProperties: false`, which
+/// would refuse the record's other fields.
+fn open_flattened_parts(schemas: &mut BTreeMap<String, RefOr<Schema>>) {
+    let closed: BTreeMap<String, RefOr<Schema>> = schemas
+        .iter()
+        .filter_map(|(name, schema)| match schema {
+            RefOr::T(Schema::Object(object)) if object.additional_properties.is_some() => {
+                let mut open = object.clone();
+                open.additional_properties = None;
+                Some((
+                    format!("#/components/schemas/{name}"),
+                    Schema::Object(open).into(),
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    for schema in schemas.values_mut() {
+        if let RefOr::T(Schema::AllOf(all_of)) = schema {
+            for part in &mut all_of.items {
+                if let RefOr::Ref(reference) = part {
+                    if let Some(open) = closed.get(&reference.ref_location) {
+                        *part = open.clone();
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The security requirement and error answers of one operation.
 fn add_shared(operation: &mut Operation, open: bool) {
     let mut codes = vec![ErrorCode::Internal, ErrorCode::NoQuorum];
     if !open {
         operation.security = Some(vec![SecurityRequirement::new::<_, _, &str>(BEARER, [])]);
         codes.extend([ErrorCode::Unauthorized, ErrorCode::Forbidden]);
+    }
+    for parameter in operation.parameters.iter_mut().flatten() {
+        let rule = limits::parameter(&parameter.name);
+        if let (Some(rule), Some(schema)) = (rule, parameter.schema.as_mut()) {
+            limits::constrain(schema, rule);
+        }
     }
     let parameters = operation.parameters.as_deref().unwrap_or_default();
     let has = |place: ParameterIn| parameters.iter().any(|p| p.parameter_in == place);
