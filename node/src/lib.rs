@@ -34,6 +34,7 @@ pub mod config;
 pub mod config_env;
 pub mod defaults;
 pub mod edge;
+pub mod event_log;
 pub mod events;
 pub mod fatal;
 pub mod http_metrics;
