@@ -123,7 +123,16 @@ fn summarise(mut total: ClientTally, run: &GrantRun, entries: u64) -> GrantResul
 
 /// The bench's own HTTP client: pooled keep-alive connections, no Nagle.
 pub fn bench_http() -> reqwest::Client {
+    // Bench clusters run with auth on, as users do: every call carries the
+    // admin token (without it every call is a 401 and nothing is measured).
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {}", crate::ADMIN_TOKEN);
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        bearer.parse().expect("a valid header value"),
+    );
     reqwest::Client::builder()
+        .default_headers(headers)
         .tcp_nodelay(true)
         .timeout(CALL_TIMEOUT)
         .pool_idle_timeout(Duration::from_secs(60))
