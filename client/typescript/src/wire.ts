@@ -220,6 +220,7 @@ export const ERROR_CODES = [
   "no_quorum",
   "leader_changed",
   "shutting_down",
+  "overloaded",
   "timeout",
   "internal",
 ] as const;
