@@ -266,13 +266,14 @@ impl Rounds {
         })
     }
 
-    /// The driver: proposes every entry the schedule lets leave, then sleeps
-    /// until the next is due or something changes.
+    /// The driver: proposes every entry the schedule lets leave, fails what is
+    /// parked once the leader is stalled, then sleeps until the schedule's next
+    /// wake-up or until something changes.
     async fn drive(self) {
         let mut timer_set_for: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            let (entry, next_due) = {
+            let (entry, next_wake) = {
                 let mut schedule = self.schedule();
                 if schedule.is_stalled(now) && schedule.parked() > 0 {
                     let (requests, syncs) = schedule.drop_all();
@@ -281,18 +282,13 @@ impl Rounds {
                     continue;
                 }
                 let entry = schedule.take_entry(now);
-                let stall = schedule.stall_deadline().filter(|at| *at > now);
-                let next = match (schedule.next_due(now), stall) {
-                    (Some(due), Some(stall)) => Some(due.min(stall)),
-                    (due, stall) => due.or(stall),
-                };
-                (entry, next)
+                (entry, schedule.next_wake(now))
             };
             if let Some(entry) = entry {
                 tokio::spawn(self.clone().run_entry(entry));
                 continue;
             }
-            if let Some(due) = next_due.filter(|due| timer_set_for != Some(*due)) {
+            if let Some(due) = next_wake.filter(|due| timer_set_for != Some(*due)) {
                 self.inner.timer.wake_at(due);
                 timer_set_for = Some(due);
             }

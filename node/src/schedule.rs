@@ -325,6 +325,17 @@ impl<R, S> Schedule<R, S> {
         self.due.first().copied()
     }
 
+    /// When the driver should next look at the schedule: the next entry, the
+    /// leader counting as stalled, or an idle key to forget (so that memory of
+    /// idle keys is dropped on time even when nothing else happens).
+    pub fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let stall = self.stall_deadline().filter(|at| *at > now);
+        [self.next_due(now), stall, self.idle.first().copied()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
     /// Takes the next entry if one may leave at `now`; it counts as in flight
     /// until [`Self::entry_done`].
     pub fn take_entry(&mut self, now: Instant) -> Option<Entry<R, S>> {
@@ -640,12 +651,19 @@ mod tests {
     fn idle_keys_are_forgotten_once_their_period_ends() {
         let (mut schedule, t0) = schedule();
         schedule.park("a", 1, 1, timings(0, 10), t0).unwrap();
-        schedule.take_entry(t0).unwrap();
+        let entry = schedule.take_entry(t0).unwrap();
+        schedule.entry_done(entry.id);
         assert!(schedule.take_entry(t0 + ms(5)).is_none());
         assert!(schedule.keys.contains_key("a"), "its period still matters");
+        assert_eq!(
+            schedule.next_wake(t0 + ms(5)),
+            Some(t0 + ms(10)),
+            "woken to forget"
+        );
         assert!(schedule.take_entry(t0 + ms(10)).is_none());
         assert!(!schedule.keys.contains_key("a"));
         assert!(schedule.idle.is_empty() && schedule.due.is_empty());
+        assert_eq!(schedule.next_wake(t0 + ms(10)), None);
     }
 
     #[test]
