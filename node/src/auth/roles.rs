@@ -9,6 +9,10 @@
 //! | `GET /metrics` | – | yes | yes |
 //! | `PUT …/config`, `PUT`/`DELETE …/groups/{group}` | – | – | yes |
 //! | `/v1/tokens*`, `/cluster/*` | – | – | yes |
+//!
+//! Open, without a token: `GET /healthz`, `GET /readyz` (probes) and
+//! `GET /openapi.json` (the API's description, as public as the repository's
+//! `docs/openapi.json`).
 
 use axum::http::Method;
 use permitd_core::contract::paths;
@@ -55,7 +59,7 @@ impl Refusal {
 /// The action of a matched route, or `None` for an open route.
 pub fn action_of(method: &Method, matched_path: &str, key: Option<String>) -> Option<Action> {
     let action = match (method.as_str(), matched_path) {
-        (_, paths::HEALTHZ | paths::READYZ) => return None,
+        (_, paths::HEALTHZ | paths::READYZ | paths::OPENAPI) => return None,
         ("POST", paths::SEMAPHORE) => Action::Post {
             key,
             client_id: None,
@@ -159,6 +163,7 @@ mod tests {
     #[test]
     fn routes_map_to_actions() {
         assert_eq!(action_of(&Method::GET, paths::HEALTHZ, None), None);
+        assert_eq!(action_of(&Method::GET, paths::OPENAPI, None), None);
         assert_eq!(
             action_of(&Method::DELETE, paths::SEMAPHORE, None),
             Some(Action::Cluster),
