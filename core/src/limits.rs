@@ -43,6 +43,10 @@ pub const MAX_CONFIGURED_GROUPS_PER_KEY: usize = 10_000;
 /// Answers remembered per (key, clientId) for `requestId` de-duplication; the oldest
 /// is forgotten first.
 pub const MAX_REMEMBERED_ANSWERS_PER_CLIENT: usize = 32;
+/// Answers remembered per key, all clients together; the one due to be
+/// forgotten first goes first. Bounds a key's answer rows whatever the number
+/// of clients.
+pub const MAX_REMEMBERED_ANSWERS_PER_KEY: usize = 1_024;
 
 /// Largest HTTP request body, in bytes (413 beyond).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;

@@ -273,10 +273,22 @@ pub struct RaftTimings {
     /// Log entries between two snapshots (node `i` waits `(1 + (i-1)/4)` times
     /// as many, so that the nodes of a cluster snapshot at different indexes).
     pub snapshot_every_logs: u64,
+    /// Longest time between two snapshots while entries are applied, in ms
+    /// (staggered per node like `snapshot_every_logs`).
+    #[serde(default = "default_snapshot_every_ms")]
+    pub snapshot_every_ms: u64,
     /// Log entries kept behind a snapshot, so that a follower that lagged
     /// briefly (a restart, a pause) catches up from the log, not a snapshot.
     #[serde(default = "default_log_kept_after_snapshot")]
     pub log_kept_after_snapshot: u64,
+}
+
+/// Shortest time budget between snapshots: building one costs a copy of the
+/// state, so a smaller budget would spend the node on snapshots.
+const MIN_SNAPSHOT_EVERY_MS: u64 = 1_000;
+
+fn default_snapshot_every_ms() -> u64 {
+    300_000
 }
 
 fn default_log_kept_after_snapshot() -> u64 {
@@ -291,6 +303,7 @@ impl Default for RaftTimings {
             election_timeout_max_ms: 240,
             rpc_timeout_ms: 1_000,
             snapshot_every_logs: 5_000,
+            snapshot_every_ms: default_snapshot_every_ms(),
             log_kept_after_snapshot: default_log_kept_after_snapshot(),
         }
     }
@@ -375,6 +388,11 @@ impl ClusterConfig {
             || raft.election_timeout_max_ms <= raft.election_timeout_min_ms
         {
             return invalid("need 0 < heartbeat < election min < election max".into());
+        }
+        if raft.snapshot_every_ms < MIN_SNAPSHOT_EVERY_MS {
+            return invalid(format!(
+                "[raft] snapshot_every_ms must be at least {MIN_SNAPSHOT_EVERY_MS}"
+            ));
         }
         if self.storage.cache_capacity_mib == 0 {
             return invalid("[storage] cache_capacity_mib must be at least 1".into());
