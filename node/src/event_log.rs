@@ -74,7 +74,11 @@ impl EventLog {
         Self::with_capacity(applied_at_start, EVENT_BUFFER_EVENTS, MAX_EVENT_SUBSCRIBERS)
     }
 
-    fn with_capacity(applied_at_start: u64, capacity: usize, max_subscribers: usize) -> Self {
+    pub(crate) fn with_capacity(
+        applied_at_start: u64,
+        capacity: usize,
+        max_subscribers: usize,
+    ) -> Self {
         let buffer = Buffer {
             records: VecDeque::with_capacity(capacity.min(1_024)),
             capacity,

@@ -91,7 +91,10 @@ for await (const line of createInterface({ input: process.stdin })) {
     await commands[name](...args);
     console.log(`ok ${line}`);
   } catch (error) {
-    console.log(`fail ${line}: ${error.message.split("\n")[0]}`);
+    // What the page showed, to tell a slow page from a wrong one.
+    const shown = await page.evaluate(() => document.body.innerText.replace(/\s+/g, " ").slice(0, 1500))
+      .catch(() => "(page unreadable)");
+    console.log(`fail ${line}: ${error.message.split("\n")[0]} | page: ${shown}`);
     await browser.close().catch(() => {});
     process.exit(1);
   }
