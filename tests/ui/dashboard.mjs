@@ -6,6 +6,7 @@
 //   granted KEY N        wait until KEY's row shows N permits granted
 //   holders KEY N        wait until KEY's row shows N clients holding
 //   lag NODE             wait until NODE's row shows a replication lag
+//   open KEY CLIENT      click KEY; wait until its holders list CLIENT
 //   event TYPE KEY       wait until the event list shows a TYPE event of KEY
 //   screenshot PATH      write a PNG of the whole page
 //   quit                 fail on requests to other origins or script errors; exit
@@ -58,6 +59,15 @@ const commands = {
     await page.waitForFunction(
       (node) => /^\d+ entries$/.test(document.querySelector(`tr[data-node="${node}"] td.lag`)?.textContent ?? ""),
       node,
+      { timeout: WAIT_MS },
+    );
+  },
+  async open(key, clientId) {
+    await page.click(`${row(key)} td.key a`);
+    await page.waitForFunction(
+      (clientId) => [...document.querySelectorAll("#holders-table td.key")]
+        .some((cell) => cell.textContent === clientId),
+      clientId,
       { timeout: WAIT_MS },
     );
   },
