@@ -71,7 +71,9 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 
 fn refusal(error: SubscribeError) -> ApiError {
     let code = match error {
-        SubscribeError::TooFarBehind { .. } => ErrorCode::TooFarBehind,
+        SubscribeError::TooFarBehind { .. } | SubscribeError::MissedEntries => {
+            ErrorCode::TooFarBehind
+        }
         SubscribeError::TooManySubscribers { .. } => ErrorCode::TooManySubscribers,
     };
     ApiError::Stream {
