@@ -15,7 +15,8 @@
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 
-const WAIT_MS = 20_000;
+// Generous: the machine running CI may be shared and slow.
+const WAIT_MS = 30_000;
 const url = new URL(process.env.PERMITD_UI_URL);
 const browser = await chromium.launch({
   executablePath: process.env.PERMITD_CHROMIUM || "/usr/bin/chromium",
