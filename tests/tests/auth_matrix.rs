@@ -190,6 +190,13 @@ fn table(throwaway_token: u64) -> Vec<Row> {
             None,
             [200, 200, 200, 200, 200, 200, 200, 200],
         ),
+        // The API's description is as public as docs/openapi.json.
+        row(
+            Method::GET,
+            "/openapi.json",
+            None,
+            [200, 200, 200, 200, 200, 200, 200, 200],
+        ),
     ]
 }
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::validate::InvalidInput;
 
 /// Every error code a node answers with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// 400: the body, path or query is malformed or breaks a limit.
@@ -146,13 +146,13 @@ impl std::fmt::Display for ErrorCode {
 }
 
 /// The body of every error answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorAnswer {
     pub error: ErrorBody,
 }
 
 /// What went wrong, for programs (`code`, `field`) and for people (`message`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     pub code: ErrorCode,
     pub message: String,

@@ -12,7 +12,8 @@
 //! - [`errors`]: the error codes, their HTTP statuses and the error body;
 //! - [`cluster`]: `/cluster/status` and `/cluster/members`;
 //! - [`keys`]: the paged key listing of `GET /v1/semaphores`;
-//! - [`events`]: the query and records of the event stream `GET /v1/events`.
+//! - [`events`]: the query and records of the event stream `GET /v1/events`;
+//! - [`health`]: the answers of the open probes `/healthz` and `/readyz`.
 //!
 //! `docs/protocol.md` explains every field.
 
@@ -20,10 +21,12 @@ pub mod cluster;
 pub mod errors;
 pub mod events;
 pub mod headers;
+pub mod health;
 pub mod keys;
 pub mod paths;
 
 pub use cluster::{ClusterMember, ClusterStatus, MemberRole, MembershipChange};
 pub use errors::{ErrorAnswer, ErrorBody, ErrorCode};
 pub use events::{EventQuery, EventRecord};
+pub use health::{Health, HealthStatus, Readiness, ReadyStatus};
 pub use keys::{KeyList, KeyUsage, ListQuery};

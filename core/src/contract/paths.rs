@@ -54,9 +54,11 @@ pub const METRICS: &str = "/metrics";
 pub const HEALTHZ: &str = "/healthz";
 /// Readiness: 200 once a leader is known, else 503 `no_quorum`.
 pub const READYZ: &str = "/readyz";
+/// `GET`: the OpenAPI 3.1 document of every route above (open, like the probes).
+pub const OPENAPI: &str = "/openapi.json";
 
 /// Every route above, for documentation and for checks that each is described.
-pub const ALL: [&str; 21] = [
+pub const ALL: [&str; 22] = [
     SEMAPHORES,
     SEMAPHORE,
     USAGE,
@@ -78,6 +80,7 @@ pub const ALL: [&str; 21] = [
     METRICS,
     HEALTHZ,
     READYZ,
+    OPENAPI,
 ];
 
 /// The segments of `template` with its `{…}` parameters replaced, in order, by

@@ -22,7 +22,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 use permitd_core::contract::events::STREAM_ERROR_EVENT;
-use permitd_core::contract::{ErrorAnswer, ErrorCode, EventQuery, EventRecord};
+use permitd_core::contract::{paths, ErrorAnswer, ErrorCode, EventQuery, EventRecord};
 use permitd_core::limits::EVENT_KEEP_ALIVE_SECONDS;
 use permitd_core::validate::validate_key;
 use tokio::sync::broadcast::error::RecvError;
@@ -35,6 +35,17 @@ use crate::event_log::{matches, SubscribeError, Subscription};
 const LAST_EVENT_ID: &str = "last-event-id";
 
 /// `GET /v1/events`.
+#[utoipa::path(
+    get, path = paths::EVENTS, tag = "operations",
+    params(EventQuery),
+    responses(
+        (status = 200, description = "Server-Sent Events until the node stops: `event:` the event type, \
+            `id:` its entry's log index, `data:` one event record as JSON (docs/protocol.md, \
+            \"Event stream\").", content_type = "text/event-stream", body = String),
+        (status = 410, description = "`too_far_behind`: `from` is older than this node keeps.", body = ErrorAnswer),
+        (status = 429, description = "`too_many_subscribers`: this node serves the most streams it may.", body = ErrorAnswer),
+    ),
+)]
 pub async fn stream(
     State(app): State<App>,
     headers: HeaderMap,

@@ -33,11 +33,21 @@ pub fn router() -> Router<App> {
         .route(paths::UI_ASSET, get(asset))
 }
 
-async fn page() -> Response {
+#[utoipa::path(
+    get, path = paths::UI, tag = "operations",
+    responses((status = 200, description = "The dashboard page.", content_type = "text/html", body = String)),
+)]
+pub async fn page() -> Response {
     static_answer("text/html; charset=utf-8", PAGE)
 }
 
-async fn asset(Path(name): Path<String>) -> Result<Response, ApiError> {
+#[utoipa::path(
+    get, path = paths::UI_ASSET, tag = "operations",
+    params(("asset" = String, Path, description = "`app.js` or `app.css`.")),
+    responses((status = 200, description = "The dashboard's script or style sheet.",
+        content((String = "text/javascript"), (String = "text/css"), (String = "text/html")))),
+)]
+pub async fn asset(Path(name): Path<String>) -> Result<Response, ApiError> {
     match name.as_str() {
         "app.js" => Ok(static_answer("text/javascript; charset=utf-8", SCRIPT)),
         "app.css" => Ok(static_answer("text/css; charset=utf-8", STYLE)),

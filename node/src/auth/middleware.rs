@@ -23,7 +23,7 @@ use super::{authenticate, bearer_token, Principal};
 use crate::api::error::ApiError;
 use crate::app::App;
 
-/// Middleware for every public route but `/healthz` and `/readyz`.
+/// Middleware for every public route but `/healthz`, `/readyz` and `/openapi.json`.
 pub async fn require_token(State(app): State<App>, request: Request, next: Next) -> Response {
     if !app.auth.enabled {
         return next.run(request).await;

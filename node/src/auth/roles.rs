@@ -10,7 +10,11 @@
 //! | `GET /metrics` | – | yes | yes |
 //! | `PUT …/config`, `PUT`/`DELETE …/groups/{group}` | – | – | yes |
 //! | `/v1/tokens*`, `/cluster/*` | – | – | yes |
-//! | `/ui`, `/ui/{asset}`, `/healthz`, `/readyz` | open | open | open |
+//!
+//! Open, without a token: `GET /healthz`, `GET /readyz` (probes) and
+//! `GET /openapi.json` (the API's description, as public as the repository's
+//! `docs/openapi.json`), and the dashboard's static files `GET /ui`,
+//! `GET /ui/{asset}` (its script calls the API with the operator's token).
 
 use axum::http::Method;
 use permitd_core::contract::paths;
@@ -61,7 +65,9 @@ impl Refusal {
 /// The action of a matched route, or `None` for an open route.
 pub fn action_of(method: &Method, matched_path: &str, key: Option<String>) -> Option<Action> {
     let action = match (method.as_str(), matched_path) {
-        (_, paths::HEALTHZ | paths::READYZ | paths::UI | paths::UI_ASSET) => return None,
+        (_, paths::HEALTHZ | paths::READYZ | paths::OPENAPI | paths::UI | paths::UI_ASSET) => {
+            return None
+        }
         ("POST", paths::SEMAPHORE) => Action::Post {
             key,
             client_id: None,
@@ -178,6 +184,7 @@ mod tests {
     fn routes_map_to_actions() {
         assert_eq!(action_of(&Method::GET, paths::HEALTHZ, None), None);
         assert_eq!(action_of(&Method::GET, paths::UI_ASSET, None), None);
+        assert_eq!(action_of(&Method::GET, paths::OPENAPI, None), None);
         assert_eq!(
             action_of(&Method::DELETE, paths::SEMAPHORE, None),
             Some(Action::Cluster),
