@@ -11,9 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::events::Event;
 
 /// The query of `GET /v1/events`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::IntoParams)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
 pub struct EventQuery {
     /// Only this key's events; every key's when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]

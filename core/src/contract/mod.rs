@@ -12,8 +12,8 @@
 //! - [`errors`]: the error codes, their HTTP statuses and the error body;
 //! - [`cluster`]: `/cluster/status` and `/cluster/members`;
 //! - [`keys`]: the paged key listing of `GET /v1/semaphores`;
-//! - [`events`]: the query and records of the event stream `GET /v1/events`;
 //! - [`health`]: the answers of the open probes `/healthz` and `/readyz`.
+//! - [`events`]: the query and records of the event stream `GET /v1/events`.
 //!
 //! `docs/protocol.md` explains every field.
 

@@ -22,7 +22,8 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 use permitd_core::contract::events::STREAM_ERROR_EVENT;
-use permitd_core::contract::{paths, ErrorAnswer, ErrorCode, EventQuery, EventRecord};
+use permitd_core::contract::paths;
+use permitd_core::contract::{ErrorAnswer, ErrorCode, EventQuery, EventRecord};
 use permitd_core::limits::EVENT_KEEP_ALIVE_SECONDS;
 use permitd_core::validate::validate_key;
 use tokio::sync::broadcast::error::RecvError;
@@ -37,13 +38,15 @@ const LAST_EVENT_ID: &str = "last-event-id";
 /// `GET /v1/events`.
 #[utoipa::path(
     get, path = paths::EVENTS, tag = "operations",
-    params(EventQuery),
+    params(
+        ("key" = Option<String>, Query, description = "Only this key's events (1 to 256 bytes); every key's when absent."),
+        ("from" = Option<u64>, Query, description = "The first log index to send, inclusive; only new events when absent."),
+        ("Last-Event-ID" = Option<u64>, Header, description = "A reconnecting stream's last id: the same as `from` = id + 1."),
+    ),
     responses(
-        (status = 200, description = "Server-Sent Events until the node stops: `event:` the event type, \
-            `id:` its entry's log index, `data:` one event record as JSON (docs/protocol.md, \
-            \"Event stream\").", content_type = "text/event-stream", body = String),
-        (status = 410, description = "`too_far_behind`: `from` is older than this node keeps.", body = ErrorAnswer),
-        (status = 429, description = "`too_many_subscribers`: this node serves the most streams it may.", body = ErrorAnswer),
+        (status = 200, description = "Server-Sent Events: per event `event:` its type, `id:` its entry's log index, `data:` one event record as JSON (docs/protocol.md, \"Event stream\"). The stream stays open.", content_type = "text/event-stream", body = String),
+        (status = 410, description = "`too_far_behind`: `from` is older than the events this node keeps.", body = ErrorAnswer),
+        (status = 429, description = "`too_many_subscribers`: this node serves its maximum of streams.", body = ErrorAnswer),
     ),
 )]
 pub async fn stream(

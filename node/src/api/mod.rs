@@ -4,9 +4,9 @@
 //! Layers, outermost first: a trace span per request, the body limit, then per
 //! route group forwarding to the leader (v1, membership) and inside it the token
 //! check ([`crate::auth`]), so the leader decides. `/metrics` and `/v1/events`
-//! are answered by the node called, from its own state. The internal router
-//! serves `/raft/*` only, behind the peer secret. `/healthz`, `/readyz`,
-//! `/openapi.json` and the dashboard's static files (`/ui`) are open.
+//! are answered by the node called, from its own state; the dashboard (`/ui`)
+//! is open and static. The internal router serves `/raft/*` only, behind the
+//! peer secret. `/healthz`, `/readyz` and `/openapi.json` are open.
 //! Unknown routes and methods answer the JSON error shape.
 
 pub mod backup;

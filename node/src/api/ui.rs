@@ -15,6 +15,8 @@ use axum::routing::get;
 use axum::Router;
 use permitd_core::contract::paths;
 
+use permitd_core::contract::ErrorAnswer;
+
 use super::error::ApiError;
 use crate::app::App;
 
@@ -33,19 +35,23 @@ pub fn router() -> Router<App> {
         .route(paths::UI_ASSET, get(asset))
 }
 
+/// `GET /ui`.
 #[utoipa::path(
     get, path = paths::UI, tag = "operations",
-    responses((status = 200, description = "The dashboard page.", content_type = "text/html", body = String)),
+    responses((status = 200, description = "The dashboard's page.", content_type = "text/html", body = String)),
 )]
 pub async fn page() -> Response {
     static_answer("text/html; charset=utf-8", PAGE)
 }
 
+/// `GET /ui/{asset}`.
 #[utoipa::path(
     get, path = paths::UI_ASSET, tag = "operations",
-    params(("asset" = String, Path, description = "`app.js` or `app.css`.")),
-    responses((status = 200, description = "The dashboard's script or style sheet.",
-        content((String = "text/javascript"), (String = "text/css"), (String = "text/html")))),
+    params(("asset" = String, Path, description = "`app.js`, `app.css` or `index.html`.")),
+    responses(
+        (status = 200, description = "The dashboard's script, style sheet or page.", content_type = "text/plain", body = String),
+        (status = 404, description = "No such asset.", body = ErrorAnswer),
+    ),
 )]
 pub async fn asset(Path(name): Path<String>) -> Result<Response, ApiError> {
     match name.as_str() {

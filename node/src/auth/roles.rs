@@ -10,11 +10,10 @@
 //! | `GET /metrics` | – | yes | yes |
 //! | `PUT …/config`, `PUT`/`DELETE …/groups/{group}` | – | – | yes |
 //! | `/v1/tokens*`, `/cluster/*` | – | – | yes |
+//! | `/ui`, `/ui/{asset}`, `/healthz`, `/readyz` | open | open | open |
 //!
-//! Open, without a token: `GET /healthz`, `GET /readyz` (probes) and
-//! `GET /openapi.json` (the API's description, as public as the repository's
-//! `docs/openapi.json`), and the dashboard's static files `GET /ui`,
-//! `GET /ui/{asset}` (its script calls the API with the operator's token).
+//! `GET /openapi.json` is open too: the API's description, as public as the
+//! repository's `docs/openapi.json`.
 
 use axum::http::Method;
 use permitd_core::contract::paths;
@@ -183,8 +182,8 @@ mod tests {
     #[test]
     fn routes_map_to_actions() {
         assert_eq!(action_of(&Method::GET, paths::HEALTHZ, None), None);
-        assert_eq!(action_of(&Method::GET, paths::UI_ASSET, None), None);
         assert_eq!(action_of(&Method::GET, paths::OPENAPI, None), None);
+        assert_eq!(action_of(&Method::GET, paths::UI_ASSET, None), None);
         assert_eq!(
             action_of(&Method::DELETE, paths::SEMAPHORE, None),
             Some(Action::Cluster),
