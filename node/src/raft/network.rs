@@ -14,6 +14,9 @@
 //! same previous log id), the call joins the send under way instead of starting
 //! another, and answers for the entries both cover. Heartbeats (no entries) are
 //! sent apart, so followers keep hearing from the leader meanwhile.
+//! openraft records such an answer at the later call's time; 0.9 uses that
+//! time for metrics only, and linearizable reads send their own heartbeats on
+//! fresh connections, which never join a send.
 //!
 //! An append whose body would pass [`MAX_APPEND_BYTES`] is not sent: openraft
 //! is answered `PayloadTooLarge` with a hint of how many entries fit, and sends
