@@ -14,6 +14,9 @@
 //! same previous log id), the call joins the send under way instead of starting
 //! another, and answers for the entries both cover. Heartbeats (no entries) are
 //! sent apart, so followers keep hearing from the leader meanwhile.
+//! openraft records such an answer at the later call's time; 0.9 uses that
+//! time for metrics only, and linearizable reads send their own heartbeats on
+//! fresh connections, which never join a send.
 //!
 //! An append whose body would pass [`MAX_APPEND_BYTES`] is not sent: openraft
 //! is answered `PayloadTooLarge` with a hint of how many entries fit, and sends
@@ -331,6 +334,9 @@ impl RaftNetwork<TypeConfig> for Connection {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
     use openraft::CommittedLeaderId;
 
     use super::*;
@@ -354,6 +360,116 @@ mod tests {
         assert_eq!(cover(partial(), log_id(5), log_id(8)), partial());
         assert_eq!(cover(partial(), log_id(5), log_id(4)), Success);
         assert_eq!(cover(Conflict, log_id(5), log_id(8)), Conflict);
+    }
+
+    /// A peer nobody listens on: nothing here may reach it.
+    fn nowhere() -> Connection {
+        let network = Network::new(
+            1,
+            Secret::from("secret"),
+            Duration::from_secs(1),
+            None,
+            None,
+        )
+        .expect("client builds");
+        let node = PeerNode {
+            api_addr: "127.0.0.1:9".into(),
+            raft_addr: "127.0.0.1:9".into(),
+        };
+        Connection {
+            network,
+            target: 2,
+            target_node: node,
+            append: None,
+        }
+    }
+
+    fn append_of(entries: u64, bytes_each: usize) -> AppendEntriesRequest<TypeConfig> {
+        let entries = (1..=entries)
+            .map(|index| openraft::Entry {
+                log_id: log_id(index),
+                payload: openraft::EntryPayload::Normal(permitd_storage::Command::RemoveKey {
+                    key: "k".repeat(bytes_each),
+                }),
+            })
+            .collect();
+        AppendEntriesRequest {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_of_entries_too_large_is_answered_with_how_many_fit() {
+        let mut connection = nowhere();
+        let request = append_of(4, 3 * 1024 * 1024);
+        let Err(RPCError::PayloadTooLarge(too_large)) = connection.send_entries(request).await
+        else {
+            panic!("12 MiB of entries are not sent");
+        };
+        assert_eq!(too_large.entries_hint(), 2, "8 MiB holds two of them");
+        assert!(connection.append.is_none(), "nothing is under way");
+    }
+
+    #[tokio::test]
+    async fn one_entry_always_goes_however_large() {
+        let mut connection = nowhere();
+        let request = append_of(1, MAX_APPEND_BYTES + 1);
+        let answer = connection.send_entries(request).await;
+        assert!(
+            matches!(answer, Err(RPCError::Unreachable(_))),
+            "sent (nobody answers): {answer:?}"
+        );
+    }
+
+    /// A peer whose `/raft/append` answers `Success` after `delay`, counting calls.
+    async fn slow_peer(delay: Duration) -> (Connection, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let router = axum::Router::new().route(
+            "/raft/append",
+            axum::routing::post(move || {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(delay).await;
+                    let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> =
+                        Ok(AppendEntriesResponse::Success);
+                    codec::encode(&answer).expect("encodes")
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let mut connection = nowhere();
+        connection.target_node.raft_addr = addr;
+        (connection, calls)
+    }
+
+    #[tokio::test]
+    async fn an_append_asked_again_joins_the_send_under_way() {
+        let (mut connection, calls) = slow_peer(Duration::from_millis(300)).await;
+        // openraft gives up after its heartbeat interval...
+        let first = tokio::time::timeout(
+            Duration::from_millis(20),
+            connection.send_entries(append_of(2, 10)),
+        )
+        .await;
+        assert!(first.is_err(), "cut off by the caller");
+        // ...and asks again, for more entries: the send under way answers.
+        let again = connection.send_entries(append_of(3, 10)).await;
+        assert_eq!(
+            again.expect("answered"),
+            AppendEntriesResponse::PartialSuccess(Some(log_id(2)))
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "sent once");
+        // The rest goes in a new send.
+        let rest = connection.send_entries(append_of(3, 10)).await;
+        assert_eq!(rest.expect("answered"), AppendEntriesResponse::Success);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 
     #[test]
