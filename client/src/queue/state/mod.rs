@@ -41,6 +41,8 @@
 
 mod grants;
 mod items;
+#[cfg(test)]
+mod lane_properties;
 mod leases;
 mod messages;
 #[cfg(test)]
