@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::protocol::BlockedReason;
 
 /// How one key allocates: its limit, round timings, claim window and lease policy.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyConfig {
     /// Permits that may be outstanding at once. Lowering it never evicts running work.
@@ -47,7 +47,7 @@ impl Default for KeyConfig {
 }
 
 /// How leases are provisioned and shared out.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LeasePolicy {
     pub provisioning: Provisioning,
@@ -103,7 +103,7 @@ mod defaults {
 }
 
 /// Where lease capacity comes from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "mode", rename_all = "lowercase")]
 pub enum Provisioning {
     /// Grants and live lease footprint share the limit, grants first.
@@ -115,7 +115,7 @@ pub enum Provisioning {
 }
 
 /// A number of permits, or a share of the limit rounded down.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Amount {
     Permits(u64),
@@ -135,7 +135,7 @@ impl Amount {
 }
 
 /// Whether groups with their own cap may hold leases.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum LimitedGroups {
     /// Capped groups get no leases: their caps hold exactly.
@@ -215,7 +215,7 @@ impl Budgets {
 }
 
 /// Settings of one group within a key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GroupConfig {
     /// The group's own cap under the key's limit; `None` shares the key's limit only.
@@ -274,7 +274,7 @@ impl GroupPolicy {
 
 /// `PUT .../config`: fields omitted take the cluster defaults; `"leases": null`
 /// disables leases while an omitted `leases` takes the default policy.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyConfigUpdate {
     #[serde(default)]

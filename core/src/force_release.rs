@@ -24,7 +24,7 @@ use crate::semaphores::Semaphores;
 use crate::state::KeyState;
 
 /// What a force release dropped.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ForceReleased {
     pub grants: u64,

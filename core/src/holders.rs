@@ -20,7 +20,7 @@ use crate::protocol::PermitRequest;
 use crate::state::KeyState;
 
 /// Every client's footprint and waiting demand on one key.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyHolders {
     pub key: String,
@@ -29,7 +29,7 @@ pub struct KeyHolders {
 }
 
 /// One client's grants, leases and waiting demand on a key.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClientHolding {
     pub grants: Vec<GrantHolding>,
@@ -39,7 +39,7 @@ pub struct ClientHolding {
 }
 
 /// One grant as an operator sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GrantHolding {
     pub grant_id: GrantId,
@@ -52,7 +52,7 @@ pub struct GrantHolding {
 }
 
 /// One lease as an operator sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseHolding {
     pub lease_id: LeaseId,
@@ -66,7 +66,7 @@ pub struct LeaseHolding {
 }
 
 /// Permits of one group a client waits for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WaitingDemand {
     pub group: String,

@@ -71,7 +71,10 @@ impl IdAllocator {
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[derive(
+            Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+            utoipa::ToSchema,
+        )]
         #[serde(transparent)]
         pub struct $name(pub Uuid);
 

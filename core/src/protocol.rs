@@ -19,6 +19,23 @@ impl Serialize for V1 {
     }
 }
 
+/// In the OpenAPI document: the integer `1` and nothing else.
+impl utoipa::PartialSchema for V1 {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::Integer)
+            .enum_values(Some([1]))
+            .description(Some("The protocol version: always 1."))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for V1 {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ProtocolVersion".into()
+    }
+}
+
 impl<'de> Deserialize<'de> for V1 {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         match u64::deserialize(deserializer)? {
@@ -31,7 +48,7 @@ impl<'de> Deserialize<'de> for V1 {
 }
 
 /// A message a client sends to `POST /v1/semaphores/{key}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum SemaphoreRequest {
     /// Demand plus reports; answered when the key's next round runs.
@@ -41,7 +58,7 @@ pub enum SemaphoreRequest {
 }
 
 /// Asks for permits per group and reports on the grants and leases the client holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PermitRequest {
     pub v: V1,
@@ -59,7 +76,7 @@ pub struct PermitRequest {
 }
 
 /// Cumulative reports without demand.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PermitSync {
     pub v: V1,
@@ -71,7 +88,7 @@ pub struct PermitSync {
 }
 
 /// Permits wanted for one group; `oldest_at_ms` orders demand across clients.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Demand {
     pub group: String,
@@ -81,7 +98,7 @@ pub struct Demand {
 }
 
 /// Cumulative high-water marks for one grant: permits claimed, and of those released.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GrantReport {
     pub grant_id: String,
@@ -90,7 +107,7 @@ pub struct GrantReport {
 }
 
 /// Cumulative high-water marks for one lease, and whether the client stopped drawing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseReport {
     pub lease_id: String,
@@ -101,7 +118,7 @@ pub struct LeaseReport {
 }
 
 /// The holder's answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum SemaphoreResponse {
     Grant(PermitGrant),
@@ -109,7 +126,7 @@ pub enum SemaphoreResponse {
 }
 
 /// The answer to a [`PermitRequest`], once its round ran.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PermitGrant {
     pub v: V1,
@@ -127,7 +144,7 @@ pub struct PermitGrant {
 }
 
 /// The answer to a [`PermitSync`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PermitSyncResult {
     pub v: V1,
@@ -143,7 +160,7 @@ fn is_false(value: &bool) -> bool {
 }
 
 /// Permits newly granted to the asking client for one group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GrantedPermits {
     pub grant_id: GrantId,
@@ -154,14 +171,26 @@ pub struct GrantedPermits {
 }
 
 /// Why some of a group's demand stayed queued.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Blocked {
     pub group: String,
     pub reason: BlockedReason,
 }
 
 /// The gate that held demand back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum BlockedReason {
     /// The group's own cap is used up (checked before the key's).
@@ -187,7 +216,7 @@ impl BlockedReason {
 }
 
 /// The holder's view of one reported grant after applying the report.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GrantResult {
     pub grant_id: String,
@@ -196,7 +225,7 @@ pub struct GrantResult {
 }
 
 /// Outcome of a grant report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum GrantStatus {
     Ok,
@@ -207,7 +236,7 @@ pub enum GrantStatus {
 }
 
 /// A lease as the holder sees it. `expires_at_ms <= now` means: stop drawing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseGrant {
     pub lease_id: String,

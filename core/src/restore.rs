@@ -24,14 +24,25 @@ pub const BACKUP_FORMAT: &str = "permitd-backup-1";
 
 /// A backup file: what `GET /cluster/snapshot` answers and `permitd restore`
 /// reads. `state` is the leader's [`Semaphores`] as it serialises.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupFile {
     /// [`BACKUP_FORMAT`].
     pub format: String,
     /// The leader had applied at least this log index when it saved the state.
     pub applied_index: u64,
+    /// The engine's own state rows: an object the OpenAPI document leaves
+    /// open, since only `permitd restore` reads it.
+    #[schema(value_type = Object)]
     pub state: Backup,
+}
+
+/// The answer of `POST /cluster/restore`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Restored {
+    /// Keys the restored state holds.
+    pub restored_keys: u64,
 }
 
 /// Why a backup cannot be restored.

@@ -27,7 +27,9 @@ use crate::validate::{self, InvalidInput};
 pub const TOKEN_HASH_HEX_CHARS: usize = 64;
 
 /// What a token may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum Role {
     /// Request, sync and read usage, on its keys, as its client ids only.
@@ -39,7 +41,7 @@ pub enum Role {
 }
 
 /// What an admin asks for in `POST /v1/tokens`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenSpec {
     pub name: String,
@@ -79,7 +81,7 @@ impl std::fmt::Debug for TokenRecord {
 }
 
 /// What `GET /v1/tokens` shows of a token: everything but the hash.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenInfo {
     pub id: u64,
@@ -99,7 +101,7 @@ impl From<&TokenRecord> for TokenInfo {
 }
 
 /// The answer of `POST /v1/tokens`: the secret, shown this once, and the record.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreatedToken {
     pub token: String,
     #[serde(flatten)]
@@ -116,7 +118,7 @@ impl std::fmt::Debug for CreatedToken {
 }
 
 /// The answer of `GET /v1/tokens`: no secrets, no hashes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenList {
     pub tokens: Vec<TokenInfo>,
 }

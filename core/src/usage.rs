@@ -8,7 +8,7 @@ use crate::config::KeyConfig;
 use crate::state::KeyState;
 
 /// A key's limit, outstanding permits, lease footprint and room left for grants.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
     pub limit: u64,
@@ -24,7 +24,7 @@ pub struct Usage {
 }
 
 /// One group's outstanding grant permits and its cap, if it has one.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GroupUsage {
     pub granted: u64,

@@ -17,11 +17,11 @@ fn valid_messages() -> Vec<Value> {
         json!({"type": "request", "v": 1, "clientId": "c1", "requestId": "r1",
             "demand": [{"group": "g", "count": 3, "oldestAt": 5}],
             "grants": [{"grantId": "x", "claimed": 1, "released": 0}],
-            "leases": [{"leaseId": "l", "drawn": 1}]}),
+            "leases": [{"leaseId": "l", "drawn": 1, "released": 0}]}),
         json!({"type": "sync", "v": 1, "clientId": "c2",
             "grants": [{"grantId": "x", "claimed": 2, "released": 1}], "leases": []}),
         json!({"limit": 10, "roundWaitMs": 5, "grantTimeoutMs": 1000,
-            "lease": {"ttlMs": 100, "provisioning": {"ratio": 0.5}}}),
+            "leases": {"ttlMs": 100, "provisioning": {"mode": "under", "reserve": {"ratio": 0.5}}}}),
         json!({"limit": 3, "permitted": false}),
     ]
 }
@@ -141,6 +141,20 @@ fn feed(bytes: &[u8]) {
             );
         }
     }
+}
+
+/// The mutations start from valid messages: each parses and is accepted.
+#[test]
+fn the_starting_messages_are_valid() {
+    let messages = valid_messages();
+    for message in &messages[..2] {
+        parse_request(message.to_string().as_bytes()).expect("a valid message");
+    }
+    let update: KeyConfigUpdate = serde_json::from_value(messages[2].clone()).expect("a config");
+    let mut semaphores = Semaphores::default();
+    semaphores.set_key_config("k", &update).expect("valid");
+    let group: GroupConfig = serde_json::from_value(messages[3].clone()).expect("a group");
+    semaphores.set_group("k", "g", group).expect("valid");
 }
 
 proptest! {

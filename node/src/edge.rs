@@ -11,9 +11,10 @@
 //! - refuses a body that pauses longer than `body_read_timeout` between parts
 //!   (tower-http's `RequestBodyTimeoutLayer`).
 //!
-//! - with TLS, runs the handshake in the connection's own task under
-//!   [`HANDSHAKE_TIMEOUT_MS`], counted against the same connection permits, so a
-//!   silent client can neither stall the accept loop nor hold memory for long.
+//! - with TLS, runs the handshake in the connection's own task, bounded by the
+//!   same `header_read_timeout` (a handshake is the first thing a client sends)
+//!   and counted against the same connection permits, so a silent client can
+//!   neither stall the accept loop nor hold a connection for long.
 //!
 //! permitd speaks HTTP/1.1 only: with HTTP/2 detection a connection that sends
 //! nothing would wait before any timer starts.
@@ -37,8 +38,6 @@ use crate::shutdown::Shutdown;
 /// How long a failed `accept` (out of file descriptors, say) pauses the loop, so
 /// it does not spin while the condition lasts.
 const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
-/// Longest a TLS handshake may take before the connection is dropped.
-pub const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 
 /// The bounds one listener serves with (`[limits]` of the cluster file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +90,8 @@ pub async fn serve(
             match tls {
                 None => serve_connection(&builder, stream, service, watcher).await,
                 Some(acceptor) => {
-                    if let Some(stream) = handshake(&acceptor, stream).await {
+                    let timeout = limits.header_read_timeout;
+                    if let Some(stream) = handshake(&acceptor, stream, timeout).await {
                         serve_connection(&builder, stream, service, watcher).await;
                     }
                 }
@@ -122,12 +122,12 @@ async fn serve_connection<T>(
     }
 }
 
-/// The TLS handshake under [`HANDSHAKE_TIMEOUT_MS`]; `None` when it fails.
+/// The TLS handshake, dropped after `timeout`; `None` when it fails.
 async fn handshake(
     acceptor: &TlsAcceptor,
     stream: tokio::net::TcpStream,
+    timeout: Duration,
 ) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
-    let timeout = Duration::from_millis(HANDSHAKE_TIMEOUT_MS);
     match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => Some(stream),
         Ok(Err(error)) => {

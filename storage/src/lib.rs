@@ -36,6 +36,8 @@
 //! fails [`open`] with an error naming the dir, never with a panic.
 
 mod apply;
+#[cfg(test)]
+mod apply_fuzz;
 pub mod codec;
 pub mod command;
 mod error;

@@ -59,6 +59,46 @@ async fn stalled_connections_are_closed_and_others_are_served_meanwhile() {
     }
 }
 
+/// The same over TLS: a client that opens a connection and never finishes (or
+/// never starts) its handshake is dropped after the header-read timeout, which
+/// bounds the handshake too, while others are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_tls_handshakes_are_closed_and_others_are_served_meanwhile() {
+    let settings = Settings {
+        extra_toml: format!("[limits]\nheader_read_timeout_ms = {HEADER_READ_TIMEOUT_MS}\n"),
+        tls: true,
+        ..Settings::default()
+    };
+    let cluster = Cluster::start(settings).await;
+    let leader = cluster.wait_for_leader().await;
+    let addr = cluster.node(leader).api_addr.clone();
+    let mut stalled = Vec::with_capacity(SILENT * 2);
+    for _ in 0..SILENT {
+        stalled.push(TcpStream::connect(&addr).await.expect("connect"));
+        let mut stream = TcpStream::connect(&addr).await.expect("connect");
+        // The first bytes of a TLS record header (handshake, TLS 1.0 record
+        // version), then nothing.
+        stream.write_all(&[0x16, 0x03, 0x01]).await.expect("write");
+        stalled.push(stream);
+    }
+    let opened = Instant::now();
+
+    let answer = cluster
+        .post(leader, "/v1/semaphores/k", &request("c1", &[("g", 5, 1)]))
+        .await;
+    assert_eq!(answer.status, 200, "served over TLS: {}", answer.body);
+
+    let deadline = Duration::from_millis(HEADER_READ_TIMEOUT_MS) + CLOSE_SLACK;
+    for (index, stream) in stalled.iter_mut().enumerate() {
+        let left = deadline.saturating_sub(opened.elapsed());
+        assert!(
+            closed_within(stream, left).await,
+            "stalled TLS connection {index} still open after {:?}",
+            opened.elapsed()
+        );
+    }
+}
+
 /// Whether the server closes `stream` within `wait` (anything it writes first,
 /// such as a 408, is read and ignored).
 async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {

@@ -9,7 +9,7 @@ pub type NodeId = u64;
 
 /// The answer of `GET /cluster/status` (and of `/cluster/init` and
 /// `/cluster/members`): the answering node's view, which may lag the leader's.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterStatus {
     /// The answering node's id.
@@ -30,7 +30,7 @@ pub struct ClusterStatus {
 }
 
 /// One member of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterMember {
     pub id: NodeId,
@@ -42,7 +42,7 @@ pub struct ClusterMember {
 }
 
 /// Whether a member votes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum MemberRole {
     /// Counts towards quorum and may lead.
@@ -62,7 +62,7 @@ impl MemberRole {
 }
 
 /// The body of `POST /cluster/members` (served by the leader).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "action", rename_all = "camelCase", deny_unknown_fields)]
 pub enum MembershipChange {
     /// Adds a node as a learner and waits until it has caught up.

@@ -5,8 +5,9 @@ use serde::{Deserialize, Serialize};
 use crate::usage::Usage;
 
 /// The query of `GET /v1/semaphores`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Only keys sorting after this one (the previous page's `next`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -17,7 +18,7 @@ pub struct ListQuery {
 }
 
 /// One page of keys.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KeyList {
     pub keys: Vec<KeyUsage>,
     /// Present when more keys follow: pass it as `after`.
@@ -26,7 +27,7 @@ pub struct KeyList {
 }
 
 /// One key and its usage.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KeyUsage {
     pub key: String,
     pub usage: Usage,

@@ -19,6 +19,16 @@ pub const HOLDERS: &str = "/v1/semaphores/{key}/holders";
 /// ([`crate::force_release::ForceReleased`]).
 pub const CLIENT_RELEASE: &str = "/v1/semaphores/{key}/clients/{clientId}/release";
 
+/// `GET`: lifecycle events as Server-Sent Events, from this node's applied
+/// entries (`?key=&from=`, [`super::events`]).
+pub const EVENTS: &str = "/v1/events";
+
+/// `GET`: the dashboard page (open: it holds no data; its scripts call the API
+/// with the operator's token).
+pub const UI: &str = "/ui";
+/// `GET`: the dashboard's script and style sheet.
+pub const UI_ASSET: &str = "/ui/{asset}";
+
 /// `GET`: this node's view of the cluster ([`super::ClusterStatus`]).
 pub const CLUSTER_STATUS: &str = "/cluster/status";
 /// `POST {}`: makes every node of the config file a voter of a new cluster.
@@ -44,9 +54,11 @@ pub const METRICS: &str = "/metrics";
 pub const HEALTHZ: &str = "/healthz";
 /// Readiness: 200 once a leader is known, else 503 `no_quorum`.
 pub const READYZ: &str = "/readyz";
+/// `GET`: the OpenAPI 3.1 document of every route above (open, like the probes).
+pub const OPENAPI: &str = "/openapi.json";
 
 /// Every route above, for documentation and for checks that each is described.
-pub const ALL: [&str; 18] = [
+pub const ALL: [&str; 22] = [
     SEMAPHORES,
     SEMAPHORE,
     USAGE,
@@ -54,6 +66,9 @@ pub const ALL: [&str; 18] = [
     GROUP,
     HOLDERS,
     CLIENT_RELEASE,
+    EVENTS,
+    UI,
+    UI_ASSET,
     CLUSTER_STATUS,
     CLUSTER_INIT,
     CLUSTER_MEMBERS,
@@ -65,6 +80,7 @@ pub const ALL: [&str; 18] = [
     METRICS,
     HEALTHZ,
     READYZ,
+    OPENAPI,
 ];
 
 /// The segments of `template` with its `{…}` parameters replaced, in order, by

@@ -14,7 +14,8 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use permitd_core::restore::{BackupFile, BACKUP_FORMAT};
+use permitd_core::contract::paths;
+use permitd_core::restore::{BackupFile, Restored, BACKUP_FORMAT};
 use permitd_storage::Command;
 use serde_json::json;
 
@@ -24,6 +25,10 @@ use super::semaphores::{linearizable, write};
 use crate::app::App;
 
 /// `GET /cluster/snapshot`.
+#[utoipa::path(
+    get, path = paths::CLUSTER_SNAPSHOT, tag = "cluster",
+    responses((status = 200, description = "A backup of the leader's applied state.", body = BackupFile)),
+)]
 pub async fn save(State(app): State<App>) -> Result<Response, ApiError> {
     linearizable(&app).await?;
     let applied_index = app
@@ -46,10 +51,15 @@ pub async fn save(State(app): State<App>) -> Result<Response, ApiError> {
 }
 
 /// `POST /cluster/restore` with a backup file.
+#[utoipa::path(
+    post, path = paths::CLUSTER_RESTORE, tag = "cluster",
+    request_body = BackupFile,
+    responses((status = 200, description = "The backup is the new cluster's state.", body = Restored)),
+)]
 pub async fn restore(
     State(app): State<App>,
     ApiJson(file): ApiJson<BackupFile>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<Restored>, ApiError> {
     if file.format != BACKUP_FORMAT {
         return Err(ApiError::BadRequest(format!(
             "unknown backup format {:?}; this node reads {BACKUP_FORMAT:?}",
@@ -69,5 +79,7 @@ pub async fn restore(
     let command = Command::Restore { backup: file.state };
     let keys = write(&app, command).await?.into_restored()?;
     tracing::warn!(keys, from_index = file.applied_index, "backup restored");
-    Ok(Json(json!({ "restoredKeys": keys })))
+    Ok(Json(Restored {
+        restored_keys: keys,
+    }))
 }

@@ -9,7 +9,7 @@ use axum::Json;
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use permitd_core::config::{KeyConfig, KeyConfigUpdate};
 use permitd_core::contract::{
-    paths, ClusterMember, ClusterStatus, ErrorCode, MemberRole, MembershipChange,
+    paths, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, MemberRole, MembershipChange,
 };
 use permitd_core::validate::validate_key_config;
 use permitd_core::InvalidInput;
@@ -24,6 +24,10 @@ use crate::app::App;
 pub const INIT_DEFAULTS_TIMEOUT_MS: u64 = 15_000;
 
 /// `GET /cluster/status`: this node's view.
+#[utoipa::path(
+    get, path = paths::CLUSTER_STATUS, tag = "cluster",
+    responses((status = 200, description = "This node's view of the cluster.", body = ClusterStatus)),
+)]
 pub async fn status(State(app): State<App>) -> Json<ClusterStatus> {
     Json(current_status(&app))
 }
@@ -58,6 +62,14 @@ pub fn current_status(app: &App) -> ClusterStatus {
 
 /// `POST /cluster/init` with `{}`: every node of the config file becomes a voter,
 /// then the file's `[defaults]` are written once a leader is elected.
+#[utoipa::path(
+    post, path = paths::CLUSTER_INIT, tag = "cluster",
+    request_body(content = Object, description = "`{}`: the members come from the config file."),
+    responses(
+        (status = 200, description = "The cluster is initialised.", body = ClusterStatus),
+        (status = 409, description = "`already_initialized`.", body = ErrorAnswer),
+    ),
+)]
 pub async fn init(
     State(app): State<App>,
     ApiJson(_): ApiJson<serde_json::Map<String, serde_json::Value>>,
@@ -138,6 +150,11 @@ async fn defaults_via(app: &App, leader: NodeId, defaults: &KeyConfig) -> Result
 }
 
 /// `PUT /cluster/defaults`: replaces the replicated key defaults (leader only).
+#[utoipa::path(
+    put, path = paths::CLUSTER_DEFAULTS, tag = "cluster",
+    request_body = KeyConfigUpdate,
+    responses((status = 200, description = "The defaults now in force.", body = KeyConfig)),
+)]
 pub async fn put_defaults(
     State(app): State<App>,
     ApiJson(update): ApiJson<KeyConfigUpdate>,
@@ -152,6 +169,14 @@ pub async fn put_defaults(
 }
 
 /// `POST /cluster/members` (leader only).
+#[utoipa::path(
+    post, path = paths::CLUSTER_MEMBERS, tag = "cluster",
+    request_body = MembershipChange,
+    responses(
+        (status = 200, description = "The membership after the change.", body = ClusterStatus),
+        (status = 409, description = "`membership_conflict`: openraft refused the change.", body = ErrorAnswer),
+    ),
+)]
 pub async fn members(
     State(app): State<App>,
     ApiJson(change): ApiJson<MembershipChange>,

@@ -32,6 +32,10 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(body_rejection)?;
+        if !is_object(&bytes) {
+            let reason = "the body must be a JSON object".to_owned();
+            return Err(InvalidInput::Malformed(reason).into());
+        }
         Ok(Self(bytes))
     }
 }
@@ -53,6 +57,14 @@ fn is_json(content_type: Option<&header::HeaderValue>) -> bool {
     };
     let essence = value.split(';').next().unwrap_or("").trim();
     essence.eq_ignore_ascii_case("application/json")
+}
+
+/// Whether a body is shaped as a JSON object. Every body of the API is one,
+/// and serde would otherwise read a struct from an array (`[null, null]` as a
+/// configuration with every field omitted).
+fn is_object(body: &[u8]) -> bool {
+    let start = body.iter().find(|byte| !byte.is_ascii_whitespace());
+    start == Some(&b'{')
 }
 
 fn body_rejection(rejection: BytesRejection) -> ApiError {
@@ -95,5 +107,13 @@ mod tests {
         assert!(is_json(Some(&value("Application/JSON; charset=utf-8"))));
         assert!(!is_json(Some(&value("text/plain"))));
         assert!(!is_json(None));
+    }
+
+    #[test]
+    fn only_objects_are_bodies() {
+        assert!(is_object(b" \n{\"limit\": 1}"));
+        for body in [&b"[null, null]"[..], b"null", b"1", b"\"{}\"", b""] {
+            assert!(!is_object(body), "{body:?}");
+        }
     }
 }

@@ -13,6 +13,7 @@
 
 use axum::extract::State;
 use axum::Json;
+use permitd_core::contract::paths;
 use permitd_core::force_release::ForceReleased;
 use permitd_core::holders::{holders, KeyHolders};
 use permitd_core::validate::{validate_client_id, validate_key};
@@ -24,6 +25,11 @@ use super::semaphores::{linearizable, write};
 use crate::app::App;
 
 /// `GET /v1/semaphores/{key}/holders`, on the leader, linearizable.
+#[utoipa::path(
+    get, path = paths::HOLDERS, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded).")),
+    responses((status = 200, description = "Every client's footprint and waiting demand on the key.", body = KeyHolders)),
+)]
 pub async fn get(
     State(app): State<App>,
     ApiPath(key): ApiPath<String>,
@@ -39,6 +45,11 @@ pub async fn get(
 
 /// `POST /v1/semaphores/{key}/clients/{clientId}/release` (admin): answers what
 /// was dropped, zeros when the client held nothing.
+#[utoipa::path(
+    post, path = paths::CLIENT_RELEASE, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded)."), ("clientId" = String, Path, description = "The client whose grants and leases are dropped.")),
+    responses((status = 200, description = "What was dropped; zeros when the client held nothing.", body = ForceReleased)),
+)]
 pub async fn force_release(
     State(app): State<App>,
     ApiPath((key, client_id)): ApiPath<(String, String)>,

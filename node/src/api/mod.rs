@@ -3,17 +3,22 @@
 //!
 //! Layers, outermost first: a trace span per request, the body limit, then per
 //! route group forwarding to the leader (v1, membership) and inside it the token
-//! check ([`crate::auth`]), so the leader decides. The internal router serves
-//! `/raft/*` only, behind the peer secret. `/healthz` and `/readyz` are open.
+//! check ([`crate::auth`]), so the leader decides. `/metrics` and `/v1/events`
+//! are answered by the node called, from its own state; the dashboard (`/ui`)
+//! is open and static. The internal router serves `/raft/*` only, behind the
+//! peer secret. `/healthz`, `/readyz` and `/openapi.json` are open.
 //! Unknown routes and methods answer the JSON error shape.
 
 pub mod backup;
 pub mod cluster;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod forward;
 pub mod holders;
+pub mod openapi;
 pub mod semaphores;
+pub mod ui;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
@@ -21,9 +26,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
-use permitd_core::contract::paths;
+use permitd_core::contract::{paths, Health, HealthStatus, Readiness, ReadyStatus};
 use permitd_core::limits::MAX_BODY_BYTES;
-use serde_json::json;
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
@@ -58,16 +62,20 @@ pub fn public_router(app: App) -> Router {
             app.clone(),
             forward::to_leader,
         ));
-    let metrics = Router::new()
+    // Answered by the node called, from its own state: never forwarded.
+    let local = Router::new()
         .route(paths::METRICS, get(metrics))
+        .route(paths::EVENTS, get(events::stream))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token));
     Router::new()
         .merge(v1)
         .merge(admin_router(app.clone()))
         .merge(cluster_router(app.clone()))
-        .merge(metrics)
+        .merge(local)
+        .merge(ui::router())
         .route(paths::HEALTHZ, get(healthz))
         .route(paths::READYZ, get(readyz))
+        .route(paths::OPENAPI, get(openapi::document))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -149,6 +157,10 @@ async fn require_secret(State(app): State<App>, request: Request, next: Next) ->
     next.run(request).await
 }
 
+#[utoipa::path(
+    get, path = paths::METRICS, tag = "operations",
+    responses((status = 200, description = "Prometheus text.", content_type = "text/plain", body = String)),
+)]
 async fn metrics(State(app): State<App>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -158,9 +170,15 @@ async fn metrics(State(app): State<App>) -> impl IntoResponse {
 
 /// Healthy while the Raft core runs: a node whose core stopped serves HTTP but
 /// can never apply again, and is about to exit (`crate::fatal`).
-async fn healthz(State(app): State<App>) -> Result<Json<serde_json::Value>, ApiError> {
+#[utoipa::path(
+    get, path = paths::HEALTHZ, tag = "operations",
+    responses((status = 200, description = "The node serves and its Raft core runs.", body = Health)),
+)]
+async fn healthz(State(app): State<App>) -> Result<Json<Health>, ApiError> {
     match crate::fatal::stopped(&app.raft) {
-        None => Ok(Json(json!({"status": "ok"}))),
+        None => Ok(Json(Health {
+            status: HealthStatus::Ok,
+        })),
         Some(reason) => {
             tracing::error!(%reason, "unhealthy: the Raft core stopped");
             Err(ApiError::ShuttingDown)
@@ -169,10 +187,18 @@ async fn healthz(State(app): State<App>) -> Result<Json<serde_json::Value>, ApiE
 }
 
 /// Ready when a leader is known: requests can be served or forwarded.
+#[utoipa::path(
+    get, path = paths::READYZ, tag = "operations",
+    responses((status = 200, description = "A leader is known.", body = Readiness)),
+)]
 async fn readyz(State(app): State<App>) -> Response {
     let leadership = *app.leadership.borrow();
     match leadership.leader {
-        Some(leader) => Json(json!({"status": "ready", "leader": leader})).into_response(),
+        Some(leader) => Json(Readiness {
+            status: ReadyStatus::Ready,
+            leader,
+        })
+        .into_response(),
         None => {
             let mut response = ApiError::NoQuorum.into_response();
             *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;

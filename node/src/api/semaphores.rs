@@ -10,7 +10,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
-use permitd_core::contract::{KeyList, KeyUsage, ListQuery};
+use permitd_core::contract::{paths, ErrorAnswer, KeyList, KeyUsage, ListQuery};
 use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
 use permitd_core::validate::{
     parse_request, validate_group, validate_group_config, validate_key, validate_key_config,
@@ -32,6 +32,15 @@ pub const MAX_LIST_KEYS: usize = 10_000;
 
 /// `POST /v1/semaphores/{key}`: a `request` waits for the key's round, a `sync`
 /// for the next entry to leave (shared with other syncs and keys' rounds).
+#[utoipa::path(
+    post, path = paths::SEMAPHORE, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded).")),
+    request_body = SemaphoreRequest,
+    responses(
+        (status = 200, description = "The round's answer to a `request`, or a `sync`'s.", body = SemaphoreResponse),
+        (status = 429, description = "`too_many_pending` (the key's queue is full) or `too_many_keys`.", body = ErrorAnswer),
+    ),
+)]
 pub async fn post(
     State(app): State<App>,
     ApiPath(key): ApiPath<String>,
@@ -62,6 +71,11 @@ fn check_room_for(app: &App, key: &str) -> Result<(), ApiError> {
 }
 
 /// `GET /v1/semaphores/{key}/usage`, linearizable.
+#[utoipa::path(
+    get, path = paths::USAGE, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded).")),
+    responses((status = 200, description = "The key's usage, linearizable.", body = Usage)),
+)]
 pub async fn usage(
     State(app): State<App>,
     ApiPath(key): ApiPath<String>,
@@ -75,6 +89,11 @@ pub async fn usage(
 }
 
 /// `GET /v1/semaphores/{key}/config`, linearizable.
+#[utoipa::path(
+    get, path = paths::KEY_CONFIG, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded).")),
+    responses((status = 200, description = "The key's effective configuration.", body = KeyConfig)),
+)]
 pub async fn get_config(
     State(app): State<App>,
     ApiPath(key): ApiPath<String>,
@@ -87,6 +106,15 @@ pub async fn get_config(
 }
 
 /// `PUT /v1/semaphores/{key}/config`: replaces the key's configuration.
+#[utoipa::path(
+    put, path = paths::KEY_CONFIG, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded).")),
+    request_body = KeyConfigUpdate,
+    responses(
+        (status = 200, description = "The configuration now in force.", body = KeyConfig),
+        (status = 429, description = "`too_many_keys`: the cluster holds the most keys it may.", body = ErrorAnswer),
+    ),
+)]
 pub async fn put_config(
     State(app): State<App>,
     ApiPath(key): ApiPath<String>,
@@ -104,6 +132,15 @@ pub async fn put_config(
 }
 
 /// `PUT /v1/semaphores/{key}/groups/{group}`: one group's cap and permission.
+#[utoipa::path(
+    put, path = paths::GROUP, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded)."), ("group" = String, Path, description = "The group (1 to 256 bytes).")),
+    request_body = GroupConfig,
+    responses(
+        (status = 200, description = "The group's configuration now in force.", body = GroupConfig),
+        (status = 429, description = "`too_many_keys`: the cluster holds the most keys it may.", body = ErrorAnswer),
+    ),
+)]
 pub async fn put_group(
     State(app): State<App>,
     ApiPath((key, group)): ApiPath<(String, String)>,
@@ -124,6 +161,11 @@ pub async fn put_group(
 
 /// `DELETE /v1/semaphores/{key}/groups/{group}`: back to no cap, permitted. On a
 /// key or group without settings it changes nothing and creates no key.
+#[utoipa::path(
+    delete, path = paths::GROUP, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded)."), ("group" = String, Path, description = "The group (1 to 256 bytes).")),
+    responses((status = 204, description = "The group's configuration is gone (or never existed).")),
+)]
 pub async fn delete_group(
     State(app): State<App>,
     ApiPath((key, group)): ApiPath<(String, String)>,
@@ -136,6 +178,11 @@ pub async fn delete_group(
 }
 
 /// `GET /v1/semaphores`: keys in order, with their usage; linearizable.
+#[utoipa::path(
+    get, path = paths::SEMAPHORES, tag = "semaphores",
+    params(ListQuery),
+    responses((status = 200, description = "One page of keys in byte order.", body = KeyList)),
+)]
 pub async fn list(
     State(app): State<App>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,

@@ -7,7 +7,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use permitd_core::contract::ErrorCode;
+use permitd_core::contract::{paths, ErrorAnswer, ErrorCode};
 use permitd_core::limits::MAX_TOKENS;
 use permitd_core::tokens::{validate_token_spec, CreatedToken, TokenInfo, TokenList, TokenSpec};
 use permitd_storage::Command;
@@ -31,6 +31,14 @@ pub fn generate_token() -> Result<String, ApiError> {
 }
 
 /// `POST /v1/tokens`.
+#[utoipa::path(
+    post, path = paths::TOKENS, tag = "tokens",
+    request_body = TokenSpec,
+    responses(
+        (status = 201, description = "The new token; its secret is shown this once.", body = CreatedToken),
+        (status = 409, description = "`too_many_tokens`.", body = ErrorAnswer),
+    ),
+)]
 pub async fn create(
     State(app): State<App>,
     ApiJson(spec): ApiJson<TokenSpec>,
@@ -54,6 +62,10 @@ pub async fn create(
 }
 
 /// `GET /v1/tokens`, linearizable.
+#[utoipa::path(
+    get, path = paths::TOKENS, tag = "tokens",
+    responses((status = 200, description = "Every live token, without secrets or hashes.", body = TokenList)),
+)]
 pub async fn list(State(app): State<App>) -> Result<Json<TokenList>, ApiError> {
     linearizable(&app).await?;
     let tokens = app
@@ -63,6 +75,14 @@ pub async fn list(State(app): State<App>) -> Result<Json<TokenList>, ApiError> {
 }
 
 /// `DELETE /v1/tokens/{id}`.
+#[utoipa::path(
+    delete, path = paths::TOKEN, tag = "tokens",
+    params(("id" = u64, Path, description = "The token's id.")),
+    responses(
+        (status = 204, description = "The token is revoked."),
+        (status = 404, description = "`not_found`: no such token.", body = ErrorAnswer),
+    ),
+)]
 pub async fn revoke(
     State(app): State<App>,
     ApiPath(id): ApiPath<u64>,
