@@ -166,7 +166,8 @@ where
                 (state, Some(store))
             }
             None => (
-                QueueState::new(config.client_id.clone(), config.state.clone()),
+                QueueState::new(config.client_id.clone(), config.state.clone())
+                    .without_change_tracking(),
                 None,
             ),
         };

@@ -178,7 +178,7 @@ impl<T: Clone> QueueState<T> {
             };
             self.next_order += 1;
             self.index_queued(&record);
-            self.dirty.items.insert(record.id.clone());
+            self.dirty.item(&record.id);
             self.items.insert(record.id.clone(), record);
             outcome.added += 1;
         }
@@ -207,7 +207,7 @@ impl<T: Clone> QueueState<T> {
                 release_requested, ..
             } => {
                 *release_requested = true;
-                self.dirty.items.insert(id.to_string());
+                self.dirty.item(id);
                 ReleaseOutcome::Released
             }
             Phase::Admitted { permit } => {
@@ -371,22 +371,22 @@ impl<T: Clone> QueueState<T> {
                 }
             }
         }
-        self.dirty.keys.insert(key.to_string());
+        self.dirty.key(key);
     }
 
     /// Drops an item's record and remembers its id as released.
     pub(super) fn forget_item(&mut self, id: &str) {
         self.items.remove(id);
-        self.dirty.items.insert(id.to_string());
+        self.dirty.item(id);
         let seq = self.next_released_seq;
         self.next_released_seq += 1;
         self.released.insert(id.to_string(), seq);
         self.released_by_seq.insert(seq, id.to_string());
-        self.dirty.released_added.push((seq, id.to_string()));
+        self.dirty.released(seq, id);
         while self.released.len() > MAX_RELEASED_REMEMBERED {
             let (oldest, forgotten) = self.released_by_seq.pop_first().expect("non-empty");
             self.released.remove(&forgotten);
-            self.dirty.released_removed.push((oldest, forgotten));
+            self.dirty.forgotten(oldest, forgotten);
         }
     }
 }

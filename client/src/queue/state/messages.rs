@@ -17,7 +17,7 @@
 //! matched against what the holder saw, not against what changed since. A failed
 //! message frees its lane after `failure_retry_ms`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use permitd_core::limits::MAX_DEMAND_ENTRIES;
 use permitd_core::protocol::{
@@ -102,7 +102,12 @@ impl<T: Clone> QueueState<T> {
         // confirmed, permits it let us draw): with those drawn in this poll,
         // the admits this poll hands out. The demand a request would carry has
         // just changed, so it waits for the next poll.
-        let admitted: BTreeSet<String> = self.admits.iter().map(|item| item.key.clone()).collect();
+        let mut admitted: Vec<String> = Vec::new();
+        for item in &self.admits {
+            if admitted.last() != Some(&item.key) {
+                admitted.push(item.key.clone());
+            }
+        }
         let mut outgoing = Vec::new();
         for key in keys {
             let drew = self.draw(&key, now_ms) || admitted.contains(&key);
@@ -200,7 +205,7 @@ impl<T: Clone> QueueState<T> {
                 sent
             }
         };
-        self.dirty.keys.insert(key.to_string());
+        self.dirty.key(key);
         let (results, leases, contended) = match answer {
             SemaphoreResponse::Grant(grant) => {
                 let PermitGrant {
@@ -429,7 +434,7 @@ impl<T: Clone> QueueState<T> {
             // The client keeps honouring the key's nextRequestAt on its own.
             self.keys.remove(key);
             self.runtime.remove(key);
-            self.dirty.keys.insert(key.to_string());
+            self.dirty.key(key);
         }
     }
 }
