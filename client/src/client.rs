@@ -297,6 +297,50 @@ impl SemaphoreClient {
         answers
     }
 
+    /// Opens a streamed `GET` (no deadline on the body) on the first endpoint,
+    /// in order, that answers; a refusal (4xx) is final, an unreachable or
+    /// unavailable node passes the call to the next endpoint.
+    pub(crate) async fn open_stream(
+        &self,
+        path: &[String],
+        query: &[(&str, String)],
+    ) -> Result<reqwest::Response, ClientError> {
+        let endpoints = self.tracker().endpoints().to_vec();
+        let mut last = String::from("no endpoint answered");
+        for endpoint in &endpoints {
+            let mut url = endpoint.url(path);
+            if !query.is_empty() {
+                url.query_pairs_mut().extend_pairs(query);
+            }
+            let mut builder = self.inner.http.get(url);
+            if let Some(token) = &self.inner.config.token {
+                builder = builder.bearer_auth(token);
+            }
+            let response = match builder.send().await {
+                Ok(response) => response,
+                Err(error) => {
+                    last = format!("{}: {error}", endpoint.as_str());
+                    continue;
+                }
+            };
+            let status = response.status();
+            if status.is_success() {
+                return Ok(response);
+            }
+            let body = response.bytes().await.unwrap_or_default();
+            let error = rejected(status, &body);
+            if !is_retryable(status) {
+                return Err(error);
+            }
+            last = error.to_string();
+        }
+        Err(ClientError::DeadlineExceeded {
+            deadline: self.inner.config.connect_timeout,
+            attempts: u32::try_from(endpoints.len()).unwrap_or(u32::MAX),
+            last,
+        })
+    }
+
     async fn status_of(&self, endpoint: &Endpoint) -> Result<ClusterStatus, ClientError> {
         let url = endpoint.url(&paths::segments(paths::CLUSTER_STATUS, &[]));
         let mut builder = self

@@ -32,6 +32,7 @@ pub mod admin;
 pub mod backoff;
 pub mod client;
 pub mod error;
+pub mod events;
 pub mod leader;
 pub mod permit;
 pub mod queue;

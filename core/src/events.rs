@@ -1,5 +1,7 @@
 //! Lifecycle events (docs/protocol.md, "Events"). Apply returns them; the node
-//! emits them (tracing, metrics) once the entry is committed and applied.
+//! emits them (tracing, metrics, the event stream) once the entry is committed
+//! and applied. On the wire (`GET /v1/events`) `type` is the snake_case name and
+//! the fields are camelCase, like every other body.
 
 use serde::Serialize;
 
@@ -9,7 +11,11 @@ use crate::usage::Usage;
 
 /// Something a round, sync or reclaim pass did.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(
+    tag = "type",
+    rename_all = "snake_case",
+    rename_all_fields = "camelCase"
+)]
 pub enum Event {
     /// One round ran: permits asked for and handed out, and the usage after it.
     Round {

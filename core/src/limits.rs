@@ -61,6 +61,15 @@ pub const MAX_KEYS_PER_ENTRY: usize = 256;
 /// Keys one cluster holds state for.
 pub const MAX_KEYS: usize = 1_000_000;
 
+/// Lifecycle events each node keeps in memory for `GET /v1/events` to resume
+/// from; a `from` older than the oldest kept answers 410 `too_far_behind`.
+pub const EVENT_BUFFER_EVENTS: usize = 10_000;
+/// Event streams (`GET /v1/events`) one node serves at once (429
+/// `too_many_subscribers` beyond).
+pub const MAX_EVENT_SUBSCRIBERS: usize = 64;
+/// Seconds between keep-alive comments on an idle event stream.
+pub const EVENT_KEEP_ALIVE_SECONDS: u64 = 15;
+
 /// API tokens one cluster holds (`POST /v1/tokens` answers 409 beyond).
 pub const MAX_TOKENS: usize = 1_000;
 /// Longest token name, in bytes of UTF-8.

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use crate::api::forward::Forwarder;
 use crate::auth::{AuthSettings, Secret};
 use crate::config::{RaftTimings, StorageSettings};
+use crate::event_log::EventLog;
 use crate::leadership::{watch_leadership, Leadership};
 use crate::raft::network::Network;
 use crate::raft::Raft;
@@ -87,6 +88,8 @@ pub struct App {
     pub initial_members: Arc<BTreeMap<NodeId, PeerNode>>,
     pub defaults: Arc<KeyConfig>,
     pub metrics: PrometheusHandle,
+    /// Recent lifecycle events and the live feed of `GET /v1/events`.
+    pub events: EventLog,
 }
 
 impl std::fmt::Debug for App {
@@ -157,7 +160,9 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         settings.entries_in_flight,
     );
     crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
-    crate::events::start(state.clone());
+    let applied_at_start = state.last_applied().map_or(0, |log_id| log_id.index);
+    let events = EventLog::new(applied_at_start);
+    crate::events::start(state.clone(), events.clone());
     crate::raft_metrics::start(raft.clone());
     let app = App {
         id: settings.id,
@@ -172,6 +177,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         initial_members: Arc::new(settings.initial_members.clone()),
         defaults: Arc::new(settings.defaults.clone()),
         metrics: crate::metrics::install(),
+        events,
     };
     Ok(Started {
         app,

@@ -1,5 +1,5 @@
 //! After-apply side effects on every node: the core's lifecycle events become
-//! tracing events, and the usage gauges of the keys an entry touched are refreshed
+//! tracing events and enter the node's event log (`GET /v1/events`), and the usage gauges of the keys an entry touched are refreshed
 //! (the bounded per-key series and the all-keys totals: see `metrics.rs`).
 
 use std::sync::Arc;
@@ -8,15 +8,16 @@ use permitd_core::{Event, Usage};
 use permitd_storage::{Applied, SharedState};
 use tokio::sync::broadcast;
 
+use crate::event_log::EventLog;
 use crate::metrics::UsageGauges;
 
 /// Starts the task; it ends when the state machine's broadcast closes.
-pub fn start(state: SharedState) {
+pub fn start(state: SharedState, log: EventLog) {
     let applied = state.subscribe();
-    tokio::spawn(run(state, applied));
+    tokio::spawn(run(state, log, applied));
 }
 
-async fn run(state: SharedState, mut applied: broadcast::Receiver<Arc<Applied>>) {
+async fn run(state: SharedState, log: EventLog, mut applied: broadcast::Receiver<Arc<Applied>>) {
     let mut gauges = crate::metrics::UsageGauges::default();
     loop {
         match applied.recv().await {
@@ -24,10 +25,12 @@ async fn run(state: SharedState, mut applied: broadcast::Receiver<Arc<Applied>>)
                 for (key, event) in &entry.events {
                     emit(entry.log_index, key, event);
                 }
+                log.push(&entry);
                 refresh_usage(&state, &mut gauges, &entry.keys);
             }
             Err(broadcast::error::RecvError::Lagged(missed)) => {
                 tracing::warn!(missed, "applied-entry events skipped: the node fell behind");
+                log.lost_notices();
             }
             Err(broadcast::error::RecvError::Closed) => return,
         }

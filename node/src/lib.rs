@@ -31,6 +31,7 @@ pub mod cli;
 pub mod config;
 pub mod config_env;
 pub mod edge;
+pub mod event_log;
 pub mod events;
 pub mod fatal;
 pub mod http_metrics;

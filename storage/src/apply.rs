@@ -63,6 +63,7 @@ pub(crate) fn apply_command(
             log_index,
             keys: Vec::new(),
             events: Vec::new(),
+            installed_snapshot: false,
         },
     };
     let result = match check(command) {

@@ -48,6 +48,9 @@ pub struct Applied {
     /// installed: every key held.
     pub keys: Vec<String>,
     pub events: Vec<(String, Event)>,
+    /// A snapshot replaced the state: the events of the entries it covers were
+    /// never applied here, so a stream of events has a gap before `log_index`.
+    pub installed_snapshot: bool,
 }
 
 /// The applied state: what readers see.
@@ -253,6 +256,7 @@ impl StateMachineStore {
             log_index: image.last_applied.map_or(0, |log_id| log_id.index),
             keys: image.semaphores.keys().keys().cloned().collect(),
             events: Vec::new(),
+            installed_snapshot: true,
         };
         {
             let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");

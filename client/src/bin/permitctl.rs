@@ -9,6 +9,8 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
+#[path = "permitctl/events.rs"]
+mod events;
 #[path = "permitctl/holders.rs"]
 mod holders;
 #[path = "permitctl/keys.rs"]
@@ -83,6 +85,9 @@ enum Command {
     /// Admin: drops one client's grants and leases on a key (a runner that died
     /// for good); its permits return to the key at once.
     Release { key: String, client_id: String },
+    /// Lifecycle events (round, blocked, grant and lease changes) as JSON lines,
+    /// live or from a log index, until interrupted.
+    Events(events::EventsArgs),
     /// A key's usage, refreshed in place until interrupted.
     Watch {
         key: String,
@@ -248,6 +253,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Members(command) => members::run(&client, json, command).await,
         Command::Snapshot(command) => snapshot::run(&client, json, command).await,
         Command::Holders { key } => holders::show(&client, json, &key).await,
+        Command::Events(args) => events::run(&client, &args).await,
         Command::Release { key, client_id } => {
             holders::release(&client, json, &key, &client_id).await
         }

@@ -31,6 +31,9 @@ pub enum ErrorCode {
     MembershipConflict,
     /// 409: the cluster already holds the most API tokens it may.
     TooManyTokens,
+    /// 410: an event stream's `from` is older than the oldest event this node
+    /// still keeps, or the stream fell further behind than the buffer.
+    TooFarBehind,
     /// 413: the body is larger than the limit.
     PayloadTooLarge,
     /// 415: the body is not `application/json`.
@@ -39,6 +42,8 @@ pub enum ErrorCode {
     TooManyPending,
     /// 429: the cluster already holds the most keys it may.
     TooManyKeys,
+    /// 429: this node already serves the most event streams it may.
+    TooManySubscribers,
     /// 503: this node does not lead; the leader header names the one that does.
     NotLeader,
     /// 503: no leader is known (no quorum, or an election is running).
@@ -56,7 +61,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 20] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -65,10 +70,12 @@ impl ErrorCode {
         Self::AlreadyInitialized,
         Self::MembershipConflict,
         Self::TooManyTokens,
+        Self::TooFarBehind,
         Self::PayloadTooLarge,
         Self::UnsupportedMediaType,
         Self::TooManyPending,
         Self::TooManyKeys,
+        Self::TooManySubscribers,
         Self::NotLeader,
         Self::NoQuorum,
         Self::LeaderChanged,
@@ -88,10 +95,12 @@ impl ErrorCode {
             Self::AlreadyInitialized => "already_initialized",
             Self::MembershipConflict => "membership_conflict",
             Self::TooManyTokens => "too_many_tokens",
+            Self::TooFarBehind => "too_far_behind",
             Self::PayloadTooLarge => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::TooManyPending => "too_many_pending",
             Self::TooManyKeys => "too_many_keys",
+            Self::TooManySubscribers => "too_many_subscribers",
             Self::NotLeader => "not_leader",
             Self::NoQuorum => "no_quorum",
             Self::LeaderChanged => "leader_changed",
@@ -110,9 +119,10 @@ impl ErrorCode {
             Self::NotFound => 404,
             Self::MethodNotAllowed => 405,
             Self::AlreadyInitialized | Self::MembershipConflict | Self::TooManyTokens => 409,
+            Self::TooFarBehind => 410,
             Self::PayloadTooLarge => 413,
             Self::UnsupportedMediaType => 415,
-            Self::TooManyPending | Self::TooManyKeys => 429,
+            Self::TooManyPending | Self::TooManyKeys | Self::TooManySubscribers => 429,
             Self::NotLeader
             | Self::NoQuorum
             | Self::LeaderChanged

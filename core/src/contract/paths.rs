@@ -19,6 +19,16 @@ pub const HOLDERS: &str = "/v1/semaphores/{key}/holders";
 /// ([`crate::force_release::ForceReleased`]).
 pub const CLIENT_RELEASE: &str = "/v1/semaphores/{key}/clients/{clientId}/release";
 
+/// `GET`: lifecycle events as Server-Sent Events, from this node's applied
+/// entries (`?key=&from=`, [`super::events`]).
+pub const EVENTS: &str = "/v1/events";
+
+/// `GET`: the dashboard page (open: it holds no data; its scripts call the API
+/// with the operator's token).
+pub const UI: &str = "/ui";
+/// `GET`: the dashboard's script and style sheet.
+pub const UI_ASSET: &str = "/ui/{asset}";
+
 /// `GET`: this node's view of the cluster ([`super::ClusterStatus`]).
 pub const CLUSTER_STATUS: &str = "/cluster/status";
 /// `POST {}`: makes every node of the config file a voter of a new cluster.
@@ -48,7 +58,7 @@ pub const READYZ: &str = "/readyz";
 pub const OPENAPI: &str = "/openapi.json";
 
 /// Every route above, for documentation and for checks that each is described.
-pub const ALL: [&str; 19] = [
+pub const ALL: [&str; 22] = [
     SEMAPHORES,
     SEMAPHORE,
     USAGE,
@@ -56,6 +66,9 @@ pub const ALL: [&str; 19] = [
     GROUP,
     HOLDERS,
     CLIENT_RELEASE,
+    EVENTS,
+    UI,
+    UI_ASSET,
     CLUSTER_STATUS,
     CLUSTER_INIT,
     CLUSTER_MEMBERS,

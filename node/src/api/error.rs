@@ -45,6 +45,10 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("{message}")]
     TooMany { code: ErrorCode, message: String },
+    /// An event stream that cannot start (`too_far_behind`,
+    /// `too_many_subscribers`).
+    #[error("{message}")]
+    Stream { code: ErrorCode, message: String },
     #[error("this node is not the leader")]
     NotLeader { leader: Option<NodeId> },
     #[error("no leader is known: the cluster has no quorum or is electing one")]
@@ -68,7 +72,9 @@ impl ApiError {
             Self::Forbidden(_) => ErrorCode::Forbidden,
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
-            Self::Conflict { code, .. } | Self::TooMany { code, .. } => *code,
+            Self::Conflict { code, .. }
+            | Self::TooMany { code, .. }
+            | Self::Stream { code, .. } => *code,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
             Self::NotLeader { .. } => ErrorCode::NotLeader,

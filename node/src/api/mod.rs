@@ -3,19 +3,22 @@
 //!
 //! Layers, outermost first: a trace span per request, the body limit, then per
 //! route group forwarding to the leader (v1, membership) and inside it the token
-//! check ([`crate::auth`]), so the leader decides. The internal router serves
-//! `/raft/*` only, behind the peer secret. `/healthz`, `/readyz` and
-//! `/openapi.json` are open.
+//! check ([`crate::auth`]), so the leader decides. `/metrics` and `/v1/events`
+//! are answered by the node called, from its own state; the dashboard (`/ui`)
+//! is open and static. The internal router serves `/raft/*` only, behind the
+//! peer secret. `/healthz`, `/readyz` and `/openapi.json` are open.
 //! Unknown routes and methods answer the JSON error shape.
 
 pub mod backup;
 pub mod cluster;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod forward;
 pub mod holders;
 pub mod openapi;
 pub mod semaphores;
+pub mod ui;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
@@ -59,14 +62,17 @@ pub fn public_router(app: App) -> Router {
             app.clone(),
             forward::to_leader,
         ));
-    let metrics = Router::new()
+    // Answered by the node called, from its own state: never forwarded.
+    let local = Router::new()
         .route(paths::METRICS, get(metrics))
+        .route(paths::EVENTS, get(events::stream))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token));
     Router::new()
         .merge(v1)
         .merge(admin_router(app.clone()))
         .merge(cluster_router(app.clone()))
-        .merge(metrics)
+        .merge(local)
+        .merge(ui::router())
         .route(paths::HEALTHZ, get(healthz))
         .route(paths::READYZ, get(readyz))
         .route(paths::OPENAPI, get(openapi::document))

@@ -9,10 +9,11 @@
 use std::collections::BTreeMap;
 
 use axum::body::{to_bytes, Body};
-use axum::extract::{FromRequestParts, MatchedPath, Path, Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, Path, Query, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use permitd_core::contract::{paths, EventQuery};
 use permitd_core::limits::MAX_BODY_BYTES;
 use permitd_core::tokens::Role;
 use serde::Deserialize;
@@ -33,10 +34,14 @@ pub async fn require_token(State(app): State<App>, request: Request, next: Next)
         .map(|path| path.as_str().to_owned())
         .unwrap_or_default();
     let (mut parts, body) = request.into_parts();
-    let key = Path::<BTreeMap<String, String>>::from_request_parts(&mut parts, &())
-        .await
-        .ok()
-        .and_then(|Path(mut params)| params.remove("key"));
+    let key = if matched == paths::EVENTS {
+        event_stream_key(&parts)
+    } else {
+        Path::<BTreeMap<String, String>>::from_request_parts(&mut parts, &())
+            .await
+            .ok()
+            .and_then(|Path(mut params)| params.remove("key"))
+    };
     let Some(mut action) = action_of(&parts.method, &matched, key) else {
         return next.run(Request::from_parts(parts, body)).await;
     };
@@ -75,6 +80,14 @@ pub async fn require_token(State(app): State<App>, request: Request, next: Next)
             ApiError::Forbidden(refusal.message()).into_response()
         }
     }
+}
+
+/// The event stream's key, from its query (`None` when absent or malformed:
+/// then a runner is refused, and the handler answers the malformed query).
+fn event_stream_key(parts: &axum::http::request::Parts) -> Option<String> {
+    Query::<EventQuery>::try_from_uri(&parts.uri)
+        .ok()
+        .and_then(|Query(query)| query.key)
 }
 
 /// The `clientId` of a request or sync body; `None` when the body is not a JSON

@@ -5,14 +5,15 @@
 //! |---|---|---|---|
 //! | `POST /v1/semaphores/{key}` (request, sync) | keys + clientId | – | yes |
 //! | `GET /v1/semaphores/{key}/usage` | keys | yes | yes |
+//! | `GET /v1/events?key=` (a runner must name a key) | keys | yes | yes |
 //! | `GET /v1/semaphores/{key}/config`, `GET /v1/semaphores` | – | yes | yes |
 //! | `GET /metrics` | – | yes | yes |
 //! | `PUT …/config`, `PUT`/`DELETE …/groups/{group}` | – | – | yes |
 //! | `/v1/tokens*`, `/cluster/*` | – | – | yes |
+//! | `/ui`, `/ui/{asset}`, `/healthz`, `/readyz` | open | open | open |
 //!
-//! Open, without a token: `GET /healthz`, `GET /readyz` (probes) and
-//! `GET /openapi.json` (the API's description, as public as the repository's
-//! `docs/openapi.json`).
+//! `GET /openapi.json` is open too: the API's description, as public as the
+//! repository's `docs/openapi.json`.
 
 use axum::http::Method;
 use permitd_core::contract::paths;
@@ -27,6 +28,10 @@ pub enum Action {
         client_id: Option<String>,
     },
     Usage {
+        key: Option<String>,
+    },
+    /// The event stream, of one key (`key` from the query) or of all.
+    Events {
         key: Option<String>,
     },
     ReadConfig,
@@ -59,12 +64,15 @@ impl Refusal {
 /// The action of a matched route, or `None` for an open route.
 pub fn action_of(method: &Method, matched_path: &str, key: Option<String>) -> Option<Action> {
     let action = match (method.as_str(), matched_path) {
-        (_, paths::HEALTHZ | paths::READYZ | paths::OPENAPI) => return None,
+        (_, paths::HEALTHZ | paths::READYZ | paths::OPENAPI | paths::UI | paths::UI_ASSET) => {
+            return None
+        }
         ("POST", paths::SEMAPHORE) => Action::Post {
             key,
             client_id: None,
         },
         ("GET", paths::USAGE) => Action::Usage { key },
+        ("GET", paths::EVENTS) => Action::Events { key },
         ("GET", paths::KEY_CONFIG) => Action::ReadConfig,
         ("GET", paths::SEMAPHORES) => Action::ListKeys,
         ("GET", paths::METRICS) => Action::Metrics,
@@ -92,10 +100,14 @@ pub fn decide(token: &TokenRecord, action: &Action) -> Result<(), Refusal> {
                 _ => Err(Refusal::ClientId),
             }
         }
-        (Role::Runner, Action::Usage { key }) => key_allowed(key),
+        (Role::Runner, Action::Usage { key } | Action::Events { key }) => key_allowed(key),
         (
             Role::Reader,
-            Action::Usage { .. } | Action::ReadConfig | Action::ListKeys | Action::Metrics,
+            Action::Usage { .. }
+            | Action::Events { .. }
+            | Action::ReadConfig
+            | Action::ListKeys
+            | Action::Metrics,
         ) => Ok(()),
         _ => Err(Refusal::Role),
     }
@@ -145,6 +157,12 @@ mod tests {
             key: Some("acct-1".into()),
         };
         assert_eq!(decide(&runner, &usage), Ok(()));
+        let own_events = Action::Events {
+            key: Some("acct-1".into()),
+        };
+        assert_eq!(decide(&runner, &own_events), Ok(()));
+        let all_events = Action::Events { key: None };
+        assert_eq!(decide(&runner, &all_events), Err(Refusal::Key));
         for action in [Action::ReadConfig, Action::Metrics, Action::Tokens] {
             assert_eq!(decide(&runner, &action), Err(Refusal::Role));
         }
@@ -154,6 +172,7 @@ mod tests {
     fn readers_read_and_admins_do_everything() {
         let reader = token(Role::Reader);
         assert_eq!(decide(&reader, &Action::Metrics), Ok(()));
+        assert_eq!(decide(&reader, &Action::Events { key: None }), Ok(()));
         assert_eq!(decide(&reader, &post("acct-1", "eu-1")), Err(Refusal::Role));
         assert_eq!(decide(&reader, &Action::WriteConfig), Err(Refusal::Role));
         let admin = token(Role::Admin);
@@ -164,6 +183,7 @@ mod tests {
     fn routes_map_to_actions() {
         assert_eq!(action_of(&Method::GET, paths::HEALTHZ, None), None);
         assert_eq!(action_of(&Method::GET, paths::OPENAPI, None), None);
+        assert_eq!(action_of(&Method::GET, paths::UI_ASSET, None), None);
         assert_eq!(
             action_of(&Method::DELETE, paths::SEMAPHORE, None),
             Some(Action::Cluster),

@@ -255,6 +255,7 @@ async fn serve_until_signal(
     // retry on another node. In-flight answers drain before the server returns.
     stop_api.trigger();
     app.rounds.fail_all(ProposeError::ShuttingDown);
+    app.events.close();
     let stop_timeout = Duration::from_millis(STOP_TIMEOUT_MS);
     let api_result = tokio::time::timeout(stop_timeout, api_task).await;
     if let Err(error) = app.raft.shutdown().await {

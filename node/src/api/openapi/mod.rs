@@ -54,6 +54,9 @@ const BEARER: &str = "bearer";
         super::semaphores::delete_group,
         super::holders::get,
         super::holders::force_release,
+        super::events::stream,
+        super::ui::page,
+        super::ui::asset,
         super::cluster::status,
         super::cluster::init,
         super::cluster::members,
@@ -273,7 +276,10 @@ mod tests {
                 let responses = &operation["responses"];
                 assert!(responses["500"].is_object(), "{method} {path} lacks 500");
                 let secured = operation.get("security").is_some();
-                let open = matches!(path, paths::HEALTHZ | paths::READYZ | paths::OPENAPI);
+                let open = matches!(
+                    path,
+                    paths::HEALTHZ | paths::READYZ | paths::OPENAPI | paths::UI | paths::UI_ASSET
+                );
                 assert_eq!(secured, !open, "{method} {path}: security");
                 assert_eq!(responses["401"].is_object(), !open, "{method} {path}: 401");
             }

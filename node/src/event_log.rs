@@ -1,0 +1,294 @@
+//! The node's recent lifecycle events, for `GET /v1/events`.
+//!
+//! Every node applies every committed entry, so every node can serve the event
+//! stream from its own applied entries: no forwarding, no leader load, and a
+//! stream survives a leader change. The price is that a stream is as current as
+//! the node serving it (a lagging follower's stream lags too).
+//!
+//! The log keeps the last [`EVENT_BUFFER_EVENTS`] events in memory and a
+//! broadcast of new ones. Invariants:
+//! - every event of every entry with index ≥ `complete_from` that this node
+//!   applied is in `records` (so a resume from there misses nothing);
+//! - `records` is in log order and never longer than its capacity;
+//! - a new event is pushed and broadcast under the same lock a subscriber takes
+//!   to copy the backlog and subscribe, so a subscriber sees each event once.
+//!
+//! `complete_from` moves forward when old events are dropped, when a snapshot
+//! replaces the state (its entries' events never ran here), and when the node
+//! missed apply notices; at start it is the first index after the applied state
+//! loaded from disk (earlier events were applied by a previous process).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use permitd_core::contract::EventRecord;
+use permitd_core::limits::{EVENT_BUFFER_EVENTS, MAX_EVENT_SUBSCRIBERS};
+use permitd_storage::Applied;
+use tokio::sync::{broadcast, watch, OwnedSemaphorePermit, Semaphore};
+
+/// The recent events and the live feed; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EventLog {
+    buffer: Arc<Mutex<Buffer>>,
+    live: broadcast::Sender<Arc<EventRecord>>,
+    /// One permit per open stream ([`MAX_EVENT_SUBSCRIBERS`]).
+    subscribers: Arc<Semaphore>,
+    /// Set at shutdown: open streams end so the server can drain.
+    closed: watch::Sender<bool>,
+}
+
+#[derive(Debug)]
+struct Buffer {
+    records: VecDeque<Arc<EventRecord>>,
+    capacity: usize,
+    /// The lowest log index from which every event is kept.
+    complete_from: u64,
+    /// The last index an apply notice was seen for.
+    last_index: u64,
+    /// Notices were lost: the next one starts a new complete run.
+    gap: bool,
+}
+
+/// Why a stream cannot start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubscribeError {
+    #[error("events before log index {oldest} are no longer kept on this node; resume from {oldest} or later, or re-read the state")]
+    TooFarBehind { oldest: u64 },
+    #[error("this node already serves {max} event streams")]
+    TooManySubscribers { max: usize },
+}
+
+/// A started stream: the kept events it asked for, then the live feed.
+#[derive(Debug)]
+pub struct Subscription {
+    pub backlog: Vec<Arc<EventRecord>>,
+    pub live: broadcast::Receiver<Arc<EventRecord>>,
+    pub closed: watch::Receiver<bool>,
+    /// Held for the stream's life.
+    pub permit: OwnedSemaphorePermit,
+}
+
+impl EventLog {
+    /// An empty log whose events start after `applied_at_start`.
+    pub fn new(applied_at_start: u64) -> Self {
+        Self::with_capacity(applied_at_start, EVENT_BUFFER_EVENTS, MAX_EVENT_SUBSCRIBERS)
+    }
+
+    fn with_capacity(applied_at_start: u64, capacity: usize, max_subscribers: usize) -> Self {
+        let buffer = Buffer {
+            records: VecDeque::with_capacity(capacity.min(1_024)),
+            capacity,
+            complete_from: applied_at_start + 1,
+            last_index: applied_at_start,
+            gap: false,
+        };
+        Self {
+            buffer: Arc::new(Mutex::new(buffer)),
+            live: broadcast::channel(capacity).0,
+            subscribers: Arc::new(Semaphore::new(max_subscribers)),
+            closed: watch::channel(false).0,
+        }
+    }
+
+    /// Records one applied entry's events.
+    pub fn push(&self, applied: &Applied) {
+        let mut buffer = self.lock();
+        if applied.installed_snapshot {
+            buffer.restart_at(applied.log_index + 1);
+        } else if buffer.gap {
+            buffer.restart_at(applied.log_index);
+        }
+        buffer.gap = false;
+        buffer.last_index = buffer.last_index.max(applied.log_index);
+        for (key, event) in &applied.events {
+            let record = Arc::new(EventRecord {
+                log_index: applied.log_index,
+                key: key.clone(),
+                event: event.clone(),
+            });
+            buffer.keep(Arc::clone(&record));
+            // No subscriber is fine.
+            let _ = self.live.send(record);
+        }
+    }
+
+    /// The node missed apply notices: nothing before the next entry is complete.
+    pub fn lost_notices(&self) {
+        let mut buffer = self.lock();
+        let next = buffer.last_index + 1;
+        buffer.restart_at(next);
+        buffer.gap = true;
+    }
+
+    /// Starts a stream of the events with index ≥ `from` (of `key` only, when
+    /// given); `from: None` means only events applied from now on.
+    pub fn subscribe(
+        &self,
+        key: Option<&str>,
+        from: Option<u64>,
+    ) -> Result<Subscription, SubscribeError> {
+        let permit = Arc::clone(&self.subscribers)
+            .try_acquire_owned()
+            .map_err(|_| SubscribeError::TooManySubscribers {
+                max: MAX_EVENT_SUBSCRIBERS,
+            })?;
+        let buffer = self.lock();
+        let backlog = match from {
+            None => Vec::new(),
+            Some(from) if from < buffer.complete_from => {
+                return Err(SubscribeError::TooFarBehind {
+                    oldest: buffer.complete_from,
+                })
+            }
+            Some(from) => buffer
+                .records
+                .iter()
+                .filter(|record| record.log_index >= from && matches(key, record))
+                .cloned()
+                .collect(),
+        };
+        Ok(Subscription {
+            backlog,
+            live: self.live.subscribe(),
+            closed: self.closed.subscribe(),
+            permit,
+        })
+    }
+
+    /// Ends every open stream (shutdown).
+    pub fn close(&self) {
+        self.closed.send_replace(true);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buffer> {
+        self.buffer.lock().expect("event log lock poisoned")
+    }
+}
+
+/// Whether `record` belongs to a stream of `key` (every key when `None`).
+pub fn matches(key: Option<&str>, record: &EventRecord) -> bool {
+    key.map_or(true, |key| key == record.key)
+}
+
+impl Buffer {
+    fn keep(&mut self, record: Arc<EventRecord>) {
+        if self.records.len() == self.capacity {
+            if let Some(oldest) = self.records.pop_front() {
+                // That entry's remaining events may still be here: it is no
+                // longer complete, so resuming must start after it.
+                self.complete_from = self.complete_from.max(oldest.log_index + 1);
+            }
+        }
+        self.records.push_back(record);
+    }
+
+    fn restart_at(&mut self, complete_from: u64) {
+        self.records.clear();
+        self.complete_from = self.complete_from.max(complete_from);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use permitd_core::{Event, Usage};
+
+    fn round(index: u64, keys: &[&str]) -> Applied {
+        let event = Event::Round {
+            timestamp_ms: index,
+            requested: 1,
+            granted: 1,
+            usage: Usage::default(),
+        };
+        Applied {
+            log_index: index,
+            keys: keys.iter().map(|key| (*key).to_owned()).collect(),
+            events: keys
+                .iter()
+                .map(|key| ((*key).to_owned(), event.clone()))
+                .collect(),
+            installed_snapshot: false,
+        }
+    }
+
+    fn indexes(subscription: &Subscription) -> Vec<(u64, String)> {
+        subscription
+            .backlog
+            .iter()
+            .map(|record| (record.log_index, record.key.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_resume_gets_kept_events_of_its_key_from_its_index() {
+        let log = EventLog::with_capacity(10, 100, 4);
+        log.push(&round(11, &["a", "b"]));
+        log.push(&round(12, &["a"]));
+        let all = log.subscribe(None, Some(11)).unwrap();
+        assert_eq!(indexes(&all).len(), 3);
+        let a = log.subscribe(Some("a"), Some(12)).unwrap();
+        assert_eq!(indexes(&a), [(12, "a".to_owned())]);
+        let live_only = log.subscribe(Some("a"), None).unwrap();
+        assert!(live_only.backlog.is_empty());
+    }
+
+    #[test]
+    fn events_before_start_or_dropped_ones_are_too_far_behind() {
+        let log = EventLog::with_capacity(10, 3, 4);
+        assert_eq!(
+            log.subscribe(None, Some(10)).unwrap_err(),
+            SubscribeError::TooFarBehind { oldest: 11 }
+        );
+        log.push(&round(11, &["a", "b"]));
+        log.push(&round(12, &["a", "b"]));
+        // Index 11's first event was dropped: resuming at 11 would miss it.
+        assert_eq!(
+            log.subscribe(None, Some(11)).unwrap_err(),
+            SubscribeError::TooFarBehind { oldest: 12 }
+        );
+        assert_eq!(indexes(&log.subscribe(None, Some(12)).unwrap()).len(), 2);
+    }
+
+    #[test]
+    fn a_snapshot_or_lost_notices_restart_the_log() {
+        let log = EventLog::with_capacity(0, 100, 4);
+        log.push(&round(1, &["a"]));
+        let mut snapshot = round(50, &[]);
+        snapshot.installed_snapshot = true;
+        log.push(&snapshot);
+        assert_eq!(
+            log.subscribe(None, Some(1)).unwrap_err(),
+            SubscribeError::TooFarBehind { oldest: 51 }
+        );
+        log.push(&round(51, &["a"]));
+        log.lost_notices();
+        assert_eq!(
+            log.subscribe(None, Some(51)).unwrap_err(),
+            SubscribeError::TooFarBehind { oldest: 52 }
+        );
+    }
+
+    #[test]
+    fn subscribers_are_bounded_and_freed_when_dropped() {
+        let log = EventLog::with_capacity(0, 10, 1);
+        let first = log.subscribe(None, None).unwrap();
+        assert!(matches!(
+            log.subscribe(None, None),
+            Err(SubscribeError::TooManySubscribers { .. })
+        ));
+        drop(first);
+        assert!(log.subscribe(None, None).is_ok());
+    }
+
+    #[test]
+    fn live_events_follow_the_backlog_without_repeats() {
+        let log = EventLog::with_capacity(0, 10, 1);
+        log.push(&round(1, &["a"]));
+        let mut subscription = log.subscribe(None, Some(1)).unwrap();
+        log.push(&round(2, &["a"]));
+        assert_eq!(indexes(&subscription), [(1, "a".to_owned())]);
+        let next = subscription.live.try_recv().unwrap();
+        assert_eq!(next.log_index, 2);
+        assert!(subscription.live.try_recv().is_err());
+    }
+}
