@@ -6,6 +6,13 @@
 //! latest requestIds until every grant in them is claimed or past its deadline;
 //! a retry with the same requestId takes part in no round and gets that answer.
 //!
+//! Bounded twice: [`MAX_REMEMBERED_ANSWERS_PER_CLIENT`] per (key, clientId) and
+//! [`MAX_REMEMBERED_ANSWERS_PER_KEY`] per key, the answer due to be forgotten
+//! first going first. And aged by time alone: an answer's forget time counts as
+//! one of the key's deadlines ([`KeyState::next_deadline_ms`]), so the leader's
+//! reclaim timer proposes a reclaim entry for it even if the key sees no later
+//! round; applying that entry forgets it at the entry's `now`.
+//!
 //! Only answers that hand something out are remembered: grants, or leases the
 //! round minted. A retry of any other answer (blocked, or only echoes and report
 //! results) is harmless as a fresh request: its reports are cumulative high-water
@@ -16,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::{LeaseId, LogIndex};
-use crate::limits::MAX_REMEMBERED_ANSWERS_PER_CLIENT;
+use crate::limits::{MAX_REMEMBERED_ANSWERS_PER_CLIENT, MAX_REMEMBERED_ANSWERS_PER_KEY};
 use crate::protocol::{LeaseGrant, PermitGrant, PermitRequest};
 use crate::state::{KeyState, RememberedAnswer};
 
@@ -67,7 +74,8 @@ pub fn worth_remembering(answer: &PermitGrant, log_index: LogIndex) -> bool {
     !answer.grants.is_empty() || answer.leases.iter().flatten().any(minted_here)
 }
 
-/// Remembers a fresh request's answer, forgetting the client's oldest beyond the cap.
+/// Remembers a fresh request's answer, forgetting the client's oldest beyond
+/// its cap, then the key's oldest beyond the key's cap.
 pub fn remember(
     state: &mut KeyState,
     request: &PermitRequest,
@@ -90,5 +98,14 @@ pub fn remember(
             .map(|(request_id, _)| request_id.clone())
             .expect("over the cap, so not empty");
         state.put_answer(&request.client_id, &oldest, None);
+    }
+    if state.tally().answer_expiries.len() > MAX_REMEMBERED_ANSWERS_PER_KEY {
+        let (_, client_id, request_id) = state
+            .tally()
+            .answer_expiries
+            .first()
+            .cloned()
+            .expect("over the cap, so not empty");
+        state.put_answer(&client_id, &request_id, None);
     }
 }

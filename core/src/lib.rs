@@ -40,6 +40,7 @@ pub mod reports;
 pub mod restore;
 pub mod round;
 pub mod semaphores;
+pub mod small_map;
 pub mod state;
 pub mod sync;
 pub mod tokens;

@@ -142,7 +142,7 @@ impl Semaphores {
         self.advance_clock(backup.last_now_ms());
         for (key, saved) in backup.keys() {
             self.with_key(key, |state, _| {
-                *state = saved.clone();
+                *state = KeyState::clone(saved);
                 let rows = state.all_rows();
                 state.carry_changes(rows);
             });

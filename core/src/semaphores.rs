@@ -28,7 +28,15 @@ pub struct Semaphores {
     defaults: KeyConfig,
     /// The largest `now` applied so far.
     last_now_ms: u64,
-    keys: BTreeMap<String, KeyState>,
+    /// Boxed: a B-tree node holds eleven slots, mostly empty, and a slot of
+    /// a box costs a pointer where an inline state costs its whole size.
+    keys: BTreeMap<String, Box<KeyState>>,
+    /// Some `SetDefaults` was applied: `/cluster/init`'s, or an operator's.
+    /// Until then every new leader proposes its own `[defaults]` (the node's
+    /// defaults task), so a failed write after init is retried. States saved
+    /// before this field existed come from clusters whose init wrote them.
+    #[serde(default = "written_by_older_versions")]
+    defaults_written: bool,
     /// Most keys this state holds ([`MAX_KEYS`]; smaller only in tests). Not
     /// replicated: every replica runs the same build, so every replica refuses alike.
     #[serde(skip, default = "max_keys_default")]
@@ -41,12 +49,17 @@ fn max_keys_default() -> usize {
     MAX_KEYS
 }
 
+fn written_by_older_versions() -> bool {
+    true
+}
+
 impl Default for Semaphores {
     fn default() -> Self {
         Self {
             defaults: KeyConfig::default(),
             last_now_ms: 0,
             keys: BTreeMap::new(),
+            defaults_written: false,
             max_keys: MAX_KEYS,
             dirty: Dirty::default(),
         }
@@ -99,9 +112,23 @@ impl Semaphores {
         Self {
             defaults,
             last_now_ms,
-            keys,
+            keys: keys
+                .into_iter()
+                .map(|(key, state)| (key, Box::new(state)))
+                .collect(),
             ..Self::default()
         }
+    }
+
+    /// The same state, marked as having had its defaults written (or not).
+    pub fn with_defaults_written(mut self, written: bool) -> Self {
+        self.defaults_written = written;
+        self
+    }
+
+    /// Whether a `SetDefaults` was ever applied to this state.
+    pub fn defaults_written(&self) -> bool {
+        self.defaults_written
     }
 
     /// The same state with a smaller key limit, so tests can reach it.
@@ -136,37 +163,32 @@ impl Semaphores {
         self.last_now_ms
     }
 
-    pub fn keys(&self) -> &BTreeMap<String, KeyState> {
+    pub fn keys(&self) -> &BTreeMap<String, Box<KeyState>> {
         &self.keys
     }
 
     pub fn key(&self, key: &str) -> Option<&KeyState> {
-        self.keys.get(key)
+        self.keys.get(key).map(Box::as_ref)
     }
 
     /// The configuration a key runs with: its own, or the defaults.
     pub fn config(&self, key: &str) -> &KeyConfig {
         self.keys
             .get(key)
-            .and_then(|state| state.meta().config.as_ref())
+            .and_then(|state| state.meta().config.as_deref())
             .unwrap_or(&self.defaults)
     }
 
     /// A key's usage at `now_ms` (the serving node's clock); zero for unknown keys.
     pub fn usage(&self, key: &str, now_ms: u64) -> Usage {
         let empty = KeyState::default();
-        usage(
-            self.keys.get(key).unwrap_or(&empty),
-            self.config(key),
-            now_ms,
-        )
+        usage(self.key(key).unwrap_or(&empty), self.config(key), now_ms)
     }
 
-    /// The earliest claim deadline of an unclaimed grant of `key`.
-    pub fn next_claim_deadline_ms(&self, key: &str) -> Option<u64> {
-        self.keys
-            .get(key)
-            .and_then(KeyState::next_claim_deadline_ms)
+    /// When a reclaim entry of `key` would next change it (see
+    /// [`KeyState::next_deadline_ms`]).
+    pub fn next_deadline_ms(&self, key: &str) -> Option<u64> {
+        self.key(key).and_then(KeyState::next_deadline_ms)
     }
 
     pub(crate) fn advance_clock(&mut self, now_ms: u64) -> u64 {
@@ -187,14 +209,15 @@ impl Semaphores {
         let mut state = self.keys.remove(key).unwrap_or_else(|| {
             // A key dropped earlier in this change window: its deleted rows must
             // still reach storage through the re-created state.
-            let mut state = KeyState::default();
+            let mut state = Box::<KeyState>::default();
             state.carry_changes(self.dirty.dropped.remove(key).unwrap_or_default());
             state
         });
         let config = state
             .meta()
             .config
-            .clone()
+            .as_deref()
+            .cloned()
             .unwrap_or_else(|| self.defaults.clone());
         let result = change(&mut state, &config);
         if state.is_empty() {
@@ -228,7 +251,8 @@ impl Semaphores {
         self.with_key(key, |state, config| run_sync(state, config, now_ms, sync))
     }
 
-    /// A reclaim pass over `key` (the claim-deadline timer).
+    /// A reclaim pass over `key` (the leader's deadline timer): reclaims what
+    /// passed its claim deadline and forgets answers past their time.
     pub fn reclaim(&mut self, key: &str, now_ms: u64) -> Vec<Event> {
         let now_ms = self.advance_clock(now_ms);
         self.with_key(key, |state, _| {
@@ -249,7 +273,7 @@ impl Semaphores {
         validate_key_config(&config)?;
         self.with_key(key, |state, _| {
             let meta = state.meta_mut();
-            meta.config = Some(config.clone());
+            meta.config = Some(Box::new(config.clone()));
             meta.recheck_leases = true;
         });
         Ok(config)
@@ -307,6 +331,7 @@ impl Semaphores {
     pub fn set_defaults(&mut self, defaults: KeyConfig) -> Result<(), InvalidInput> {
         validate_key_config(&defaults)?;
         self.defaults = defaults;
+        self.defaults_written = true;
         self.dirty.cluster = true;
         let following: Vec<String> = self
             .keys
@@ -337,7 +362,7 @@ impl Semaphores {
             .keys
             .into_iter()
             .map(|key| {
-                let changes = self.keys.get_mut(&key).map(KeyState::take_changes);
+                let changes = self.keys.get_mut(&key).map(|state| state.take_changes());
                 (key, changes)
             })
             .collect();
@@ -383,6 +408,21 @@ mod tests {
         assert!(semaphores.take_changes().keys.is_empty());
         semaphores.remove_group("k", "a");
         assert!(semaphores.key("k").unwrap().meta().groups.is_empty());
+    }
+
+    #[test]
+    fn defaults_count_as_written_once_set_and_in_states_saved_before_the_flag() {
+        let mut fresh = Semaphores::default();
+        assert!(!fresh.defaults_written());
+        fresh.set_defaults(KeyConfig::default()).unwrap();
+        assert!(fresh.defaults_written());
+        let mut saved = serde_json::to_value(Semaphores::default()).unwrap();
+        saved.as_object_mut().unwrap().remove("defaultsWritten");
+        let older: Semaphores = serde_json::from_value(saved).unwrap();
+        assert!(
+            older.defaults_written(),
+            "an older cluster's init wrote them"
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::config::{GroupConfig, GroupPolicy, KeyConfig};
 use crate::ids::{GrantId, LeaseId, LogIndex};
 use crate::protocol::PermitGrant;
+use crate::small_map::{SmallMap, SmallSet};
 
 /// Permits handed to one client for one group by one round.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,8 +103,9 @@ pub struct RememberedAnswer {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyMeta {
-    /// `None` follows the cluster defaults.
-    pub config: Option<KeyConfig>,
+    /// `None` follows the cluster defaults. Boxed: most keys have none, and
+    /// every key pays for the slot.
+    pub config: Option<Box<KeyConfig>>,
     pub groups: BTreeMap<String, GroupConfig>,
     /// The last round left lease demand unserved or grants blocked by leases.
     pub contended: bool,
@@ -121,7 +123,7 @@ impl KeyMeta {
 }
 
 /// Answers remembered per client, then per requestId.
-pub type Answers = BTreeMap<String, BTreeMap<String, RememberedAnswer>>;
+pub type Answers = SmallMap<String, SmallMap<String, RememberedAnswer>>;
 
 /// Rows written since the last [`KeyState::take_changes`]; storage persists these.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -171,15 +173,15 @@ impl GroupTally {
 pub struct Tally {
     pub granted: u64,
     pub leased: u64,
-    pub groups: BTreeMap<String, GroupTally>,
+    pub groups: SmallMap<String, GroupTally>,
     /// Grants with unclaimed permits, by claim deadline.
-    pub claim_deadlines: BTreeSet<(u64, GrantId)>,
+    pub claim_deadlines: SmallSet<(u64, GrantId)>,
     /// Leases not retired, by expiry.
-    pub lease_expiries: BTreeSet<(u64, LeaseId)>,
+    pub lease_expiries: SmallSet<(u64, LeaseId)>,
     /// Leases not yet acknowledged by their client, by claim deadline.
-    pub lease_claim_deadlines: BTreeSet<(u64, LeaseId)>,
+    pub lease_claim_deadlines: SmallSet<(u64, LeaseId)>,
     /// Remembered answers by the time they may be forgotten.
-    pub answer_expiries: BTreeSet<(u64, String, String)>,
+    pub answer_expiries: SmallSet<(u64, String, String)>,
 }
 
 /// One key's state. See the module docs for its invariants.
@@ -187,11 +189,13 @@ pub struct Tally {
 #[serde(from = "KeyImage")]
 pub struct KeyState {
     meta: KeyMeta,
-    grants: BTreeMap<GrantId, Grant>,
-    leases: BTreeMap<LeaseId, Lease>,
+    grants: SmallMap<GrantId, Grant>,
+    leases: SmallMap<LeaseId, Lease>,
     answers: Answers,
     tally: Tally,
-    changes: Changes,
+    /// Allocated only while rows are waiting to be persisted: an idle key
+    /// carries no empty change sets.
+    changes: Option<Box<Changes>>,
 }
 
 /// The canonical, serialised form of a [`KeyState`].
@@ -201,15 +205,15 @@ pub struct KeyImage {
     pub meta: KeyMeta,
     pub grants: BTreeMap<GrantId, Grant>,
     pub leases: BTreeMap<LeaseId, Lease>,
-    pub answers: Answers,
+    pub answers: BTreeMap<String, BTreeMap<String, RememberedAnswer>>,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct KeyImageRef<'a> {
     meta: &'a KeyMeta,
-    grants: &'a BTreeMap<GrantId, Grant>,
-    leases: &'a BTreeMap<LeaseId, Lease>,
+    grants: &'a SmallMap<GrantId, Grant>,
+    leases: &'a SmallMap<LeaseId, Lease>,
     answers: &'a Answers,
 }
 
@@ -252,7 +256,7 @@ impl From<KeyImage> for KeyState {
                 state.put_answer(&client_id, &request_id, Some(answer));
             }
         }
-        state.changes = Changes::default();
+        state.changes = None;
         state
     }
 }
@@ -264,15 +268,15 @@ impl KeyState {
 
     /// Changes the settings; marks the meta row dirty.
     pub fn meta_mut(&mut self) -> &mut KeyMeta {
-        self.changes.meta = true;
+        self.changes_mut().meta = true;
         &mut self.meta
     }
 
-    pub fn grants(&self) -> &BTreeMap<GrantId, Grant> {
+    pub fn grants(&self) -> &SmallMap<GrantId, Grant> {
         &self.grants
     }
 
-    pub fn leases(&self) -> &BTreeMap<LeaseId, Lease> {
+    pub fn leases(&self) -> &SmallMap<LeaseId, Lease> {
         &self.leases
     }
 
@@ -312,24 +316,32 @@ impl KeyState {
 
     /// Records rows changed before this state was (re)created, so none is lost.
     pub fn carry_changes(&mut self, earlier: Changes) {
-        self.changes.merge(earlier);
+        if !earlier.is_empty() {
+            self.changes_mut().merge(earlier);
+        }
     }
 
     /// The rows changed since the last call.
     pub fn take_changes(&mut self) -> Changes {
-        std::mem::take(&mut self.changes)
+        self.changes
+            .take()
+            .map(|changes| *changes)
+            .unwrap_or_default()
     }
 
-    /// The earliest claim deadline of a grant with unclaimed permits: when the
-    /// leader's reclaim timer for this key should fire.
-    pub fn next_claim_deadline_ms(&self) -> Option<u64> {
-        let grant = self.tally.claim_deadlines.first();
-        let lease = self.tally.lease_claim_deadlines.first();
-        grant
-            .into_iter()
-            .map(|(deadline, _)| *deadline)
-            .chain(lease.map(|(deadline, _)| *deadline))
-            .min()
+    fn changes_mut(&mut self) -> &mut Changes {
+        self.changes.get_or_insert_with(Box::default)
+    }
+
+    /// The earliest time a reclaim entry would change this key: a claim
+    /// deadline of a grant or lease, or the forget time of a remembered answer.
+    /// The leader's reclaim timer for this key fires then, so unclaimed permits
+    /// return and answers age out even when nobody asks about the key.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        let grant = self.tally.claim_deadlines.first().map(|(at, _)| *at);
+        let lease = self.tally.lease_claim_deadlines.first().map(|(at, _)| *at);
+        let answer = self.tally.answer_expiries.first().map(|(at, _, _)| *at);
+        [grant, lease, answer].into_iter().flatten().min()
     }
 
     /// Replaces (or with `None` deletes) a grant, keeping the tally exact.
@@ -342,12 +354,15 @@ impl KeyState {
             self.tally_grant(id, &grant);
             self.grants.insert(id, grant);
         }
-        self.changes.grants.insert(id);
+        self.changes_mut().grants.insert(id);
     }
 
     fn tally_grant(&mut self, id: GrantId, grant: &Grant) {
         self.tally.granted += grant.outstanding();
-        let group = self.tally.groups.entry(grant.group.clone()).or_default();
+        let group = self
+            .tally
+            .groups
+            .get_or_insert_with(grant.group.clone(), GroupTally::default);
         group.granted += grant.outstanding();
         group.grants += 1;
         if grant.has_unclaimed() {
@@ -384,12 +399,15 @@ impl KeyState {
             self.tally_lease(id, &lease);
             self.leases.insert(id, lease);
         }
-        self.changes.leases.insert(id);
+        self.changes_mut().leases.insert(id);
     }
 
     fn tally_lease(&mut self, id: LeaseId, lease: &Lease) {
         self.tally.leased += lease.footprint();
-        let group = self.tally.groups.entry(lease.group.clone()).or_default();
+        let group = self
+            .tally
+            .groups
+            .get_or_insert_with(lease.group.clone(), GroupTally::default);
         group.leased += lease.footprint();
         group.leases += 1;
         if !lease.acknowledged {
@@ -426,7 +444,9 @@ impl KeyState {
         request_id: &str,
         answer: Option<RememberedAnswer>,
     ) {
-        let answers = self.answers.entry(client_id.to_owned()).or_default();
+        let answers = self
+            .answers
+            .get_or_insert_with(client_id.to_owned(), SmallMap::new);
         if let Some(old) = answers.remove(request_id) {
             self.tally.answer_expiries.remove(&(
                 old.forget_at_ms,
@@ -445,7 +465,7 @@ impl KeyState {
         if answers.is_empty() {
             self.answers.remove(client_id);
         }
-        self.changes
+        self.changes_mut()
             .answers
             .insert((client_id.to_owned(), request_id.to_owned()));
     }
@@ -454,9 +474,26 @@ impl KeyState {
     pub fn recount(&self) -> Tally {
         let image = KeyImage {
             meta: self.meta.clone(),
-            grants: self.grants.clone(),
-            leases: self.leases.clone(),
-            answers: self.answers.clone(),
+            grants: self
+                .grants
+                .iter()
+                .map(|(id, grant)| (*id, grant.clone()))
+                .collect(),
+            leases: self
+                .leases
+                .iter()
+                .map(|(id, lease)| (*id, lease.clone()))
+                .collect(),
+            answers: self
+                .answers
+                .iter()
+                .map(|(client_id, answers)| {
+                    let answers = answers
+                        .iter()
+                        .map(|(request_id, answer)| (request_id.clone(), answer.clone()));
+                    (client_id.clone(), answers.collect())
+                })
+                .collect(),
         };
         KeyState::from(image).tally
     }

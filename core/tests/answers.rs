@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 
+use permitd_core::limits::{MAX_REMEMBERED_ANSWERS_PER_CLIENT, MAX_REMEMBERED_ANSWERS_PER_KEY};
 use permitd_core::protocol::{Demand, GrantReport, PermitGrant, PermitRequest, PermitSync, V1};
 use permitd_core::{IdAllocator, KeyConfig, Semaphores};
 use proptest::collection::vec;
@@ -198,5 +199,133 @@ proptest! {
                 Step::Advance(ms) => world.now_ms += ms,
             }
         }
+    }
+}
+
+/// Clients of the bounded-memory property: more than the key's cap divided by
+/// the per-client cap, so the key's cap is what binds.
+const MANY_CLIENTS: usize = 200;
+
+/// One entry of the bounded-memory property.
+#[derive(Debug, Clone)]
+enum Entry {
+    /// `count` requests, each with a requestId never used before, spread over
+    /// the clients starting at `first_client`.
+    Round {
+        count: usize,
+        first_client: usize,
+    },
+    /// A reclaim entry, as the leader's deadline timer proposes.
+    Reclaim,
+    Advance(u64),
+}
+
+fn entry() -> impl Strategy<Value = Entry> {
+    prop_oneof![
+        3 => (300..700usize, 0..MANY_CLIENTS)
+            .prop_map(|(count, first_client)| Entry::Round { count, first_client }),
+        1 => Just(Entry::Reclaim),
+        2 => (1..4_000u64).prop_map(Entry::Advance),
+    ]
+}
+
+/// Applies `entries` to a fresh state, checking the bounds after each; returns
+/// the final state.
+fn apply_bounded(entries: &[Entry]) -> Result<Semaphores, TestCaseError> {
+    let config = KeyConfig {
+        limit: 1_000_000,
+        grant_timeout_ms: 5_000,
+        ..KeyConfig::default()
+    };
+    let mut semaphores = Semaphores::new(config).expect("a valid config");
+    let (mut now_ms, mut index) = (T0, 0u64);
+    for entry in entries {
+        index += 1;
+        match entry {
+            Entry::Round {
+                count,
+                first_client,
+            } => {
+                let requests: Vec<PermitRequest> = (0..*count)
+                    .map(|position| PermitRequest {
+                        v: V1,
+                        client_id: format!("c{}", (first_client + position) % MANY_CLIENTS),
+                        request_id: Some(format!("q{index}-{position}")),
+                        demand: vec![Demand {
+                            group: "g".into(),
+                            count: 1,
+                            oldest_at_ms: T0,
+                        }],
+                        grants: Vec::new(),
+                        leases: None,
+                    })
+                    .collect();
+                semaphores.round(KEY, &mut IdAllocator::new(index), now_ms, &requests);
+            }
+            Entry::Reclaim => {
+                semaphores.reclaim(KEY, now_ms);
+                let state = semaphores.key(KEY);
+                let answers = state.map(|state| state.answers());
+                let due: Vec<u64> = answers
+                    .into_iter()
+                    .flat_map(|answers| answers.values())
+                    .flat_map(|answers| answers.values())
+                    .map(|answer| answer.forget_at_ms)
+                    .collect();
+                prop_assert!(
+                    due.iter().all(|&at| at > now_ms),
+                    "a reclaim ages answers out"
+                );
+                let next = state.and_then(|state| state.next_deadline_ms());
+                if let Some(&earliest) = due.iter().min() {
+                    prop_assert!(
+                        next.is_some_and(|next| next <= earliest),
+                        "the timer is aimed"
+                    );
+                }
+            }
+            Entry::Advance(ms) => now_ms += ms,
+        }
+        let Some(state) = semaphores.key(KEY) else {
+            continue;
+        };
+        let per_client: Vec<usize> = state
+            .answers()
+            .values()
+            .map(|answers| answers.len())
+            .collect();
+        let total: usize = per_client.iter().sum();
+        prop_assert!(
+            total <= MAX_REMEMBERED_ANSWERS_PER_KEY,
+            "{total} answers on one key"
+        );
+        prop_assert!(per_client
+            .iter()
+            .all(|&len| len <= MAX_REMEMBERED_ANSWERS_PER_CLIENT));
+        prop_assert_eq!(
+            state.recount(),
+            state.tally().clone(),
+            "the index matches the answers"
+        );
+    }
+    Ok(semaphores)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Remembered answers stay within the per-key and per-client caps whatever
+    /// the number of clients; a reclaim entry alone forgets every answer past
+    /// its time and the key's next deadline covers the rest; and ageing is
+    /// deterministic: the same entries give byte-identical states.
+    #[test]
+    fn remembered_answers_are_bounded_per_key_and_age_out_without_rounds(
+        entries in vec(entry(), 2..8),
+    ) {
+        let first = apply_bounded(&entries)?;
+        let second = apply_bounded(&entries)?;
+        prop_assert_eq!(&first, &second);
+        let bytes = |state: &Semaphores| serde_json::to_vec(state).expect("serialises");
+        prop_assert_eq!(bytes(&first), bytes(&second));
     }
 }

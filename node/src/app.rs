@@ -46,12 +46,10 @@ pub struct NodeSettings {
     pub initial_members: BTreeMap<NodeId, PeerNode>,
     /// Initialise a new cluster of `initial_members` at start (embedded mode).
     pub initialize_at_start: bool,
-    /// Requests that may wait for one key's round; 429 beyond.
-    pub max_pending_per_key: usize,
+    /// What may wait on the leader, and for how long (`[limits]`).
+    pub rounds: crate::rounds::RoundLimits,
     /// Timeouts and connection limits of the node's listeners.
     pub edge: crate::edge::EdgeLimits,
-    /// Round and sync entries in flight at once (`[limits] entries_in_flight`).
-    pub entries_in_flight: usize,
 }
 
 /// Why a node could not start.
@@ -156,10 +154,16 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         raft.clone(),
         state.clone(),
         leadership.clone(),
-        settings.max_pending_per_key,
-        settings.entries_in_flight,
+        settings.rounds,
     );
     crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
+    crate::snapshots::start(raft.clone(), settings.id, timings.snapshot_every_ms);
+    crate::defaults::start(
+        raft.clone(),
+        state.clone(),
+        leadership.clone(),
+        settings.defaults.clone(),
+    );
     let applied_at_start = state.last_applied().map_or(0, |log_id| log_id.index);
     let events = EventLog::new(applied_at_start);
     crate::events::start(state.clone(), events.clone());
@@ -186,15 +190,9 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     })
 }
 
-/// Node `id`'s snapshot interval: `every` stretched by a quarter per node id
-/// (ids 1, 2, 3 snapshot every 1, 1.25, 1.5 × `every` entries), so that the
-/// nodes of a cluster do not all build a snapshot at the same log index.
-fn staggered_snapshot_interval(id: NodeId, every: u64) -> u64 {
-    every + every * (id.saturating_sub(1) % 4) / 4
-}
-
 fn raft_config(id: NodeId, timings: &RaftTimings) -> Result<openraft::Config, StartError> {
-    let every = staggered_snapshot_interval(id, timings.snapshot_every_logs);
+    // Staggered, so the nodes of a cluster do not build at the same log index.
+    let every = crate::snapshots::staggered(id, timings.snapshot_every_logs);
     let config = openraft::Config {
         cluster_name: "permitd".into(),
         heartbeat_interval: timings.heartbeat_interval_ms,

@@ -13,6 +13,8 @@
 //!   applies it; the leader answers each waiting request with its part of the result;
 //! - [`reclaim`] keeps one timer per key at the earliest claim deadline of an
 //!   unclaimed grant and proposes a reclaim entry when it passes;
+//! - [`defaults`] writes the file's `[defaults]` on a leader whose cluster has
+//!   never had any written (a failed write after `/cluster/init`);
 //! - [`events`] turns every applied entry's lifecycle events into tracing events and
 //!   [`metrics`].
 //!
@@ -30,6 +32,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod config_env;
+pub mod defaults;
 pub mod edge;
 pub mod event_log;
 pub mod events;
@@ -44,6 +47,7 @@ pub mod reclaim;
 pub mod rounds;
 pub mod schedule;
 pub mod shutdown;
+pub mod snapshots;
 pub mod timer;
 pub mod tls;
 

@@ -3,9 +3,10 @@
 //! for a request (docs/protocol.md, "Reclaim").
 //!
 //! A grant's (or a lease's) unclaimed permits return to the pool at its claim
-//! deadline. Rounds reclaim as they run, but a key nobody asks about has no round,
-//! so the leader watches `Semaphores::next_claim_deadline_ms` of every key and
-//! proposes a `Command::Reclaim` when it passes.
+//! deadline, and a remembered answer is forgotten at its forget time. Rounds do
+//! both as they run, but a key nobody asks about has no round, so the leader
+//! watches `Semaphores::next_deadline_ms` of every key (claim deadlines and
+//! answer forget times) and proposes a `Command::Reclaim` when it passes.
 //!
 //! One task per node keeps every deadline, whatever the number of keys:
 //! - `deadlines` ([`Deadlines`], the schedule's timer structure, unit-tested
@@ -146,7 +147,7 @@ impl Reclaimer {
                 .iter()
                 .filter_map(|(key, state)| {
                     state
-                        .next_claim_deadline_ms()
+                        .next_deadline_ms()
                         .map(|deadline_ms| (key.clone(), deadline_ms))
                 })
                 .collect()
@@ -161,7 +162,7 @@ impl Reclaimer {
     fn aim(&mut self, keys: &[String]) {
         let deadlines: Vec<Option<u64>> = self.state.read(|semaphores| {
             keys.iter()
-                .map(|key| semaphores.next_claim_deadline_ms(key))
+                .map(|key| semaphores.next_deadline_ms(key))
                 .collect()
         });
         for (key, deadline_ms) in keys.iter().zip(deadlines) {

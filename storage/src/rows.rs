@@ -23,6 +23,14 @@ use crate::{NodeId, PeerNode, StorageError};
 struct ClusterRow {
     defaults: KeyConfig,
     last_now_ms: u64,
+    /// See `Semaphores::defaults_written`; rows written before it existed
+    /// belong to clusters whose init wrote the defaults.
+    #[serde(default = "written_by_older_versions")]
+    defaults_written: bool,
+}
+
+fn written_by_older_versions() -> bool {
+    true
 }
 
 /// Rows to write (`Some`) or delete (`None`) in one atomic batch.
@@ -91,6 +99,7 @@ impl WriteSet {
         let row = ClusterRow {
             defaults: semaphores.defaults().clone(),
             last_now_ms: semaphores.last_now_ms(),
+            defaults_written: semaphores.defaults_written(),
         };
         self.put(keys::CLUSTER, &row)
     }
@@ -249,12 +258,14 @@ pub(crate) fn load(tree: &sled::Tree, dir: &Path) -> Result<Loaded, StorageError
         .into_iter()
         .map(|(key, image)| (key, KeyState::from(image)))
         .collect();
-    let (defaults, last_now_ms) = match cluster {
-        Some(row) => (row.defaults, row.last_now_ms),
-        None => (KeyConfig::default(), 0),
+    let (defaults, last_now_ms, defaults_written) = match cluster {
+        Some(row) => (row.defaults, row.last_now_ms, row.defaults_written),
+        None => (KeyConfig::default(), 0, false),
     };
+    let semaphores =
+        Semaphores::from_parts(defaults, last_now_ms, keys).with_defaults_written(defaults_written);
     Ok(Loaded {
-        semaphores: Semaphores::from_parts(defaults, last_now_ms, keys),
+        semaphores,
         tokens: system_row(tree, dir, crate::token_state::TOKENS)?.unwrap_or_default(),
         last_applied,
         membership,

@@ -269,8 +269,8 @@ proptest! {
 }
 
 /// Ids of the rows (grants or leases) another client than `client` holds.
-fn foreign_ids<K: ToString, V>(
-    rows: &BTreeMap<K, V>,
+fn foreign_ids<K: ToString + Ord, V>(
+    rows: &permitd_core::small_map::SmallMap<K, V>,
     owner: impl Fn(&V) -> &String,
     client: &str,
 ) -> Vec<String> {

@@ -18,7 +18,7 @@ fn reclaim_shrinks_expired_grant_to_its_claimed_count() {
     let grant = log.state().grants().values().next().unwrap();
     assert_eq!((grant.permits, grant.claimed), (2, 2));
     assert_eq!(log.usage().granted, 2);
-    assert_eq!(log.state().next_claim_deadline_ms(), None);
+    assert_eq!(log.state().next_deadline_ms(), None);
 }
 
 #[test]
@@ -70,7 +70,7 @@ fn an_unacknowledged_lease_is_reclaimed_at_its_claim_deadline() {
     let lease_id = leases_of(&log.ask(leasing("a", "g", 1, T0)))[0]
         .lease_id
         .clone();
-    assert_eq!(log.state().next_claim_deadline_ms(), Some(T0 + 10_000));
+    assert_eq!(log.state().next_deadline_ms(), Some(T0 + 10_000));
     log.advance(10_000);
     assert_eq!(
         log.usage().leased,

@@ -56,6 +56,23 @@ fn remembered_answers_are_forgotten_after_the_claim_deadline() {
 }
 
 #[test]
+fn a_reclaim_entry_alone_ages_out_an_answer_whose_grants_were_claimed() {
+    let mut log = Log::with_limit(10);
+    let id = grant_id(&log.ask(retry_of("r", wants("a", "g", 3, T0))));
+    log.sync(reports("a", vec![report(&id, 3, 0)]));
+    // Nothing is left to reclaim; only the answer's forget time is due.
+    assert_eq!(log.state().next_deadline_ms(), Some(T0 + 10_000));
+    log.advance(10_000);
+    log.reclaim();
+    assert!(
+        log.state().answers().is_empty(),
+        "forgotten without a later round"
+    );
+    assert_eq!(log.state().next_deadline_ms(), None);
+    assert_eq!(log.usage().granted, 3, "the claimed grant stays");
+}
+
+#[test]
 fn answers_that_hand_out_nothing_are_not_remembered() {
     let mut log = Log::with_limit(2);
     let id = grant_id(&log.ask(wants("a", "g", 2, T0)));

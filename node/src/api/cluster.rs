@@ -61,7 +61,7 @@ pub fn current_status(app: &App) -> ClusterStatus {
 }
 
 /// `POST /cluster/init` with `{}`: every node of the config file becomes a voter,
-/// then the file's `[defaults]` are written once a leader is elected.
+/// then the answer waits until the first leader has written its `[defaults]`.
 #[utoipa::path(
     post, path = paths::CLUSTER_INIT, tag = "cluster",
     request_body(content = Object, description = "`{}`: the members come from the config file."),
@@ -78,7 +78,9 @@ pub async fn init(
     Ok(Json(current_status(&app)))
 }
 
-/// Initialises a new cluster of the configured members and writes the defaults.
+/// Initialises a new cluster of the configured members and waits for its
+/// defaults. The leader writes them (`crate::defaults`), and every later
+/// leader again until one write is applied, so a failure here is not final.
 pub async fn initialize(app: &App) -> Result<(), ApiError> {
     let members = (*app.initial_members).clone();
     match app.raft.initialize(members).await {
@@ -92,61 +94,19 @@ pub async fn initialize(app: &App) -> Result<(), ApiError> {
         Err(error) => return Err(ApiError::Internal(error.to_string())),
     }
     tracing::info!(members = ?app.initial_members.keys(), "cluster initialised");
-    write_defaults(app, &app.defaults).await
+    wait_for_defaults(app).await
 }
 
-/// Proposes `SetDefaults` through whichever node leads, once one does.
-async fn write_defaults(app: &App, defaults: &KeyConfig) -> Result<(), ApiError> {
+/// Waits until this node has applied a `SetDefaults`.
+async fn wait_for_defaults(app: &App) -> Result<(), ApiError> {
     let deadline = Instant::now() + Duration::from_millis(INIT_DEFAULTS_TIMEOUT_MS);
-    let mut last_error = ApiError::NoQuorum;
     while Instant::now() < deadline {
-        let leadership = *app.leadership.borrow();
-        let outcome = match leadership.leader {
-            None => Err(ApiError::NoQuorum),
-            Some(_) if leadership.is_leader => {
-                let command = Command::SetDefaults {
-                    defaults: defaults.clone(),
-                };
-                let written = write(app, command).await;
-                written.and_then(|result| result.into_done().map_err(ApiError::from))
-            }
-            Some(leader) => defaults_via(app, leader, defaults).await,
-        };
-        match outcome {
-            Ok(()) => return Ok(()),
-            Err(error) => last_error = error,
+        if app.state.read(|semaphores| semaphores.defaults_written()) {
+            return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Err(last_error)
-}
-
-async fn defaults_via(app: &App, leader: NodeId, defaults: &KeyConfig) -> Result<(), ApiError> {
-    let peer = app.peer(leader).ok_or(ApiError::NoQuorum)?;
-    let url = format!(
-        "{}://{}{}",
-        app.scheme,
-        peer.api_addr,
-        paths::CLUSTER_DEFAULTS
-    );
-    let mut call = app
-        .forwarder
-        .client()
-        .put(url)
-        .timeout(Duration::from_secs(5));
-    if let Some(token) = &app.auth.admin_token {
-        call = call.bearer_auth(token.expose());
-    }
-    let answer = call
-        .json(defaults)
-        .send()
-        .await
-        .map_err(|_| ApiError::NoQuorum)?;
-    if answer.status().is_success() {
-        Ok(())
-    } else {
-        Err(ApiError::NoQuorum)
-    }
+    Err(ApiError::NoQuorum)
 }
 
 /// `PUT /cluster/defaults`: replaces the replicated key defaults (leader only).
