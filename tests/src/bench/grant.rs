@@ -14,7 +14,7 @@ use permitd_core::protocol::{GrantReport, PermitSync, SemaphoreRequest, Semaphor
 use serde_json::json;
 
 use super::stats::{last_log_index, ms, quantile, set_defaults};
-use crate::Cluster;
+use crate::{Cluster, ADMIN_TOKEN};
 
 /// Most requests one client sends in one run, whatever the time.
 const MAX_REQUESTS_PER_CLIENT: u64 = 10_000_000;
@@ -123,7 +123,13 @@ fn summarise(mut total: ClientTally, run: &GrantRun, entries: u64) -> GrantResul
 
 /// The bench's own HTTP client: pooled keep-alive connections, no Nagle.
 pub fn bench_http() -> reqwest::Client {
+    // Auth is on in the harness: every bench call carries the admin token.
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let value = reqwest::header::HeaderValue::from_str(&bearer).expect("a header value");
+    headers.insert(reqwest::header::AUTHORIZATION, value);
     reqwest::Client::builder()
+        .default_headers(headers)
         .tcp_nodelay(true)
         .timeout(CALL_TIMEOUT)
         .pool_idle_timeout(Duration::from_secs(60))
