@@ -44,6 +44,11 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
 const NODE_ID_DISCOVERY_INTERVAL_MS: u64 = 30_000;
 /// Keys whose `nextRequestAt` is remembered before past entries are pruned.
 const MAX_REMEMBERED_KEYS: usize = 100_000;
+/// Furthest in the future a `nextRequestAt` is believed, in ms from receipt. A
+/// later one (a node's clock far ahead, a huge `roundPeriodMs`) is taken as
+/// this: asking sooner than the holder's round only waits at the holder,
+/// while believing it could stall a key for days.
+pub const MAX_NEXT_REQUEST_AHEAD_MS: u64 = 60_000;
 /// Retries of one call that may skip their backoff because a readiness probe
 /// found a node to ask; later retries back off in full (a node that is ready but
 /// keeps failing the call must not be hammered).
@@ -174,7 +179,16 @@ impl SemaphoreClient {
     }
 
     /// Sends a `request` for `key` and waits for its round. Sets a `requestId`
-    /// when the caller set none; waits for the key's `nextRequestAt` first.
+    /// when the caller set none; waits for the key's `nextRequestAt` first,
+    /// inside the call's deadline: when `nextRequestAt` falls after it, the
+    /// call fails at once with [`ClientError::DeadlineExceeded`] instead of
+    /// sleeping past it.
+    ///
+    /// `request` and [`Self::sync`] are independent calls on a cloneable
+    /// client: a caller driving the protocol itself sends claims and releases
+    /// with `sync` while a `request` waits for its round, as the queue does
+    /// (one of each in flight per key; reports are cumulative, so their
+    /// answers may come in either order).
     pub async fn request(
         &self,
         key: &str,
@@ -183,14 +197,28 @@ impl SemaphoreClient {
         if request.request_id.is_none() {
             request.request_id = Some(uuid::Uuid::new_v4().to_string());
         }
+        let deadline = Instant::now() + self.inner.config.call_timeout;
         if let Some(wait_ms) = self
             .next_request_at_ms(key)
             .map(|at| at.saturating_sub(now_ms()))
             .filter(|wait| *wait > 0)
         {
-            tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+            let wake = Instant::now() + Duration::from_millis(wait_ms);
+            if wake >= deadline {
+                return Err(ClientError::DeadlineExceeded {
+                    deadline: self.inner.config.call_timeout,
+                    attempts: 0,
+                    last: format!("the key's nextRequestAt is {wait_ms} ms away"),
+                });
+            }
+            tokio::time::sleep_until(wake.into()).await;
         }
-        match self.send(key, SemaphoreRequest::Request(request)).await? {
+        let path = paths::segments(paths::SEMAPHORE, &[key]);
+        let message = SemaphoreRequest::Request(request);
+        let answer = self
+            .call_until(Method::POST, &path, &[], Some(&message), deadline)
+            .await?;
+        match answer {
             SemaphoreResponse::Grant(grant) => {
                 self.remember_next_request_at(key, grant.next_request_at_ms);
                 Ok(grant)
@@ -367,7 +395,10 @@ impl SemaphoreClient {
         decode(&url, &body)
     }
 
+    /// Remembers the key's `nextRequestAt`, believed at most
+    /// [`MAX_NEXT_REQUEST_AHEAD_MS`] ahead.
     fn remember_next_request_at(&self, key: &str, at_ms: u64) {
+        let at_ms = believed_next_request_at(at_ms, now_ms());
         let mut known = self.inner.next_request_at_ms.lock().expect("schedule lock");
         if known.len() >= MAX_REMEMBERED_KEYS {
             let now = now_ms();
@@ -430,13 +461,24 @@ impl SemaphoreClient {
         query: &[(&str, String)],
         body: Option<&B>,
     ) -> Result<R, ClientError> {
+        let deadline = Instant::now() + self.inner.config.call_timeout;
+        self.call_until(method, path, query, body, deadline).await
+    }
+
+    /// [`Self::call_with_query`] inside a deadline the caller already started.
+    async fn call_until<B: Serialize, R: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &[String],
+        query: &[(&str, String)],
+        body: Option<&B>,
+        deadline: Instant,
+    ) -> Result<R, ClientError> {
         let config = &self.inner.config;
         let body = body
             .map(serde_json::to_vec)
             .transpose()
             .expect("protocol values always serialise");
-        let started = Instant::now();
-        let deadline = started + config.call_timeout;
         let mut backoff = Backoff::new(config.backoff_initial_ms, config.backoff_max_ms);
         let mut attempts = 0u32;
         loop {
@@ -648,6 +690,12 @@ fn decode<R: DeserializeOwned>(url: &reqwest::Url, body: &[u8]) -> Result<R, Cli
     })
 }
 
+/// The `nextRequestAt` a client acts on: the holder's, but at most
+/// [`MAX_NEXT_REQUEST_AHEAD_MS`] after `now_ms`.
+pub fn believed_next_request_at(at_ms: u64, now_ms: u64) -> u64 {
+    at_ms.min(now_ms.saturating_add(MAX_NEXT_REQUEST_AHEAD_MS))
+}
+
 /// Milliseconds since the Unix epoch by this machine's clock.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -707,6 +755,82 @@ mod tests {
         let mut config = ClientConfig::new(["http://n:1"]);
         config.token = Some("pmt_secret".into());
         assert!(!format!("{config:?}").contains("pmt_secret"));
+    }
+
+    #[test]
+    fn next_request_at_is_believed_at_most_a_bounded_time_ahead() {
+        let now = 1_000_000;
+        assert_eq!(believed_next_request_at(now + 5, now), now + 5);
+        assert_eq!(believed_next_request_at(now - 5, now), now - 5);
+        let cap = now + MAX_NEXT_REQUEST_AHEAD_MS;
+        assert_eq!(believed_next_request_at(now + 86_400_000, now), cap);
+        assert_eq!(believed_next_request_at(u64::MAX, now), cap);
+    }
+
+    /// A client of a port nothing listens on, with a short call deadline.
+    fn unreachable_client(call_timeout_ms: u64) -> SemaphoreClient {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        drop(listener);
+        let mut config = ClientConfig::new([format!("http://{address}")]);
+        config.call_timeout = Duration::from_millis(call_timeout_ms);
+        config.backoff_initial_ms = 10;
+        config.backoff_max_ms = 20;
+        SemaphoreClient::new(config).unwrap()
+    }
+
+    fn a_request() -> PermitRequest {
+        PermitRequest {
+            v: permitd_core::protocol::V1,
+            client_id: "c".into(),
+            request_id: None,
+            demand: vec![],
+            grants: vec![],
+            leases: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_remembered_next_request_at_is_capped() {
+        let client = unreachable_client(200);
+        client.remember_next_request_at("k", u64::MAX);
+        let believed = client.next_request_at_ms("k").unwrap();
+        assert!(believed <= now_ms() + MAX_NEXT_REQUEST_AHEAD_MS);
+    }
+
+    #[tokio::test]
+    async fn a_request_never_sleeps_past_its_deadline_for_next_request_at() {
+        let client = unreachable_client(300);
+        client.remember_next_request_at("k", now_ms() + 10_000);
+        let started = Instant::now();
+        let error = client.request("k", a_request()).await.unwrap_err();
+        assert!(
+            matches!(error, ClientError::DeadlineExceeded { attempts: 0, .. }),
+            "{error}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(300),
+            "failed at once"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_wait_for_next_request_at_counts_against_the_deadline() {
+        let client = unreachable_client(600);
+        client.remember_next_request_at("k", now_ms() + 400);
+        let started = Instant::now();
+        let error = client.request("k", a_request()).await.unwrap_err();
+        assert!(
+            matches!(error, ClientError::DeadlineExceeded { .. }),
+            "{error}"
+        );
+        // 400 ms of waiting, then retries until the same 600 ms deadline: not
+        // 400 + 600.
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

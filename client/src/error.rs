@@ -104,4 +104,11 @@ pub enum QueueError {
     /// The queue was shut down.
     #[error("the queue is shut down")]
     Shutdown,
+    /// A write of the queue's store failed, so the queue stopped: it admits
+    /// and sends nothing more (what it would could not be made durable, and a
+    /// crash would then lose a claim or a drawn permit). Every later call fails
+    /// with this; start a new queue on a working store, which reports and
+    /// admits again what was durable.
+    #[error("the queue stopped: its store failed: {0}")]
+    StoreFailed(String),
 }

@@ -23,8 +23,8 @@
 
 use std::time::{Duration, Instant};
 
+use permitd_core::contract::Readiness;
 use reqwest::{StatusCode, Url};
-use serde::Deserialize;
 
 use crate::error::ClientError;
 /// Most endpoints one client remembers (configured plus learned).
@@ -134,12 +134,6 @@ impl LeaderHint {
     }
 }
 
-/// The body of a ready node's `/readyz`.
-#[derive(Debug, Deserialize)]
-struct Ready {
-    leader: Option<u64>,
-}
-
 /// Asks every endpoint's `/readyz` at once, in rounds [`READY_PROBE_INTERVAL_MS`]
 /// apart, until one answers that it knows a leader or `until` passes. Returns
 /// that node and the leader it named. Probes still in flight when one answers
@@ -182,8 +176,8 @@ async fn probe_ready(http: &reqwest::Client, endpoint: &Endpoint) -> Option<Opti
     if answer.status() != StatusCode::OK {
         return None;
     }
-    let ready: Ready = answer.json().await.ok()?;
-    Some(ready.leader.map(LeaderHint::NodeId))
+    let ready: Readiness = answer.json().await.ok()?;
+    Some(Some(LeaderHint::NodeId(ready.leader)))
 }
 
 /// Remembers the leader and picks the node for each attempt.

@@ -58,10 +58,24 @@ pub const MAX_ENTRIES_IN_FLIGHT: usize = 64;
 pub const DEFAULT_ENTRIES_IN_FLIGHT: usize = 4;
 /// Message bytes (requests and syncs, as received) one round entry carries; more
 /// wait for the next entry. One message always goes, so this is at least
-/// `MAX_BODY_BYTES` in effect.
-pub const MAX_ENTRY_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// `MAX_BODY_BYTES` in effect. Kept small so that one entry is sent, flushed and
+/// applied well within a heartbeat's reach on a busy node; entries in flight
+/// carry the throughput.
+pub const MAX_ENTRY_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Keys whose rounds share one log entry; more wait for the next entry.
 pub const MAX_KEYS_PER_ENTRY: usize = 256;
+/// Requests and syncs waiting on the leader, all keys together
+/// (`[limits] max_parked_messages`, at most this): 503 `overloaded` beyond.
+pub const MAX_PARKED_MESSAGES: usize = 100_000;
+/// Bytes (as received) of the requests and syncs waiting on the leader, all keys
+/// together (`[limits] max_parked_bytes`, at most this): 503 `overloaded` beyond.
+pub const MAX_PARKED_BYTES: usize = 256 * 1024 * 1024;
+/// Longest a round or sync entry may wait to commit, in ms, before the leader
+/// counts as cut off from its quorum (`[limits] commit_timeout_ms`, default):
+/// its callers and every waiting message are answered 503 `no_quorum`.
+pub const COMMIT_TIMEOUT_MS: u64 = 3_000;
+/// Largest `[limits] commit_timeout_ms`.
+pub const MAX_COMMIT_TIMEOUT_MS: u64 = 60_000;
 /// Keys one cluster holds state for.
 pub const MAX_KEYS: usize = 1_000_000;
 

@@ -46,12 +46,10 @@ pub struct NodeSettings {
     pub initial_members: BTreeMap<NodeId, PeerNode>,
     /// Initialise a new cluster of `initial_members` at start (embedded mode).
     pub initialize_at_start: bool,
-    /// Requests that may wait for one key's round; 429 beyond.
-    pub max_pending_per_key: usize,
+    /// What may wait on the leader, and for how long (`[limits]`).
+    pub rounds: crate::rounds::RoundLimits,
     /// Timeouts and connection limits of the node's listeners.
     pub edge: crate::edge::EdgeLimits,
-    /// Round and sync entries in flight at once (`[limits] entries_in_flight`).
-    pub entries_in_flight: usize,
 }
 
 /// Why a node could not start.
@@ -156,8 +154,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         raft.clone(),
         state.clone(),
         leadership.clone(),
-        settings.max_pending_per_key,
-        settings.entries_in_flight,
+        settings.rounds,
     );
     crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
     crate::snapshots::start(raft.clone(), settings.id, timings.snapshot_every_ms);

@@ -8,8 +8,9 @@
 //! setting of the file (see `config_env.rs`).
 
 use permitd_core::limits::{
-    BODY_READ_TIMEOUT_MS, DEFAULT_ENTRIES_IN_FLIGHT, HEADER_READ_TIMEOUT_MS,
-    MAX_CONNECTIONS_PER_LISTENER, MAX_ENTRIES_IN_FLIGHT, MAX_PENDING_REQUESTS_PER_KEY,
+    BODY_READ_TIMEOUT_MS, COMMIT_TIMEOUT_MS, DEFAULT_ENTRIES_IN_FLIGHT, HEADER_READ_TIMEOUT_MS,
+    MAX_BODY_BYTES, MAX_COMMIT_TIMEOUT_MS, MAX_CONNECTIONS_PER_LISTENER, MAX_ENTRIES_IN_FLIGHT,
+    MAX_PARKED_BYTES, MAX_PARKED_MESSAGES, MAX_PENDING_REQUESTS_PER_KEY,
 };
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -136,6 +137,12 @@ pub struct NodeLimits {
     pub max_connections: usize,
     /// Round and sync entries the leader may have in flight at once.
     pub entries_in_flight: usize,
+    /// Requests and syncs waiting on the leader, all keys together; 503 beyond.
+    pub max_parked_messages: usize,
+    /// Their bytes as received; 503 beyond.
+    pub max_parked_bytes: usize,
+    /// Longest an entry may wait to commit before the leader answers `no_quorum`.
+    pub commit_timeout_ms: u64,
 }
 
 impl Default for NodeLimits {
@@ -146,6 +153,9 @@ impl Default for NodeLimits {
             body_read_timeout_ms: BODY_READ_TIMEOUT_MS,
             max_connections: MAX_CONNECTIONS_PER_LISTENER,
             entries_in_flight: DEFAULT_ENTRIES_IN_FLIGHT,
+            max_parked_messages: MAX_PARKED_MESSAGES,
+            max_parked_bytes: MAX_PARKED_BYTES,
+            commit_timeout_ms: COMMIT_TIMEOUT_MS,
         }
     }
 }
@@ -157,6 +167,17 @@ impl NodeLimits {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
             body_read_timeout: Duration::from_millis(self.body_read_timeout_ms),
             max_connections: self.max_connections,
+        }
+    }
+
+    /// The leader's share of these limits: what may wait, and for how long.
+    pub fn rounds(&self) -> crate::rounds::RoundLimits {
+        crate::rounds::RoundLimits {
+            max_pending_per_key: self.max_pending_per_key,
+            entries_in_flight: self.entries_in_flight,
+            max_parked_messages: self.max_parked_messages,
+            max_parked_bytes: self.max_parked_bytes,
+            commit_timeout: Duration::from_millis(self.commit_timeout_ms),
         }
     }
 
@@ -191,6 +212,22 @@ impl NodeLimits {
         if !(1..=MAX_ENTRIES_IN_FLIGHT).contains(&self.entries_in_flight) {
             return Err(format!(
                 "[limits] entries_in_flight must be 1 to {MAX_ENTRIES_IN_FLIGHT}"
+            ));
+        }
+        if !(1..=MAX_PARKED_MESSAGES).contains(&self.max_parked_messages) {
+            return Err(format!(
+                "[limits] max_parked_messages must be 1 to {MAX_PARKED_MESSAGES}"
+            ));
+        }
+        // One largest body must always fit.
+        if !(MAX_BODY_BYTES..=MAX_PARKED_BYTES).contains(&self.max_parked_bytes) {
+            return Err(format!(
+                "[limits] max_parked_bytes must be {MAX_BODY_BYTES} to {MAX_PARKED_BYTES}"
+            ));
+        }
+        if !(1..=MAX_COMMIT_TIMEOUT_MS).contains(&self.commit_timeout_ms) {
+            return Err(format!(
+                "[limits] commit_timeout_ms must be 1 to {MAX_COMMIT_TIMEOUT_MS}"
             ));
         }
         Ok(())
@@ -502,6 +539,12 @@ mod tests {
             "body_read_timeout_ms = 0",
             "max_connections = 0",
             "max_connections = 4097",
+            "max_parked_messages = 0",
+            "max_parked_messages = 100001",
+            "max_parked_bytes = 1000",
+            "max_parked_bytes = 268435457",
+            "commit_timeout_ms = 0",
+            "commit_timeout_ms = 60001",
         ] {
             assert!(config(invalid).check().is_err(), "{invalid}");
         }

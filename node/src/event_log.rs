@@ -54,6 +54,8 @@ struct Buffer {
 pub enum SubscribeError {
     #[error("events before log index {oldest} are no longer kept on this node; resume from {oldest} or later, or re-read the state")]
     TooFarBehind { oldest: u64 },
+    #[error("this node just missed applied entries (it fell behind its own state machine); stream new events only, or resume once the next entry is applied")]
+    MissedEntries,
     #[error("this node already serves {max} event streams")]
     TooManySubscribers { max: usize },
 }
@@ -74,7 +76,11 @@ impl EventLog {
         Self::with_capacity(applied_at_start, EVENT_BUFFER_EVENTS, MAX_EVENT_SUBSCRIBERS)
     }
 
-    fn with_capacity(applied_at_start: u64, capacity: usize, max_subscribers: usize) -> Self {
+    pub(crate) fn with_capacity(
+        applied_at_start: u64,
+        capacity: usize,
+        max_subscribers: usize,
+    ) -> Self {
         let buffer = Buffer {
             records: VecDeque::with_capacity(capacity.min(1_024)),
             capacity,
@@ -135,6 +141,8 @@ impl EventLog {
         let buffer = self.lock();
         let backlog = match from {
             None => Vec::new(),
+            // Which entries were missed is known only once the next one arrives.
+            Some(_) if buffer.gap => return Err(SubscribeError::MissedEntries),
             Some(from) if from < buffer.complete_from => {
                 return Err(SubscribeError::TooFarBehind {
                     oldest: buffer.complete_from,
@@ -263,9 +271,95 @@ mod tests {
         log.push(&round(51, &["a"]));
         log.lost_notices();
         assert_eq!(
-            log.subscribe(None, Some(51)).unwrap_err(),
-            SubscribeError::TooFarBehind { oldest: 52 }
+            log.subscribe(None, Some(52)).unwrap_err(),
+            SubscribeError::MissedEntries,
+            "which entries were missed is unknown until the next one"
         );
+        log.push(&round(54, &["a"]));
+        assert_eq!(
+            log.subscribe(None, Some(51)).unwrap_err(),
+            SubscribeError::TooFarBehind { oldest: 54 }
+        );
+    }
+
+    /// What happens to the log next, in a generated history.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// An entry with events for these keys (indexes 0..3 name "k0".."k2").
+        Entry(Vec<u8>),
+        /// A snapshot installed at the next index.
+        Snapshot,
+        /// Entries whose notices never reached the log, then `lost_notices`.
+        Lost(Vec<Vec<u8>>),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        let keys = prop::collection::vec(0u8..3, 0..4);
+        prop_oneof![
+            8 => keys.clone().prop_map(Step::Entry),
+            1 => Just(Step::Snapshot),
+            1 => prop::collection::vec(keys, 1..3).prop_map(Step::Lost),
+        ]
+    }
+
+    fn entry(index: u64, keys: &[u8]) -> Applied {
+        let names: Vec<String> = keys.iter().map(|key| format!("k{key}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        round(index, &names)
+    }
+
+    proptest::proptest! {
+        /// Whatever happened, a resume that is accepted gets exactly the events
+        /// of the asked key with index ≥ `from` that the node's entries produced
+        /// (none missing, none repeated, in log order); one from past the last
+        /// entry is always accepted; the log never holds more than its capacity.
+        #[test]
+        fn an_accepted_resume_misses_nothing(
+            steps in proptest::collection::vec(step(), 1..60),
+            capacity in 1usize..12,
+            from in 0u64..80,
+            key in proptest::option::of(0u8..3),
+        ) {
+            let log = EventLog::with_capacity(0, capacity, 4);
+            let mut produced: Vec<(u64, String)> = Vec::new();
+            let mut index = 0u64;
+            for step in &steps {
+                match step {
+                    Step::Entry(keys) => {
+                        index += 1;
+                        log.push(&entry(index, keys));
+                        produced.extend(keys.iter().map(|key| (index, format!("k{key}"))));
+                    }
+                    Step::Snapshot => {
+                        index += 1;
+                        let mut snapshot = entry(index, &[]);
+                        snapshot.installed_snapshot = true;
+                        log.push(&snapshot);
+                    }
+                    Step::Lost(entries) => {
+                        for keys in entries {
+                            index += 1;
+                            produced.extend(keys.iter().map(|key| (index, format!("k{key}"))));
+                        }
+                        log.lost_notices();
+                    }
+                }
+                proptest::prop_assert!(log.lock().records.len() <= capacity);
+            }
+            let key = key.map(|key| format!("k{key}"));
+            if let Ok(subscription) = log.subscribe(key.as_deref(), Some(from)) {
+                let expected: Vec<(u64, String)> = produced
+                    .iter()
+                    .filter(|(at, name)| *at >= from && key.as_ref().map_or(true, |key| key == name))
+                    .cloned()
+                    .collect();
+                proptest::prop_assert_eq!(indexes(&subscription), expected);
+            }
+            if !matches!(steps.last(), Some(Step::Lost(_))) {
+                proptest::prop_assert!(log.subscribe(key.as_deref(), Some(index + 1)).is_ok());
+            }
+        }
     }
 
     #[test]

@@ -14,13 +14,21 @@
 //!
 //! Only the leader parks messages. When it loses leadership every parked and
 //! in-flight message fails at once with `LeaderChanged`; clients ask again.
+//!
+//! A leader cut off from its followers keeps leading (openraft 0.9 does not step
+//! down), so nothing it proposes commits. Once an entry has waited
+//! `commit_timeout` the schedule counts the leader as stalled: the entry's
+//! callers and every parked message are answered `no_quorum`, new messages are
+//! refused with it at once, and no entry leaves until the stuck one ends (it
+//! may still commit when the partition heals: retrying with the same
+//! `requestId` is safe).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use permitd_core::limits::{
-    MAX_ENTRIES_IN_FLIGHT, MAX_ENTRY_MESSAGE_BYTES, MAX_KEYS_PER_ENTRY,
-    MAX_PENDING_REQUESTS_PER_KEY,
+    COMMIT_TIMEOUT_MS, DEFAULT_ENTRIES_IN_FLIGHT, MAX_ENTRIES_IN_FLIGHT, MAX_ENTRY_MESSAGE_BYTES,
+    MAX_KEYS_PER_ENTRY, MAX_PARKED_BYTES, MAX_PARKED_MESSAGES, MAX_PENDING_REQUESTS_PER_KEY,
 };
 use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
 use permitd_storage::{Command, KeyRound, KeySync, Refused};
@@ -30,7 +38,7 @@ use tracing::Instrument;
 use crate::leadership::Leadership;
 use crate::propose::{propose, ProposeError};
 use crate::raft::Raft;
-use crate::schedule::{Entry, Schedule, ScheduleSettings, Timings};
+use crate::schedule::{Entry, Refusal, Schedule, ScheduleSettings, Timings};
 use crate::timer::PreciseTimer;
 
 /// Why a request or sync got no answer.
@@ -40,10 +48,71 @@ pub enum RoundError {
     Propose(#[from] ProposeError),
     #[error("{pending} requests already wait for this key's round")]
     TooManyPending { pending: usize },
+    #[error("the leader already holds {messages} waiting messages ({bytes} bytes), its limit")]
+    LeaderFull { messages: usize, bytes: usize },
+    #[error(
+        "the leader has not committed for {for_ms} ms: no quorum answers it \
+         (a retry with the same requestId is safe)"
+    )]
+    NoQuorum { for_ms: u64 },
     #[error(transparent)]
     Refused(#[from] Refused),
     #[error("the round's result did not match its requests")]
     Mismatch,
+}
+
+impl From<Refusal> for RoundError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::KeyFull { pending } => Self::TooManyPending { pending },
+            Refusal::LeaderFull { messages, bytes } => Self::LeaderFull { messages, bytes },
+            Refusal::Stalled { for_ms } => Self::NoQuorum { for_ms },
+        }
+    }
+}
+
+/// The leader's bounds on waiting work (`[limits]` of the cluster file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundLimits {
+    /// Requests that may wait for one key's round; 429 `too_many_pending` beyond.
+    pub max_pending_per_key: usize,
+    /// Round and sync entries in flight at once.
+    pub entries_in_flight: usize,
+    /// Requests and syncs waiting on the leader, all keys together; 503
+    /// `overloaded` beyond.
+    pub max_parked_messages: usize,
+    /// Their bytes as received; 503 `overloaded` beyond.
+    pub max_parked_bytes: usize,
+    /// Longest an entry may wait to commit; 503 `no_quorum` beyond.
+    pub commit_timeout: Duration,
+}
+
+impl Default for RoundLimits {
+    fn default() -> Self {
+        Self {
+            max_pending_per_key: MAX_PENDING_REQUESTS_PER_KEY,
+            entries_in_flight: DEFAULT_ENTRIES_IN_FLIGHT,
+            max_parked_messages: MAX_PARKED_MESSAGES,
+            max_parked_bytes: MAX_PARKED_BYTES,
+            commit_timeout: Duration::from_millis(COMMIT_TIMEOUT_MS),
+        }
+    }
+}
+
+impl RoundLimits {
+    fn schedule_settings(&self) -> ScheduleSettings {
+        ScheduleSettings {
+            max_entries_in_flight: self.entries_in_flight.clamp(1, MAX_ENTRIES_IN_FLIGHT),
+            max_keys_per_entry: MAX_KEYS_PER_ENTRY,
+            max_bytes_per_entry: MAX_ENTRY_MESSAGE_BYTES,
+            max_pending_per_key: self
+                .max_pending_per_key
+                .clamp(1, MAX_PENDING_REQUESTS_PER_KEY),
+            max_parked_messages: self.max_parked_messages.clamp(1, MAX_PARKED_MESSAGES),
+            max_parked_bytes: self.max_parked_bytes.clamp(1, MAX_PARKED_BYTES),
+            commit_timeout: self.commit_timeout,
+        }
+    }
 }
 
 type Reply<T> = oneshot::Sender<Result<T, RoundError>>;
@@ -80,6 +149,7 @@ struct Inner {
     /// Wakes the driver: an arrival, an answered entry, or the timer.
     wake: Arc<Notify>,
     timer: PreciseTimer,
+    commit_timeout: Duration,
 }
 
 impl Rounds {
@@ -88,15 +158,9 @@ impl Rounds {
         raft: Raft,
         state: permitd_storage::SharedState,
         leadership: watch::Receiver<Leadership>,
-        max_pending_per_key: usize,
-        entries_in_flight: usize,
+        limits: RoundLimits,
     ) -> Self {
-        let settings = ScheduleSettings {
-            max_entries_in_flight: entries_in_flight.clamp(1, MAX_ENTRIES_IN_FLIGHT),
-            max_keys_per_entry: MAX_KEYS_PER_ENTRY,
-            max_bytes_per_entry: MAX_ENTRY_MESSAGE_BYTES,
-            max_pending_per_key: max_pending_per_key.clamp(1, MAX_PENDING_REQUESTS_PER_KEY),
-        };
+        let settings = limits.schedule_settings();
         let wake = Arc::new(Notify::new());
         let rounds = Self {
             inner: Arc::new(Inner {
@@ -106,6 +170,7 @@ impl Rounds {
                 schedule: Mutex::new(Schedule::new(settings)),
                 timer: PreciseTimer::start(wake.clone()),
                 wake,
+                commit_timeout: settings.commit_timeout,
             }),
         };
         tokio::spawn(rounds.clone().drive());
@@ -153,17 +218,13 @@ impl Rounds {
         self.check_leading()?;
         let timings = self.timings(key);
         let (reply, answer) = oneshot::channel();
-        self.schedule()
-            .park(
-                key,
-                WaitingRequest { request, reply },
-                bytes,
-                timings,
-                Instant::now(),
-            )
-            .map_err(|full| RoundError::TooManyPending {
-                pending: full.pending,
-            })?;
+        self.schedule().park(
+            key,
+            WaitingRequest { request, reply },
+            bytes,
+            timings,
+            Instant::now(),
+        )?;
         crate::metrics::pending_changed(1);
         self.inner.wake.notify_one();
         // The sender is dropped only if the node is shutting down.
@@ -186,7 +247,7 @@ impl Rounds {
             sync,
             reply,
         };
-        self.schedule().push_sync(waiting, bytes);
+        self.schedule().push_sync(waiting, bytes, Instant::now())?;
         crate::metrics::pending_changed(1);
         self.inner.wake.notify_one();
         answer
@@ -205,22 +266,29 @@ impl Rounds {
         })
     }
 
-    /// The driver: proposes every entry the schedule lets leave, then sleeps
-    /// until the next is due or something changes.
+    /// The driver: proposes every entry the schedule lets leave, fails what is
+    /// parked once the leader is stalled, then sleeps until the schedule's next
+    /// wake-up or until something changes.
     async fn drive(self) {
         let mut timer_set_for: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            let (entry, next_due) = {
+            let (entry, next_wake) = {
                 let mut schedule = self.schedule();
+                if schedule.is_stalled(now) && schedule.parked() > 0 {
+                    let (requests, syncs) = schedule.drop_all();
+                    drop(schedule);
+                    self.fail_dropped(requests, syncs, &self.stalled_error());
+                    continue;
+                }
                 let entry = schedule.take_entry(now);
-                (entry, schedule.next_due(now))
+                (entry, schedule.next_wake(now))
             };
             if let Some(entry) = entry {
                 tokio::spawn(self.clone().run_entry(entry));
                 continue;
             }
-            if let Some(due) = next_due.filter(|due| timer_set_for != Some(*due)) {
+            if let Some(due) = next_wake.filter(|due| timer_set_for != Some(*due)) {
                 self.inner.timer.wake_at(due);
                 timer_set_for = Some(due);
             }
@@ -240,11 +308,27 @@ impl Rounds {
             syncs = entry.syncs.len()
         );
         let started = Instant::now();
+        let id = entry.id;
         let (command, replies) = into_command(entry);
-        let result = propose(&self.inner.raft, &self.inner.leadership, command)
-            .instrument(span.clone())
-            .await;
-        self.schedule().entry_done();
+        let proposal = propose(&self.inner.raft, &self.inner.leadership, command);
+        tokio::pin!(proposal);
+        let timeout = tokio::time::sleep(self.inner.commit_timeout);
+        let result = tokio::select! {
+            result = &mut proposal => Some(result),
+            () = timeout => None,
+        };
+        let Some(result) = result else {
+            // Stalled: answer now, but keep the entry in flight until it ends.
+            let error = RoundError::NoQuorum {
+                for_ms: millis(started.elapsed()),
+            };
+            replies.fail(error);
+            let _ = proposal.instrument(span).await;
+            self.schedule().entry_done(id);
+            self.inner.wake.notify_one();
+            return;
+        };
+        self.schedule().entry_done(id);
         self.inner.wake.notify_one();
         let elapsed = started.elapsed();
         let _entered = span.enter();
@@ -285,16 +369,37 @@ impl Rounds {
     /// Answers every parked message with `error` and forgets the schedule.
     pub fn fail_all(&self, error: ProposeError) {
         let (requests, syncs) = self.schedule().drop_all();
+        self.fail_dropped(requests, syncs, &error.into());
+    }
+
+    fn fail_dropped(
+        &self,
+        requests: Vec<WaitingRequest>,
+        syncs: Vec<WaitingSync>,
+        error: &RoundError,
+    ) {
         let failed = requests.len() + syncs.len();
         if failed > 0 {
             tracing::warn!(messages = failed, %error, "failing waiting messages");
         }
         crate::metrics::pending_changed(-(failed as i64));
         for waiting in requests {
-            let _ = waiting.reply.send(Err(error.clone().into()));
+            let _ = waiting.reply.send(Err(error.clone()));
         }
         for waiting in syncs {
-            let _ = waiting.reply.send(Err(error.clone().into()));
+            let _ = waiting.reply.send(Err(error.clone()));
+        }
+    }
+
+    /// The answer for messages failed because the leader is stalled.
+    fn stalled_error(&self) -> RoundError {
+        let now = Instant::now();
+        let since = self
+            .schedule()
+            .stall_deadline()
+            .map_or(now, |deadline| deadline - self.inner.commit_timeout);
+        RoundError::NoQuorum {
+            for_ms: millis(now.saturating_duration_since(since)),
         }
     }
 }
@@ -354,6 +459,10 @@ fn into_command(entry: Entry<WaitingRequest, WaitingSync>) -> (Command, Replies)
         keys,
     };
     (command, replies)
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn answer_round(

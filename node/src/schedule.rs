@@ -11,16 +11,23 @@
 //! - a sync is due at once: it waits at most until the next entry leaves;
 //! - one entry carries every pending sync and every due key's round, up to
 //!   `max_keys_per_entry` keys and `max_bytes_per_entry` bytes of messages
-//!   (at least one message always goes, however large);
+//!   (at least one message always goes, however large); a key's requests that
+//!   do not fit stay due and lead the next entry;
 //! - at most `max_entries_in_flight` entries are being committed at once;
 //!   whatever falls due meanwhile waits and then shares the next entry;
+//! - at most `max_parked_messages` messages and `max_parked_bytes` bytes wait
+//!   on the whole leader, and `max_pending_per_key` requests per key;
+//! - an entry not committed within `commit_timeout` means the leader is
+//!   stalled (no quorum answers): no entry leaves, the caller fails everything
+//!   parked, and new messages are refused until the oldest entry ends;
+//! - a key with nothing parked is forgotten once its period ends;
 //! - losing leadership drops everything parked (the caller fails it).
 //!
 //! [`Deadlines`] (per-key due times in due order) is the one timer structure:
 //! the schedule keeps round due times and idle keys' period ends in it, and the
 //! reclaim timers keep claim deadlines in it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
@@ -99,6 +106,12 @@ pub struct ScheduleSettings {
     pub max_bytes_per_entry: usize,
     /// Requests that may wait for one key's round.
     pub max_pending_per_key: usize,
+    /// Requests and syncs that may wait on this leader, all keys together.
+    pub max_parked_messages: usize,
+    /// Their bytes (as received), all keys together.
+    pub max_parked_bytes: usize,
+    /// Longest an entry may take to commit before the leader counts as stalled.
+    pub commit_timeout: Duration,
 }
 
 /// A key's timings, as configured when a request parks.
@@ -128,18 +141,28 @@ impl<R> Default for KeyPending<R> {
     }
 }
 
+/// Names an entry taken from the schedule until [`Schedule::entry_done`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EntryId(u64);
+
 /// What the next entry carries: syncs first (in arrival order), then one round
 /// per key (requests in arrival order).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Entry<R, S> {
+    pub id: EntryId,
     pub syncs: Vec<S>,
     pub rounds: Vec<(String, Vec<R>)>,
 }
 
-/// Why a request could not park.
+/// Why a message could not park.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeyFull {
-    pub pending: usize,
+pub enum Refusal {
+    /// `max_pending_per_key` requests already wait for this key.
+    KeyFull { pending: usize },
+    /// The leader already holds `max_parked_messages` or `max_parked_bytes`.
+    LeaderFull { messages: usize, bytes: usize },
+    /// The oldest entry in flight has not committed for `commit_timeout`.
+    Stalled { for_ms: u64 },
 }
 
 /// The schedule of rounds `R` and syncs `S` on one leader.
@@ -152,7 +175,13 @@ pub struct Schedule<R, S> {
     /// Keys with nothing parked, by when their period ends (then forgotten).
     idle: Deadlines<Instant, String>,
     syncs: Vec<(S, usize)>,
-    in_flight: usize,
+    /// Requests and syncs parked, and their bytes.
+    parked_messages: usize,
+    parked_bytes: usize,
+    /// Entries taken and not yet done, by id (ids grow: the first is the oldest),
+    /// with when they left.
+    in_flight: BTreeMap<EntryId, Instant>,
+    next_id: u64,
 }
 
 impl<R, S> Schedule<R, S> {
@@ -168,8 +197,50 @@ impl<R, S> Schedule<R, S> {
             due: Deadlines::default(),
             idle: Deadlines::default(),
             syncs: Vec::new(),
-            in_flight: 0,
+            parked_messages: 0,
+            parked_bytes: 0,
+            in_flight: BTreeMap::new(),
+            next_id: 0,
         }
+    }
+
+    /// Whether one more message of `bytes` may park at `now`.
+    fn admit(&self, bytes: usize, now: Instant) -> Result<(), Refusal> {
+        if let Some(since) = self.stalled_since(now) {
+            let for_ms = now.saturating_duration_since(since).as_millis();
+            return Err(Refusal::Stalled {
+                for_ms: u64::try_from(for_ms).unwrap_or(u64::MAX),
+            });
+        }
+        let settings = &self.settings;
+        if self.parked_messages >= settings.max_parked_messages
+            || self.parked_bytes.saturating_add(bytes) > settings.max_parked_bytes
+        {
+            return Err(Refusal::LeaderFull {
+                messages: self.parked_messages,
+                bytes: self.parked_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// When the oldest entry in flight left, if it has been in flight for
+    /// `commit_timeout` or longer at `now`.
+    fn stalled_since(&self, now: Instant) -> Option<Instant> {
+        let (_, &since) = self.in_flight.first_key_value()?;
+        (since + self.settings.commit_timeout <= now).then_some(since)
+    }
+
+    /// Whether the leader is stalled at `now`: see the module rules.
+    pub fn is_stalled(&self, now: Instant) -> bool {
+        self.stalled_since(now).is_some()
+    }
+
+    /// When the leader counts as stalled if nothing commits before: `None` with
+    /// nothing in flight.
+    pub fn stall_deadline(&self) -> Option<Instant> {
+        let (_, &since) = self.in_flight.first_key_value()?;
+        Some(since + self.settings.commit_timeout)
     }
 
     /// Parks `request` (`bytes` long) for `key`'s next round.
@@ -180,14 +251,17 @@ impl<R, S> Schedule<R, S> {
         bytes: usize,
         timings: Timings,
         now: Instant,
-    ) -> Result<(), KeyFull> {
+    ) -> Result<(), Refusal> {
+        self.admit(bytes, now)?;
         let pending = self.keys.entry(key.to_owned()).or_default();
         if pending.requests.len() >= self.settings.max_pending_per_key {
-            return Err(KeyFull {
+            return Err(Refusal::KeyFull {
                 pending: pending.requests.len(),
             });
         }
         pending.requests.push((request, bytes));
+        self.parked_messages += 1;
+        self.parked_bytes += bytes;
         pending.period = timings.period;
         if pending.first_arrival.is_none() {
             pending.first_arrival = Some(now);
@@ -201,9 +275,13 @@ impl<R, S> Schedule<R, S> {
         Ok(())
     }
 
-    /// Queues a sync for the next entry.
-    pub fn push_sync(&mut self, sync: S, bytes: usize) {
+    /// Queues a sync (`bytes` long) for the next entry.
+    pub fn push_sync(&mut self, sync: S, bytes: usize, now: Instant) -> Result<(), Refusal> {
+        self.admit(bytes, now)?;
         self.syncs.push((sync, bytes));
+        self.parked_messages += 1;
+        self.parked_bytes += bytes;
+        Ok(())
     }
 
     /// Requests parked for `key`.
@@ -223,28 +301,39 @@ impl<R, S> Schedule<R, S> {
 
     /// Requests and syncs parked in all.
     pub fn parked(&self) -> usize {
-        self.syncs.len()
-            + self
-                .keys
-                .values()
-                .map(|key| key.requests.len())
-                .sum::<usize>()
+        self.parked_messages
+    }
+
+    /// The bytes of the requests and syncs parked.
+    pub fn parked_bytes(&self) -> usize {
+        self.parked_bytes
     }
 
     pub fn in_flight(&self) -> usize {
-        self.in_flight
+        self.in_flight.len()
     }
 
-    /// When the next entry may leave: `None` with nothing parked or no room in
-    /// flight; a time at or before `now` means now.
+    /// When the next entry may leave: `None` with nothing parked, no room in
+    /// flight or a stalled leader; a time at or before `now` means now.
     pub fn next_due(&self, now: Instant) -> Option<Instant> {
-        if self.in_flight >= self.settings.max_entries_in_flight {
+        if self.in_flight.len() >= self.settings.max_entries_in_flight || self.is_stalled(now) {
             return None;
         }
         if !self.syncs.is_empty() {
             return Some(now);
         }
         self.due.first().copied()
+    }
+
+    /// When the driver should next look at the schedule: the next entry, the
+    /// leader counting as stalled, or an idle key to forget (so that memory of
+    /// idle keys is dropped on time even when nothing else happens).
+    pub fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let stall = self.stall_deadline().filter(|at| *at > now);
+        [self.next_due(now), stall, self.idle.first().copied()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Takes the next entry if one may leave at `now`; it counts as in flight
@@ -254,57 +343,48 @@ impl<R, S> Schedule<R, S> {
         if !self.next_due(now).is_some_and(|due| due <= now) {
             return None;
         }
-        let mut budget = self.settings.max_bytes_per_entry;
+        let mut budget = ByteBudget::new(self.settings.max_bytes_per_entry);
+        let id = EntryId(self.next_id);
         let mut entry = Entry {
-            syncs: Vec::new(),
+            id,
+            syncs: budget.take(&mut self.syncs),
             rounds: Vec::new(),
         };
-        let mut first = true;
-        let mut fits = |bytes: usize| {
-            let fits = first || bytes <= budget;
-            first = false;
-            budget = budget.saturating_sub(bytes);
-            fits
-        };
-        let mut syncs = std::mem::take(&mut self.syncs).into_iter();
-        for (sync, bytes) in syncs.by_ref() {
-            if !fits(bytes) {
-                self.syncs.push((sync, bytes));
-                break;
-            }
-            entry.syncs.push(sync);
-        }
-        self.syncs.extend(syncs);
-        while entry.rounds.len() < self.settings.max_keys_per_entry {
+        while entry.rounds.len() < self.settings.max_keys_per_entry && !budget.spent() {
             let Some((due_at, key)) = self.due.pop_due(&now) else {
                 break;
             };
             let pending = self.keys.get_mut(&key).expect("due keys are kept");
-            let bytes: usize = pending.requests.iter().map(|(_, bytes)| bytes).sum();
-            if !fits(bytes) {
+            let requests = budget.take(&mut pending.requests);
+            if requests.is_empty() {
                 self.due.set(key, Some(due_at));
                 break;
             }
-            let requests = std::mem::take(&mut pending.requests);
-            pending.first_arrival = None;
             pending.last_round_at = Some(now);
-            self.idle.set(key.clone(), Some(now + pending.period));
-            entry.rounds.push((
-                key,
-                requests.into_iter().map(|(request, _)| request).collect(),
-            ));
+            if pending.requests.is_empty() {
+                pending.first_arrival = None;
+                self.idle.set(key.clone(), Some(now + pending.period));
+            } else {
+                // The rest did not fit: still due, it leads the next entry.
+                self.due.set(key.clone(), Some(due_at));
+            }
+            entry.rounds.push((key, requests));
         }
         if entry.syncs.is_empty() && entry.rounds.is_empty() {
             return None;
         }
-        self.in_flight += 1;
+        let taken = entry.syncs.len() + entry.rounds.iter().map(|(_, r)| r.len()).sum::<usize>();
+        self.parked_messages -= taken;
+        self.parked_bytes -= budget.used;
+        self.next_id += 1;
+        self.in_flight.insert(id, now);
         Some(entry)
     }
 
     /// An entry taken earlier was answered (or failed).
-    pub fn entry_done(&mut self) {
-        debug_assert!(self.in_flight > 0, "an entry was in flight");
-        self.in_flight = self.in_flight.saturating_sub(1);
+    pub fn entry_done(&mut self, id: EntryId) {
+        let was_in_flight = self.in_flight.remove(&id).is_some();
+        debug_assert!(was_in_flight, "{id:?} was in flight");
     }
 
     /// Leadership was lost: hands back everything parked and forgets the
@@ -321,6 +401,8 @@ impl<R, S> Schedule<R, S> {
             .collect();
         self.due.clear();
         self.idle.clear();
+        self.parked_messages = 0;
+        self.parked_bytes = 0;
         (requests, syncs)
     }
 
@@ -338,6 +420,48 @@ impl<R, S> Schedule<R, S> {
     }
 }
 
+/// The bytes one entry may still carry. The first message always fits, so that
+/// one larger than the whole budget still leaves (alone).
+#[derive(Debug)]
+struct ByteBudget {
+    left: usize,
+    used: usize,
+    first: bool,
+    /// A message did not fit: the entry is full.
+    full: bool,
+}
+
+impl ByteBudget {
+    fn new(bytes: usize) -> Self {
+        Self {
+            left: bytes,
+            used: 0,
+            first: true,
+            full: false,
+        }
+    }
+
+    fn spent(&self) -> bool {
+        self.full
+    }
+
+    /// Takes messages from the front of `queue` while they fit, in order.
+    fn take<T>(&mut self, queue: &mut Vec<(T, usize)>) -> Vec<T> {
+        let mut count = 0;
+        for &(_, bytes) in queue.iter() {
+            if self.full || !(self.first || bytes <= self.left) {
+                self.full = true;
+                break;
+            }
+            self.first = false;
+            self.left = self.left.saturating_sub(bytes);
+            self.used += bytes;
+            count += 1;
+        }
+        queue.drain(..count).map(|(message, _)| message).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,6 +471,9 @@ mod tests {
         max_keys_per_entry: 3,
         max_bytes_per_entry: 1_000,
         max_pending_per_key: 4,
+        max_parked_messages: 8,
+        max_parked_bytes: 10_000,
+        commit_timeout: Duration::from_millis(100),
     };
 
     fn ms(n: u64) -> Duration {
@@ -421,7 +548,7 @@ mod tests {
     fn syncs_are_due_at_once_and_ride_with_due_rounds() {
         let (mut schedule, t0) = schedule();
         schedule.park("a", 1, 10, timings(5, 5), t0).unwrap();
-        schedule.push_sync("s1", 10);
+        schedule.push_sync("s1", 10, t0).unwrap();
         assert_eq!(schedule.next_due(t0), Some(t0));
         let entry = schedule.take_entry(t0).unwrap();
         assert_eq!(
@@ -429,8 +556,8 @@ mod tests {
             (vec!["s1"], 0),
             "a is not due yet"
         );
-        schedule.push_sync("s2", 10);
-        schedule.push_sync("s3", 10);
+        schedule.push_sync("s2", 10, t0).unwrap();
+        schedule.push_sync("s3", 10, t0).unwrap();
         let entry = schedule.take_entry(t0 + ms(5)).unwrap();
         assert_eq!(entry.syncs, ["s2", "s3"]);
         assert_eq!(keys_of(&entry), ["a"]);
@@ -439,16 +566,16 @@ mod tests {
     #[test]
     fn entries_in_flight_are_capped_and_work_due_meanwhile_shares_the_next() {
         let (mut schedule, t0) = schedule();
-        schedule.push_sync("s1", 10);
+        schedule.push_sync("s1", 10, t0).unwrap();
+        let first = schedule.take_entry(t0).unwrap();
+        schedule.push_sync("s2", 10, t0).unwrap();
         schedule.take_entry(t0).unwrap();
-        schedule.push_sync("s2", 10);
-        schedule.take_entry(t0).unwrap();
-        schedule.push_sync("s3", 10);
+        schedule.push_sync("s3", 10, t0).unwrap();
         schedule.park("a", 1, 10, timings(0, 0), t0).unwrap();
         schedule.park("b", 2, 10, timings(0, 0), t0).unwrap();
         assert_eq!(schedule.next_due(t0), None, "two in flight");
         assert!(schedule.take_entry(t0).is_none());
-        schedule.entry_done();
+        schedule.entry_done(first.id);
         let entry = schedule.take_entry(t0 + ms(1)).unwrap();
         assert_eq!(
             (entry.syncs, keys_of_owned(&entry.rounds)),
@@ -477,12 +604,12 @@ mod tests {
     #[test]
     fn bytes_per_entry_are_capped_but_one_message_always_goes() {
         let (mut schedule, t0) = schedule();
-        schedule.push_sync("big", 5_000);
-        schedule.push_sync("next", 10);
+        schedule.push_sync("big", 5_000, t0).unwrap();
+        schedule.push_sync("next", 10, t0).unwrap();
         let entry = schedule.take_entry(t0).unwrap();
         assert_eq!(entry.syncs, ["big"]);
-        schedule.entry_done();
-        schedule.push_sync("more", 600);
+        schedule.entry_done(entry.id);
+        schedule.push_sync("more", 600, t0).unwrap();
         schedule.park("a", 1, 500, timings(0, 0), t0).unwrap();
         let entry = schedule.take_entry(t0).unwrap();
         assert_eq!(entry.syncs, ["next", "more"]);
@@ -499,7 +626,7 @@ mod tests {
         }
         assert_eq!(
             schedule.park("a", 9, 1, timings(1, 1), t0),
-            Err(KeyFull { pending: 4 })
+            Err(Refusal::KeyFull { pending: 4 })
         );
         schedule.park("b", 9, 1, timings(1, 1), t0).unwrap();
         assert_eq!((schedule.pending("a"), schedule.parked()), (4, 5));
@@ -512,7 +639,7 @@ mod tests {
         let (mut schedule, t0) = schedule();
         schedule.park("a", 1, 1, timings(1, 1), t0).unwrap();
         schedule.park("b", 2, 1, timings(1, 1), t0).unwrap();
-        schedule.push_sync("s", 1);
+        schedule.push_sync("s", 1, t0).unwrap();
         let (mut requests, syncs) = schedule.drop_all();
         requests.sort_unstable();
         assert_eq!((requests, syncs), (vec![1, 2], vec!["s"]));
@@ -524,12 +651,19 @@ mod tests {
     fn idle_keys_are_forgotten_once_their_period_ends() {
         let (mut schedule, t0) = schedule();
         schedule.park("a", 1, 1, timings(0, 10), t0).unwrap();
-        schedule.take_entry(t0).unwrap();
+        let entry = schedule.take_entry(t0).unwrap();
+        schedule.entry_done(entry.id);
         assert!(schedule.take_entry(t0 + ms(5)).is_none());
         assert!(schedule.keys.contains_key("a"), "its period still matters");
+        assert_eq!(
+            schedule.next_wake(t0 + ms(5)),
+            Some(t0 + ms(10)),
+            "woken to forget"
+        );
         assert!(schedule.take_entry(t0 + ms(10)).is_none());
         assert!(!schedule.keys.contains_key("a"));
         assert!(schedule.idle.is_empty() && schedule.due.is_empty());
+        assert_eq!(schedule.next_wake(t0 + ms(10)), None);
     }
 
     #[test]
@@ -545,5 +679,101 @@ mod tests {
         deadlines.set("c", Some(1));
         deadlines.set("c", None);
         assert!(deadlines.is_empty() && deadlines.get(&"c").is_none());
+    }
+
+    #[test]
+    fn a_keys_requests_that_do_not_fit_lead_the_next_entry() {
+        let (mut schedule, t0) = schedule();
+        for request in 0..4 {
+            schedule
+                .park("a", request, 400, timings(0, 1_000), t0)
+                .unwrap();
+        }
+        schedule.park("b", 9, 10, timings(0, 1_000), t0).unwrap();
+        let entry = schedule.take_entry(t0).unwrap();
+        assert_eq!(
+            entry.rounds,
+            [("a".to_string(), vec![0, 1])],
+            "800 of 1,000 bytes"
+        );
+        assert_eq!(schedule.parked_bytes(), 810);
+        // The rest is still due although a's period has not passed.
+        let entry = schedule.take_entry(t0 + ms(1)).unwrap();
+        assert_eq!(entry.rounds[0], ("a".to_string(), vec![2, 3]));
+        assert_eq!(keys_of(&entry), ["a", "b"], "b fits beside them");
+        assert_eq!((schedule.parked(), schedule.parked_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn one_request_larger_than_the_budget_still_leaves_alone() {
+        let (mut schedule, t0) = schedule();
+        schedule.park("a", 1, 3_000, timings(0, 0), t0).unwrap();
+        schedule.park("a", 2, 10, timings(0, 0), t0).unwrap();
+        let entry = schedule.take_entry(t0).unwrap();
+        assert_eq!(entry.rounds, [("a".to_string(), vec![1])]);
+        let entry = schedule.take_entry(t0).unwrap();
+        assert_eq!(entry.rounds, [("a".to_string(), vec![2])]);
+    }
+
+    #[test]
+    fn parked_messages_and_bytes_are_capped_on_the_whole_leader() {
+        let (mut schedule, t0) = schedule();
+        for key in ["a", "b", "c", "d", "e", "f", "g"] {
+            schedule.park(key, 0, 1, timings(9, 9), t0).unwrap();
+        }
+        schedule.push_sync("s", 1, t0).unwrap();
+        let full = Refusal::LeaderFull {
+            messages: 8,
+            bytes: 8,
+        };
+        assert_eq!(schedule.park("h", 0, 1, timings(9, 9), t0), Err(full));
+        assert_eq!(schedule.push_sync("t", 1, t0), Err(full));
+        let (mut schedule, t0) = self::schedule();
+        schedule.park("a", 0, 9_000, timings(9, 9), t0).unwrap();
+        assert_eq!(
+            schedule.park("b", 0, 1_001, timings(9, 9), t0),
+            Err(Refusal::LeaderFull {
+                messages: 1,
+                bytes: 9_000
+            })
+        );
+        schedule.park("b", 0, 1_000, timings(9, 9), t0).unwrap();
+        // Leaving in an entry makes room again.
+        schedule.take_entry(t0 + ms(9)).unwrap();
+        schedule
+            .park("c", 0, 1_000, timings(9, 9), t0 + ms(9))
+            .unwrap();
+    }
+
+    #[test]
+    fn an_entry_not_committed_in_time_stalls_the_leader_until_it_ends() {
+        let (mut schedule, t0) = schedule();
+        schedule.park("a", 1, 10, timings(0, 0), t0).unwrap();
+        let stuck = schedule.take_entry(t0).unwrap();
+        assert_eq!(schedule.stall_deadline(), Some(t0 + ms(100)));
+        schedule
+            .park("a", 2, 10, timings(0, 0), t0 + ms(99))
+            .unwrap();
+        assert!(!schedule.is_stalled(t0 + ms(99)));
+        assert!(schedule.is_stalled(t0 + ms(100)));
+        assert_eq!(schedule.next_due(t0 + ms(100)), None, "nothing leaves");
+        assert!(schedule.take_entry(t0 + ms(100)).is_none());
+        assert_eq!(
+            schedule.park("a", 3, 10, timings(0, 0), t0 + ms(130)),
+            Err(Refusal::Stalled { for_ms: 130 })
+        );
+        assert_eq!(
+            schedule.push_sync("s", 10, t0 + ms(130)),
+            Err(Refusal::Stalled { for_ms: 130 })
+        );
+        let (requests, _) = schedule.drop_all();
+        assert_eq!(requests, [2], "the caller fails what was parked");
+        schedule.entry_done(stuck.id);
+        assert!(!schedule.is_stalled(t0 + ms(200)));
+        assert_eq!(schedule.stall_deadline(), None);
+        schedule
+            .park("a", 4, 10, timings(0, 0), t0 + ms(200))
+            .unwrap();
+        assert!(schedule.take_entry(t0 + ms(200)).is_some());
     }
 }

@@ -6,6 +6,7 @@
 //! tens of microseconds late at most) and then notifies the async side: no
 //! spinning, one thread per node whatever the number of keys.
 
+use std::collections::BTreeSet;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,17 +38,31 @@ impl PreciseTimer {
     }
 }
 
+/// Most deadlines kept at once: the driver sets a handful (next entry, stall,
+/// idle key); beyond this the latest is dropped, the earliest always kept.
+const MAX_DEADLINES: usize = 1_024;
+
 fn run(receiver: &mpsc::Receiver<Instant>, wake: &Notify) {
-    let mut next: Option<Instant> = None;
+    // Every deadline set and not yet passed: a later one must still fire after
+    // an earlier one did.
+    let mut deadlines: BTreeSet<Instant> = BTreeSet::new();
     loop {
-        let received = match next {
+        let received = match deadlines.first() {
             Some(at) => receiver.recv_timeout(at.saturating_duration_since(Instant::now())),
             None => receiver.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         match received {
-            Ok(at) => next = Some(next.map_or(at, |known| known.min(at))),
+            Ok(at) => {
+                deadlines.insert(at);
+                if deadlines.len() > MAX_DEADLINES {
+                    deadlines.pop_last();
+                }
+            }
             Err(RecvTimeoutError::Timeout) => {
-                next = None;
+                let now = Instant::now();
+                while deadlines.first().is_some_and(|at| *at <= now) {
+                    deadlines.pop_first();
+                }
                 wake.notify_one();
             }
             Err(RecvTimeoutError::Disconnected) => return,
@@ -77,5 +92,18 @@ mod tests {
         late.sort();
         // Lateness is measured by the bench, not asserted here.
         eprintln!("median lateness {:?}", late[10]);
+    }
+
+    #[tokio::test]
+    async fn a_later_deadline_still_fires_after_an_earlier_one() {
+        let wake = Arc::new(Notify::new());
+        let timer = PreciseTimer::start(wake.clone());
+        let later = Instant::now() + Duration::from_millis(20);
+        timer.wake_at(later);
+        timer.wake_at(Instant::now() + Duration::from_millis(2));
+        wake.notified().await;
+        let again = tokio::time::timeout(Duration::from_secs(5), wake.notified()).await;
+        assert!(again.is_ok(), "the later deadline fires too");
+        assert!(Instant::now() >= later, "not before it is due");
     }
 }

@@ -40,9 +40,11 @@ async fn a_stopped_raft_core_fails_healthz_and_ends_the_wait() {
         defaults: KeyConfig::default(),
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: false,
-        max_pending_per_key: 10,
+        rounds: permitd_node::rounds::RoundLimits {
+            max_pending_per_key: 10,
+            ..Default::default()
+        },
         edge: EdgeLimits::default(),
-        entries_in_flight: permitd_core::limits::DEFAULT_ENTRIES_IN_FLIGHT,
     };
     let started = app::start(&settings).await.expect("node starts");
     let app = started.app;

@@ -361,10 +361,6 @@ fn edge_accepts(message: SemaphoreRequest) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(
-        std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(256)
-    ))]
-
     #[test]
     fn one_broken_field_never_panics_and_a_refusal_changes_nothing(
         kind in 0..5usize,

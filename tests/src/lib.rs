@@ -181,6 +181,10 @@ pub struct Settings {
     pub distinct_source_ips: bool,
     /// More lines of the `[raft]` table, in TOML.
     pub raft_toml: String,
+    /// `(heartbeat_interval_ms, election_timeout_min_ms, election_timeout_max_ms)`
+    /// instead of the harness's fast [`HEARTBEAT_INTERVAL_MS`],
+    /// [`ELECTION_TIMEOUT_MIN_MS`] and [`ELECTION_TIMEOUT_MAX_MS`].
+    pub raft_timings_ms: Option<(u64, u64, u64)>,
 }
 
 impl Default for Settings {
@@ -194,6 +198,7 @@ impl Default for Settings {
             tls: false,
             distinct_source_ips: false,
             raft_toml: String::new(),
+            raft_timings_ms: None,
         }
     }
 }
@@ -601,11 +606,16 @@ fn cluster_toml(nodes: &[Node], settings: &Settings, certs: Option<&certs::TestC
         raft_toml,
         ..
     } = settings;
+    let (heartbeat, election_min, election_max) = settings.raft_timings_ms.unwrap_or((
+        HEARTBEAT_INTERVAL_MS,
+        ELECTION_TIMEOUT_MIN_MS,
+        ELECTION_TIMEOUT_MAX_MS,
+    ));
     let mut text = format!(
         "secret = \"{SECRET}\"\n\n[auth]\nenabled = {auth}\nadmin_token = \"{ADMIN_TOKEN}\"\n\n\
-         [raft]\nheartbeat_interval_ms = {HEARTBEAT_INTERVAL_MS}\n\
-         election_timeout_min_ms = {ELECTION_TIMEOUT_MIN_MS}\n\
-         election_timeout_max_ms = {ELECTION_TIMEOUT_MAX_MS}\n\
+         [raft]\nheartbeat_interval_ms = {heartbeat}\n\
+         election_timeout_min_ms = {election_min}\n\
+         election_timeout_max_ms = {election_max}\n\
          rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n{raft_toml}\n[defaults]\n{defaults}\n{extra_toml}\n"
     );
     if let Some(certs) = certs {

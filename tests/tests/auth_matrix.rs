@@ -151,6 +151,34 @@ fn table(throwaway_token: u64) -> Vec<Row> {
             None,
             [200, 200, 200, 200, 200, 200, 200, 200],
         ),
+        // Who holds a key's permits: read-only, for readers too.
+        row(
+            Method::GET,
+            "/v1/semaphores/{key}/holders",
+            None,
+            [401, 401, 403, 403, 403, 200, 200, 401],
+        ),
+        // Dropping a client's footprint: admins only (a client holding nothing
+        // gets zeros).
+        row(
+            Method::POST,
+            "/v1/semaphores/{key}/clients/{client}/release",
+            None,
+            [401, 401, 403, 403, 403, 403, 200, 401],
+        ),
+        row(
+            Method::GET,
+            "/cluster/snapshot",
+            None,
+            [401, 401, 403, 403, 403, 403, 200, 401],
+        ),
+        // Not a backup: the admin passes auth and gets the validation error.
+        row(
+            Method::POST,
+            "/cluster/restore",
+            Some(json!({})),
+            [401, 401, 403, 403, 403, 403, 400, 401],
+        ),
         row(
             Method::GET,
             "/cluster/status",
@@ -262,7 +290,7 @@ async fn every_route_answers_every_caller_exactly() {
     let mut mismatches = Vec::new();
     for row in table(throwaway) {
         for (column, (token, key, client)) in callers.iter().enumerate() {
-            let path = row.path.replace("{key}", key);
+            let path = row.path.replace("{key}", key).replace("{client}", client);
             let body = row.body.as_ref().map(|body| {
                 serde_json::from_str::<Value>(&body.to_string().replace("{client}", client))
                     .expect("body")

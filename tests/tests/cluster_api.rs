@@ -216,6 +216,21 @@ async fn the_peer_secret_opens_raft_only_and_health_and_metrics_answer() {
     for path in ["/healthz", "/readyz"] {
         assert_eq!(cluster.get(leader, path).await.status, 200, "{path}");
     }
+    // Every node serves the checked-in OpenAPI document, without a token.
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
+    let checked_in: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    for node in &cluster.nodes {
+        let served = cluster
+            .call_as(None, node.id, Method::GET, "/openapi.json", None)
+            .await;
+        assert_eq!(served.status, 200, "node {}", node.id);
+        assert!(
+            served.body == checked_in,
+            "node {} serves another document",
+            node.id
+        );
+    }
     let round = cluster
         .post(
             leader,

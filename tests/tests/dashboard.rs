@@ -150,6 +150,7 @@ async fn the_dashboard_shows_usage_holders_and_events_and_updates() {
             "granted ui-acct 7".into(),
             "holders ui-acct 2".into(),
             "event round ui-acct".into(),
+            "open ui-acct runner-b".into(),
             format!("screenshot {}", shot.display()),
             "quit".into(),
         ],

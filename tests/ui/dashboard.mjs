@@ -6,6 +6,7 @@
 //   granted KEY N        wait until KEY's row shows N permits granted
 //   holders KEY N        wait until KEY's row shows N clients holding
 //   lag NODE             wait until NODE's row shows a replication lag
+//   open KEY CLIENT      click KEY; wait until its holders list CLIENT
 //   event TYPE KEY       wait until the event list shows a TYPE event of KEY
 //   screenshot PATH      write a PNG of the whole page
 //   quit                 fail on requests to other origins or script errors; exit
@@ -14,7 +15,8 @@
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 
-const WAIT_MS = 20_000;
+// Generous: the machine running CI may be shared and slow.
+const WAIT_MS = 30_000;
 const url = new URL(process.env.PERMITD_UI_URL);
 const browser = await chromium.launch({
   executablePath: process.env.PERMITD_CHROMIUM || "/usr/bin/chromium",
@@ -61,6 +63,15 @@ const commands = {
       { timeout: WAIT_MS },
     );
   },
+  async open(key, clientId) {
+    await page.click(`${row(key)} td.key a`);
+    await page.waitForFunction(
+      (clientId) => [...document.querySelectorAll("#holders-table td.key")]
+        .some((cell) => cell.textContent === clientId),
+      clientId,
+      { timeout: WAIT_MS },
+    );
+  },
   async holders(key, count) {
     await waitForText(`${row(key)} td.holders`, count);
   },
@@ -91,7 +102,10 @@ for await (const line of createInterface({ input: process.stdin })) {
     await commands[name](...args);
     console.log(`ok ${line}`);
   } catch (error) {
-    console.log(`fail ${line}: ${error.message.split("\n")[0]}`);
+    // What the page showed, to tell a slow page from a wrong one.
+    const shown = await page.evaluate(() => document.body.innerText.replace(/\s+/g, " ").slice(0, 1500))
+      .catch(() => "(page unreadable)");
+    console.log(`fail ${line}: ${error.message.split("\n")[0]} | page: ${shown}`);
     await browser.close().catch(() => {});
     process.exit(1);
   }

@@ -11,7 +11,8 @@
 //! moves values. One step of the loop:
 //! 1. `poll` the state (draws lease permits, decides each key's next message);
 //! 2. write the changed records to the sled file and flush ([`store`]), before
-//!    anything leaves the process;
+//!    anything leaves the process; a failed write or flush stops the queue for
+//!    good (it fails closed: [`QueueError::StoreFailed`]);
 //! 3. hand admitted items to `admit` (a spawned task) and send the messages
 //!    (one spawned task per key, at most one in flight per key);
 //! 4. wait for an answer, an enqueue or release, or the next timer, and feed it
@@ -56,6 +57,10 @@ pub const DEFAULT_FINISHED_INTERVAL_MS: u64 = 10_000;
 pub const MAX_FINISHED_BATCH: usize = 1_024;
 /// Default time `shutdown` spends returning permits before it gives up.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 5_000;
+/// The `tracing` target of a TRACE event per message that reports releases,
+/// as it leaves (fields `key` and `releases`, the permits it returns): what
+/// the bench times a freed permit's reuse from.
+pub const RELEASES_SENT_TARGET: &str = "permitd_client::releases_sent";
 
 /// The application side of a queue.
 pub trait Admission<T>: Send + Sync + 'static {
@@ -126,6 +131,8 @@ struct Shared<T> {
     /// Wakes the loop after an enqueue or a release.
     wake: Notify,
     stopping: AtomicBool,
+    /// Set when a store write or flush failed: the queue stopped.
+    failure: Mutex<Option<String>>,
 }
 
 /// What comes back to the loop from its spawned tasks.
@@ -159,7 +166,8 @@ where
                 (state, Some(store))
             }
             None => (
-                QueueState::new(config.client_id.clone(), config.state.clone()),
+                QueueState::new(config.client_id.clone(), config.state.clone())
+                    .without_change_tracking(),
                 None,
             ),
         };
@@ -168,6 +176,7 @@ where
             store,
             wake: Notify::new(),
             stopping: AtomicBool::new(false),
+            failure: Mutex::new(None),
         });
         let task = tokio::spawn(run(shared.clone(), client, Arc::new(admission), config));
         Ok(Self {
@@ -178,6 +187,7 @@ where
 
     /// Adds items; known ids are skipped. Durable (flushed) when it returns.
     pub async fn enqueue(&self, items: Vec<QueueItem<T>>) -> Result<EnqueueOutcome, QueueError> {
+        self.shared.check_failure()?;
         if self.shared.stopping.load(Ordering::Acquire) {
             return Err(QueueError::Shutdown);
         }
@@ -187,9 +197,7 @@ where
             self.shared.persist(&mut state)?;
             outcome
         };
-        if let Some(store) = &self.shared.store {
-            store.flush().await?;
-        }
+        self.shared.flush().await?;
         self.shared.wake.notify_one();
         Ok(outcome)
     }
@@ -197,6 +205,7 @@ where
     /// The work of item `id` reached a terminal state (or, if still queued, it
     /// is dropped). The permit returns to the holder with the next report.
     pub fn release(&self, id: &str) -> Result<ReleaseOutcome, QueueError> {
+        self.shared.check_failure()?;
         let outcome = {
             let mut state = self.shared.lock();
             let outcome = state.release(id);
@@ -213,6 +222,12 @@ where
     /// Where item `id` stands.
     pub fn status(&self, id: &str) -> ItemStatus {
         self.shared.lock().status(id)
+    }
+
+    /// The store failure that stopped the queue, if one did
+    /// ([`QueueError::StoreFailed`]).
+    pub fn failure(&self) -> Option<QueueError> {
+        self.shared.check_failure().err()
     }
 
     /// Items per state and permits held.
@@ -235,13 +250,12 @@ where
             }),
             None => 0,
         };
+        self.shared.check_failure()?;
         {
             let mut state = self.shared.lock();
             self.shared.persist(&mut state)?;
         }
-        if let Some(store) = &self.shared.store {
-            store.flush().await?;
-        }
+        self.shared.flush().await?;
         Ok(ShutdownReport {
             counts: self.counts(),
             unreported_keys,
@@ -265,12 +279,42 @@ impl<T: Clone + Serialize> Shared<T> {
     }
 
     /// Writes the state's changed records (not flushed). Without a file, only
-    /// forgets the change set.
+    /// forgets the change set. A failed write stops the queue for good.
     fn persist(&self, state: &mut QueueState<T>) -> Result<bool, QueueError> {
+        self.check_failure()?;
         let dirty = state.take_dirty();
         match &self.store {
-            Some(store) => store.write(state, &dirty),
+            Some(store) => store.write(state, &dirty).map_err(|error| self.fail(error)),
             None => Ok(false),
+        }
+    }
+}
+
+impl<T> Shared<T> {
+    /// Makes every write so far durable; a failed flush stops the queue for good.
+    async fn flush(&self) -> Result<(), QueueError> {
+        match &self.store {
+            Some(store) => store.flush().await.map_err(|error| self.fail(error)),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a store failure: the queue fails closed from now on. Returns
+    /// the error callers get.
+    fn fail(&self, error: QueueError) -> QueueError {
+        let mut failure = self.failure.lock().expect("failure lock");
+        let message = failure.get_or_insert_with(|| {
+            tracing::error!(%error, "the queue's store failed; the queue stopped");
+            error.to_string()
+        });
+        self.wake.notify_one();
+        QueueError::StoreFailed(message.clone())
+    }
+
+    fn check_failure(&self) -> Result<(), QueueError> {
+        match &*self.failure.lock().expect("failure lock") {
+            Some(message) => Err(QueueError::StoreFailed(message.clone())),
+            None => Ok(()),
         }
     }
 }
@@ -291,12 +335,15 @@ where
     let mut finished_in_flight = false;
     let mut draining: Option<Instant> = None;
     loop {
+        if shared.check_failure().is_err() {
+            return shared.lock().in_flight();
+        }
         if draining.is_none() && shared.stopping.load(Ordering::Acquire) {
             shared.lock().retire_all_leases();
             draining = Some(Instant::now() + config.shutdown_timeout);
         }
         let now = now_ms();
-        let (messages, admits, wake_at_ms, in_flight, wrote) = {
+        let step = {
             let mut state = shared.lock();
             let messages = if draining.is_some() {
                 state.poll_reports(now)
@@ -304,24 +351,25 @@ where
                 state.poll(now)
             };
             let admits = state.take_admits();
-            let wrote = shared.persist(&mut state).unwrap_or_else(|error| {
-                tracing::error!(%error, "cannot write the queue file; continuing in memory");
-                false
-            });
-            let in_flight = state.in_flight() + messages.len();
-            (
-                messages,
-                admits,
-                state.next_wakeup_ms(now),
-                in_flight,
-                wrote,
-            )
+            shared.persist(&mut state).map(|wrote| {
+                let in_flight = state.in_flight() + messages.len();
+                (
+                    messages,
+                    admits,
+                    state.next_wakeup_ms(now),
+                    in_flight,
+                    wrote,
+                )
+            })
         };
-        if let (Some(store), true) = (&shared.store, wrote) {
-            // Durable before anything it records leaves the process.
-            if let Err(error) = store.flush().await {
-                tracing::error!(%error, "cannot flush the queue file");
-            }
+        // Fails closed: a step whose records are not durable neither admits nor
+        // sends anything (see `Shared::fail`).
+        let Ok((messages, admits, wake_at_ms, in_flight, wrote)) = step else {
+            return shared.lock().in_flight();
+        };
+        // Durable before anything it records leaves the process.
+        if wrote && shared.flush().await.is_err() {
+            return shared.lock().in_flight();
         }
         if let Some(deadline) = draining {
             if in_flight == 0 || Instant::now() >= deadline {
@@ -370,6 +418,9 @@ where
 }
 
 fn apply_event<T: Clone + Serialize>(shared: &Shared<T>, event: Event) {
+    if shared.check_failure().is_err() {
+        return;
+    }
     let mut state = shared.lock();
     let now = now_ms();
     match event {
@@ -391,8 +442,15 @@ fn apply_event<T: Clone + Serialize>(shared: &Shared<T>, event: Event) {
 fn spawn_send(client: &SemaphoreClient, outgoing: Outgoing, events: mpsc::UnboundedSender<Event>) {
     let client = client.clone();
     tokio::spawn(async move {
-        let Outgoing { key, message } = outgoing;
+        let Outgoing {
+            key,
+            message,
+            releases,
+        } = outgoing;
         let lane = Lane::of(&message);
+        if releases > 0 {
+            tracing::trace!(target: RELEASES_SENT_TARGET, %key, releases, "releases sent");
+        }
         let answer = match message {
             SemaphoreRequest::Request(request) => client
                 .request(&key, request)

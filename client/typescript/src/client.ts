@@ -18,6 +18,7 @@
  */
 
 import { Backoff, DEFAULT_INITIAL_DELAY_MS, DEFAULT_MAX_DELAY_MS } from "./backoff.js";
+import { believedNextRequestAt } from "./next-request.js";
 import { DeadlineExceededError, RejectedError, UnexpectedAnswerError } from "./errors.js";
 import { acquire, withPermit, type AcquireOptions, type Permit } from "./permit.js";
 import { LEADER_HEADER, LeaderTracker, parseEndpoints, parseLeaderHint, type LeaderHint } from "./leader.js";
@@ -131,12 +132,24 @@ export class SemaphoreClient {
     return withPermit(this, key, group, count, work, options);
   }
 
-  /** Sends a `request` and waits for its round; waits for `nextRequestAt` first. */
+  /**
+   * Sends a `request` and waits for its round; waits for `nextRequestAt` first,
+   * inside the call's deadline: when `nextRequestAt` falls after it, fails at
+   * once with a `DeadlineExceededError` instead of sleeping past it.
+   * `request` and `sync` are independent calls: claims and releases may be
+   * synced while a request waits for its round (reports are cumulative).
+   */
   async request(key: string, input: RequestInput, options: CallOptions = {}): Promise<PermitGrant> {
     const body = { type: "request", ...input, v: 1, requestId: input.requestId ?? crypto.randomUUID() };
+    const deadlineMs = options.timeoutMs ?? this.callTimeoutMs;
+    const deadline = Date.now() + deadlineMs;
     const wait = (this.nextRequestAtMs.get(key) ?? 0) - Date.now();
-    if (wait > 0) await sleep(wait, options.signal);
-    const answer = await this.call("POST", semaphorePath(key), body, "SemaphoreResponse", options);
+    if (wait > 0) {
+      if (Date.now() + wait >= deadline) throw new DeadlineExceededError(deadlineMs, 0, `the key's nextRequestAt is ${wait} ms away`);
+      await sleep(wait, options.signal);
+    }
+    const remaining = Math.max(1, deadline - Date.now());
+    const answer = await this.call("POST", semaphorePath(key), body, "SemaphoreResponse", { ...options, timeoutMs: remaining });
     if (answer.type !== "grant") throw new UnexpectedAnswerError(`/v1/semaphores/${key}`, "a synced answer to a request");
     const { type: _type, ...grant } = answer;
     this.rememberNextRequestAt(key, grant.nextRequestAt);
@@ -281,7 +294,9 @@ export class SemaphoreClient {
     }
   }
 
+  /** Remembers the key's `nextRequestAt`, believed at most `MAX_NEXT_REQUEST_AHEAD_MS` ahead. */
   private rememberNextRequestAt(key: string, atMs: number): void {
+    atMs = believedNextRequestAt(atMs, Date.now());
     if (this.nextRequestAtMs.size >= MAX_REMEMBERED_KEYS) {
       const now = Date.now();
       for (const [known, at] of this.nextRequestAtMs) if (at <= now) this.nextRequestAtMs.delete(known);

@@ -19,6 +19,7 @@ export * from "./backoff.js";
 export * from "./client.js";
 export * from "./errors.js";
 export * from "./leader.js";
+export * from "./next-request.js";
 export * from "./permit.js";
 export * from "./queue/index.js";
 export * from "./wire.js";

@@ -222,6 +222,7 @@ export const ERROR_CODES = [
   "no_quorum",
   "leader_changed",
   "shutting_down",
+  "overloaded",
   "timeout",
   "internal",
 ] as const;

@@ -12,9 +12,10 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
+import { mkdtemp, rm } from "node:fs/promises";
 import { join } from "node:path";
 
-import { AcquireError, SemaphoreClient, SemaphoreQueue, type Admission, type AdmittedItem } from "../src/index.js";
+import { AcquireError, QueueStoreFailedError, SemaphoreClient, SemaphoreQueue, type Admission, type AdmittedItem } from "../src/index.js";
 import { FileStore } from "../src/node/index.js";
 import { ADMIN_TOKEN, answerDroppingProxy, Cluster, eventually } from "./harness.js";
 
@@ -191,6 +192,32 @@ test("a runner restarted from its file store loses no job and leaks no permit", 
   await eventually(DRAIN_TIMEOUT_MS, async () => current!.counts().admitted === 0, "every release recorded");
   await current.shutdown();
   await drained(admin, "ts-restart");
+});
+
+test("a queue whose store fails stops admitting, says why, and leaks no permit", async () => {
+  const admin = client();
+  // A short claim deadline: the grant the stopped queue never claims comes back soon.
+  await admin.setKeyConfig("ts-store-fails", { limit: 2, leases: null, grantTimeoutMs: 1_000, roundWaitMs: 5, roundPeriodMs: 20 });
+  await admin.setGroup("ts-store-fails", "wf", { permitted: false }); // nothing granted until the store is broken
+  const folder = await mkdtemp(join(cluster.dir, "store-"));
+  const errors: string[] = [];
+  let admitted = 0;
+  const admission: Admission<number> = { admit: (items) => void (admitted += items.length), finished: () => [] };
+  const options = { clientId: "ts-failing-store", store: new FileStore(join(folder, "queue.json")), onError: (error: unknown) => errors.push(String(error)) };
+  const queue = await SemaphoreQueue.start<number>(client(), options, admission);
+  await queue.enqueue([{ id: "f-1", key: "ts-store-fails", group: "wf", body: 0 }]);
+  await rm(folder, { recursive: true }); // every later write fails: its folder is gone
+  await admin.setGroup("ts-store-fails", "wf", { permitted: true });
+  await eventually(20_000, async () => queue.failure() !== undefined, "the queue stops on the failed write");
+  assert.ok(queue.failure() instanceof QueueStoreFailedError);
+  assert.match(String(queue.failure()), /ENOENT/, "the store's own error is surfaced");
+  assert.ok(errors.some((error) => error.includes("store failed")), `onError heard it: ${errors.join("; ")}`);
+  await drained(admin, "ts-store-fails"); // the unclaimed grant was taken back
+  assert.equal(admitted, 0, "nothing was admitted");
+  await assert.rejects(queue.enqueue([{ id: "f-2", key: "ts-store-fails", group: "wf", body: 0 }]), QueueStoreFailedError);
+  assert.throws(() => queue.release("f-1"), QueueStoreFailedError);
+  await assert.rejects(queue.shutdown(), QueueStoreFailedError);
+  assert.equal(admitted, 0, "nothing was admitted");
 });
 
 test("a permit is released when its `await using` block ends", async () => {

@@ -11,7 +11,11 @@ import { test } from "node:test";
 
 import {
   Backoff,
+  believedNextRequestAt,
   changes,
+  DeadlineExceededError,
+  MAX_NEXT_REQUEST_AHEAD_MS,
+  SemaphoreClient,
   claimAmounts,
   ClientIdMismatchError,
   LeaderTracker,
@@ -99,6 +103,46 @@ test("a grant is claimed first and admitted once the claim is confirmed", () => 
   assert.equal(state.release("a"), "already_released");
   const report = only(state.poll(400));
   assert.deepEqual(report.grants, [{ grantId: "G", claimed: 2, released: 1 }]);
+});
+
+test("nextRequestAt is believed at most MAX_NEXT_REQUEST_AHEAD_MS ahead, by the client and the queue", () => {
+  assert.equal(believedNextRequestAt(1_005, 1_000), 1_005);
+  assert.equal(believedNextRequestAt(1_000 + 86_400_000, 1_000), 1_000 + MAX_NEXT_REQUEST_AHEAD_MS);
+  const state = new QueueState<string>("runner-1");
+  state.enqueue([item("a")], 0);
+  only(state.poll(0));
+  // A node whose clock runs a day ahead.
+  state.onAnswer(KEY, { type: "grant", v: 1, grants: [], blocked: [], grantResults: [], nextRequestAt: 1_000 + 86_400_000 }, 1_000);
+  const believed = 1_000 + MAX_NEXT_REQUEST_AHEAD_MS;
+  assert.equal(state.nextWakeupMs(1_000), believed);
+  assert.deepEqual(state.poll(believed - 1), []);
+  assert.equal(only(state.poll(believed)).type, "request");
+});
+
+/** A client of a port nothing listens on. */
+async function unreachableClient(callTimeoutMs: number): Promise<SemaphoreClient> {
+  const { createServer } = await import("node:net");
+  const server = createServer();
+  await new Promise<void>((done) => server.listen(0, "127.0.0.1", done));
+  const { port } = server.address() as { port: number };
+  await new Promise((done) => server.close(done));
+  return new SemaphoreClient({ endpoints: `http://127.0.0.1:${port}`, callTimeoutMs, backoffInitialMs: 10, backoffMaxMs: 20 });
+}
+
+test("a request never sleeps past its deadline for nextRequestAt, and the wait counts against it", async () => {
+  const far = await unreachableClient(300);
+  far["rememberNextRequestAt"]("k", Date.now() + 10_000);
+  let started = Date.now();
+  await assert.rejects(far.request("k", { clientId: "c", demand: [], grants: [] }), (error: unknown) => error instanceof DeadlineExceededError && error.attempts === 0);
+  assert.ok(Date.now() - started < 300, "failed at once");
+  far["rememberNextRequestAt"]("k", Number.MAX_SAFE_INTEGER);
+  assert.ok(far.nextRequestAt("k")! <= Date.now() + MAX_NEXT_REQUEST_AHEAD_MS, "capped when remembered");
+  const near = await unreachableClient(600);
+  near["rememberNextRequestAt"]("k", Date.now() + 400);
+  started = Date.now();
+  await assert.rejects(near.request("k", { clientId: "c", demand: [], grants: [] }), DeadlineExceededError);
+  // 400 ms of waiting, then retries until the same 600 ms deadline: not 400 + 600.
+  assert.ok(Date.now() - started < 900, `took ${Date.now() - started} ms`);
 });
 
 test("a lease is confirmed before it is drawn from, and heartbeats at half its lifetime", () => {

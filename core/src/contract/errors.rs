@@ -46,13 +46,19 @@ pub enum ErrorCode {
     TooManySubscribers,
     /// 503: this node does not lead; the leader header names the one that does.
     NotLeader,
-    /// 503: no leader is known (no quorum, or an election is running).
+    /// 503: no leader is known (no quorum, or an election is running), or the
+    /// leader has not been able to commit for `[limits] commit_timeout_ms` (its
+    /// followers do not answer); a call that may have entered the log is safe to
+    /// retry with the same `requestId`.
     NoQuorum,
     /// 503: leadership changed before the call was answered; the entry may or
     /// may not have committed, so ask again (a `requestId` makes that safe).
     LeaderChanged,
     /// 503: the node is shutting down.
     ShuttingDown,
+    /// 503: the leader already holds its most waiting requests and syncs, or
+    /// their most bytes (`[limits] max_parked_messages`, `max_parked_bytes`).
+    Overloaded,
     /// 503: the leader did not answer a forwarded call in time.
     Timeout,
     /// 500: a bug; the node logged the details.
@@ -61,7 +67,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 21] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -80,6 +86,7 @@ impl ErrorCode {
         Self::NoQuorum,
         Self::LeaderChanged,
         Self::ShuttingDown,
+        Self::Overloaded,
         Self::Timeout,
         Self::Internal,
     ];
@@ -105,6 +112,7 @@ impl ErrorCode {
             Self::NoQuorum => "no_quorum",
             Self::LeaderChanged => "leader_changed",
             Self::ShuttingDown => "shutting_down",
+            Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
             Self::Internal => "internal",
         }
@@ -127,6 +135,7 @@ impl ErrorCode {
             | Self::NoQuorum
             | Self::LeaderChanged
             | Self::ShuttingDown
+            | Self::Overloaded
             | Self::Timeout => 503,
             Self::Internal => 500,
         }

@@ -53,6 +53,9 @@ pub enum ApiError {
     NotLeader { leader: Option<NodeId> },
     #[error("no leader is known: the cluster has no quorum or is electing one")]
     NoQuorum,
+    /// The leader leads but cannot commit: its followers do not answer.
+    #[error("{0}")]
+    CommitStalled(String),
     #[error("leadership changed before the request was answered; ask again")]
     LeaderChanged,
     #[error("the node is shutting down")]
@@ -78,7 +81,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
             Self::NotLeader { .. } => ErrorCode::NotLeader,
-            Self::NoQuorum => ErrorCode::NoQuorum,
+            Self::NoQuorum | Self::CommitStalled(_) => ErrorCode::NoQuorum,
             Self::LeaderChanged => ErrorCode::LeaderChanged,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
             Self::Timeout => ErrorCode::Timeout,
@@ -151,6 +154,11 @@ impl From<RoundError> for ApiError {
                 code: ErrorCode::TooManyPending,
                 message: error.to_string(),
             },
+            RoundError::LeaderFull { .. } => Self::TooMany {
+                code: ErrorCode::Overloaded,
+                message: error.to_string(),
+            },
+            RoundError::NoQuorum { .. } => Self::CommitStalled(error.to_string()),
             RoundError::Refused(refused) => refused.into(),
             RoundError::Mismatch => Self::Internal(error.to_string()),
         }
@@ -176,6 +184,21 @@ mod tests {
     fn a_propose_error_without_leader_is_no_quorum() {
         let error: ApiError = ProposeError::NotLeader { leader: None }.into();
         assert_eq!(error.code(), ErrorCode::NoQuorum);
+    }
+
+    #[test]
+    fn a_full_or_stalled_leader_answers_503_with_its_own_code() {
+        let full: ApiError = RoundError::LeaderFull {
+            messages: 3,
+            bytes: 9,
+        }
+        .into();
+        assert_eq!(full.code(), ErrorCode::Overloaded);
+        let stalled: ApiError = RoundError::NoQuorum { for_ms: 3_000 }.into();
+        assert_eq!(stalled.code(), ErrorCode::NoQuorum);
+        let response = stalled.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
     }
 
     #[tokio::test]

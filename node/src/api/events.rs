@@ -85,7 +85,9 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 
 fn refusal(error: SubscribeError) -> ApiError {
     let code = match error {
-        SubscribeError::TooFarBehind { .. } => ErrorCode::TooFarBehind,
+        SubscribeError::TooFarBehind { .. } | SubscribeError::MissedEntries => {
+            ErrorCode::TooFarBehind
+        }
         SubscribeError::TooManySubscribers { .. } => ErrorCode::TooManySubscribers,
     };
     ApiError::Stream {
@@ -169,4 +171,64 @@ fn fell_behind(missed: u64) -> SseEvent {
     );
     let data = serde_json::to_string(&answer).expect("an error answer serialises");
     SseEvent::default().event(STREAM_ERROR_EVENT).data(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event_log::EventLog;
+    use permitd_core::{Event, Usage};
+    use permitd_storage::Applied;
+
+    fn round(index: u64, key: &str) -> Applied {
+        let event = Event::Round {
+            timestamp_ms: index,
+            requested: 1,
+            granted: 1,
+            usage: Usage::default(),
+        };
+        Applied {
+            log_index: index,
+            keys: vec![key.to_owned()],
+            events: vec![(key.to_owned(), event)],
+            installed_snapshot: false,
+        }
+    }
+
+    async fn collect(log: &EventLog, key: Option<&str>, from: Option<u64>) -> Vec<String> {
+        let subscription = log.subscribe(key, from).expect("subscribes");
+        let stream = messages(subscription, key.map(str::to_owned), from.unwrap_or(0));
+        log.close();
+        stream
+            .map(|message| format!("{:?}", message.expect("infallible")))
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn the_backlog_of_the_key_is_sent_from_the_index() {
+        let log = EventLog::with_capacity(0, 10, 1);
+        for (index, key) in [(1, "a"), (2, "b"), (3, "a")] {
+            log.push(&round(index, key));
+        }
+        let sent = collect(&log, Some("a"), Some(2)).await;
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert!(sent[0].contains("id: 3"), "{sent:?}");
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_falls_behind_ends_with_a_stream_error() {
+        let log = EventLog::with_capacity(0, 3, 1);
+        let subscription = log.subscribe(None, None).expect("subscribes");
+        for index in 1..=10 {
+            log.push(&round(index, "a"));
+        }
+        let sent: Vec<String> = messages(subscription, None, 0)
+            .map(|message| format!("{:?}", message.expect("infallible")))
+            .collect()
+            .await;
+        assert_eq!(sent.len(), 1, "one error, then the end: {sent:?}");
+        assert!(sent[0].contains(STREAM_ERROR_EVENT), "{sent:?}");
+        assert!(sent[0].contains("too_far_behind"), "{sent:?}");
+    }
 }

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -47,7 +48,7 @@ pub async fn post(
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<SemaphoreResponse>, ApiError> {
     validate_key(&key)?;
-    let message = parse_request(&body)?;
+    let message = parse_off_the_runtime(body.clone()).await?;
     check_room_for(&app, &key)?;
     let bytes = body.len();
     match message {
@@ -60,6 +61,30 @@ pub async fn post(
             Ok(Json(SemaphoreResponse::Synced(answer)))
         }
     }
+}
+
+/// Bodies from this size are parsed on a blocking thread, one at a time:
+/// parsing a 1 MiB message takes milliseconds, and a burst of them on the async
+/// workers, or on as many blocking threads, would starve the Raft heartbeats
+/// the followers wait for (they elected a new leader).
+const PARSE_APART_BYTES: usize = 64 * 1024;
+
+/// Large bodies being parsed: one at a time.
+static LARGE_PARSES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// Parses and validates a message body, large ones on a blocking thread.
+async fn parse_off_the_runtime(body: Bytes) -> Result<SemaphoreRequest, ApiError> {
+    if body.len() < PARSE_APART_BYTES {
+        return Ok(parse_request(&body)?);
+    }
+    let _turn = LARGE_PARSES
+        .acquire()
+        .await
+        .map_err(|error| ApiError::Internal(error.to_string()))?;
+    tokio::task::spawn_blocking(move || parse_request(&body))
+        .await
+        .map_err(|error| ApiError::Internal(error.to_string()))?
+        .map_err(ApiError::from)
 }
 
 /// A new key may not push the cluster past its key limit. Checked before proposing

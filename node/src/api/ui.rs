@@ -49,7 +49,8 @@ pub async fn page() -> Response {
     get, path = paths::UI_ASSET, tag = "operations",
     params(("asset" = String, Path, description = "`app.js`, `app.css` or `index.html`.")),
     responses(
-        (status = 200, description = "The dashboard's script, style sheet or page.", content_type = "text/plain", body = String),
+        (status = 200, description = "The dashboard's script, style sheet or page, each with its own type.",
+            content((String = "text/javascript"), (String = "text/css"), (String = "text/html"))),
         (status = 404, description = "No such asset.", body = ErrorAnswer),
     ),
 )]

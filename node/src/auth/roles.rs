@@ -7,9 +7,10 @@
 //! | `GET /v1/semaphores/{key}/usage` | keys | yes | yes |
 //! | `GET /v1/events?key=` (a runner must name a key) | keys | yes | yes |
 //! | `GET /v1/semaphores/{key}/config`, `GET /v1/semaphores` | – | yes | yes |
+//! | `GET /v1/semaphores/{key}/holders` | – | yes | yes |
 //! | `GET /metrics` | – | yes | yes |
 //! | `PUT …/config`, `PUT`/`DELETE …/groups/{group}` | – | – | yes |
-//! | `/v1/tokens*`, `/cluster/*` | – | – | yes |
+//! | `POST …/clients/{clientId}/release`, `/v1/tokens*`, `/cluster/*` | – | – | yes |
 //! | `/ui`, `/ui/{asset}`, `/healthz`, `/readyz` | open | open | open |
 //!
 //! `GET /openapi.json` is open too: the API's description, as public as the
@@ -37,6 +38,8 @@ pub enum Action {
     ReadConfig,
     ListKeys,
     Metrics,
+    /// Who holds a key's permits and who waits (read-only).
+    Holders,
     /// Key and group configuration changes.
     WriteConfig,
     Tokens,
@@ -76,6 +79,7 @@ pub fn action_of(method: &Method, matched_path: &str, key: Option<String>) -> Op
         ("GET", paths::KEY_CONFIG) => Action::ReadConfig,
         ("GET", paths::SEMAPHORES) => Action::ListKeys,
         ("GET", paths::METRICS) => Action::Metrics,
+        ("GET", paths::HOLDERS) => Action::Holders,
         (_, paths::KEY_CONFIG | paths::GROUP) => Action::WriteConfig,
         (_, paths::TOKENS | paths::TOKEN) => Action::Tokens,
         // `/cluster/*`, and anything added later, is for admins only.
@@ -107,7 +111,8 @@ pub fn decide(token: &TokenRecord, action: &Action) -> Result<(), Refusal> {
             | Action::Events { .. }
             | Action::ReadConfig
             | Action::ListKeys
-            | Action::Metrics,
+            | Action::Metrics
+            | Action::Holders,
         ) => Ok(()),
         _ => Err(Refusal::Role),
     }

@@ -122,9 +122,8 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         defaults: config.key_defaults(),
         initial_members: members,
         initialize_at_start: false,
-        max_pending_per_key: config.limits.max_pending_per_key,
+        rounds: config.limits.rounds(),
         edge: config.limits.edge(),
-        entries_in_flight: config.limits.entries_in_flight,
     })
 }
 
@@ -159,9 +158,8 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         defaults: KeyConfig::default(),
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: true,
-        max_pending_per_key: permitd_core::limits::MAX_PENDING_REQUESTS_PER_KEY,
+        rounds: crate::rounds::RoundLimits::default(),
         edge: crate::edge::EdgeLimits::default(),
-        entries_in_flight: permitd_core::limits::DEFAULT_ENTRIES_IN_FLIGHT,
     })
 }
 

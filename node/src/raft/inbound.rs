@@ -49,8 +49,23 @@ async fn vote(State(app): State<App>, body: Bytes) -> Response {
     }
 }
 
+/// Append bodies from this size are decoded on a blocking thread, so that the
+/// heartbeats arriving meanwhile are answered in time.
+const DECODE_APART_BYTES: usize = 64 * 1024;
+
 async fn append(State(app): State<App>, body: Bytes) -> Response {
-    match codec::decode::<AppendEntriesRequest<TypeConfig>>(&body) {
+    let decoded = if body.len() < DECODE_APART_BYTES {
+        codec::decode::<AppendEntriesRequest<TypeConfig>>(&body)
+    } else {
+        match tokio::task::spawn_blocking(move || codec::decode(&body)).await {
+            Ok(decoded) => decoded,
+            Err(error) => {
+                tracing::error!(%error, "decoding an append failed");
+                return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+            }
+        }
+    };
+    match decoded {
         Ok(request) => encoded(&app.raft.append_entries(request).await),
         Err(error) => undecodable(error),
     }

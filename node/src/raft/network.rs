@@ -3,25 +3,62 @@
 //! Error mapping follows openraft's examples: a peer we cannot connect to is
 //! `Unreachable` (openraft backs off), any other transport failure is a
 //! `NetworkError`, and an error the peer's Raft answered is a `RemoteError`.
+//!
+//! Appends that carry entries get a deadline that fits their size. openraft 0.9
+//! gives every AppendEntries call one heartbeat interval (40 ms by default) and
+//! then sends it again; a round entry of a few MiB takes longer than that to
+//! send, decode and flush on a busy node, so it was cut off and resent forever
+//! while the followers heard nothing and elected a new leader. Here the send
+//! runs in its own task under `rpc_timeout + bytes / APPEND_BYTES_PER_MS`; when
+//! openraft gives up waiting and asks again for the same entries (same vote,
+//! same previous log id), the call joins the send under way instead of starting
+//! another, and answers for the entries both cover. Heartbeats (no entries) are
+//! sent apart, so followers keep hearing from the leader meanwhile.
+//! openraft records such an answer at the later call's time; 0.9 uses that
+//! time for metrics only, and linearizable reads send their own heartbeats on
+//! fresh connections, which never join a send.
+//!
+//! An append whose body would pass [`MAX_APPEND_BYTES`] is not sent: openraft
+//! is answered `PayloadTooLarge` with a hint of how many entries fit, and sends
+//! fewer (one entry always goes: a round entry is far smaller than the peer's
+//! body limit).
 
 use std::time::Duration;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use openraft::{LogId, Vote};
 use permitd_core::contract::headers;
 use permitd_storage::{codec, NodeId, PeerNode, TypeConfig};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::task::JoinHandle;
 
 use super::wire::SnapshotChunk;
 use super::{bearer, SECRET_HEADER};
 use crate::auth::Secret;
+
+/// Largest AppendEntries body sent at once, in bytes; longer runs of entries are
+/// split (well under the peers' `/raft/*` body limit).
+pub const MAX_APPEND_BYTES: usize = 8 * 1024 * 1024;
+/// Bytes per millisecond an append is granted on top of the RPC timeout (a
+/// deliberately slow 1 MB/s: loopback on a loaded machine, with the peer's
+/// decode, flush and the applies it waits behind): 4 MiB of entries get
+/// `rpc_timeout_ms` + 4 s.
+pub const APPEND_BYTES_PER_MS: usize = 1024;
+
+/// The deadline of an append of `bytes`.
+pub fn append_timeout(rpc_timeout: Duration, bytes: usize) -> Duration {
+    let extra_ms = (bytes / APPEND_BYTES_PER_MS) as u64;
+    rpc_timeout + Duration::from_millis(extra_ms)
+}
 
 /// Creates connections to peers; they share one client, hence one connection pool.
 #[derive(Debug, Clone)]
@@ -71,7 +108,47 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             network: self.clone(),
             target,
             target_node: node.clone(),
+            append: None,
         }
+    }
+}
+
+type AppendResult = RpcResult<AppendEntriesResponse<NodeId>>;
+
+/// An append with entries being sent in its own task.
+#[derive(Debug)]
+struct AppendInFlight {
+    vote: Vote<NodeId>,
+    prev_log_id: Option<LogId<NodeId>>,
+    last_log_id: LogId<NodeId>,
+    task: JoinHandle<AppendResult>,
+}
+
+impl AppendInFlight {
+    /// Whether an append of the same vote and previous log id may be answered
+    /// by this one: within one vote the leader's log only grows, so both carry
+    /// the same entries as far as both reach.
+    fn answers(&self, request: &AppendEntriesRequest<TypeConfig>) -> bool {
+        self.vote == request.vote && self.prev_log_id == request.prev_log_id
+    }
+}
+
+/// The peer's answer to entries up to `sent`, as an answer to entries up to
+/// `asked` (same vote and previous log id).
+fn cover(
+    answer: AppendEntriesResponse<NodeId>,
+    sent: LogId<NodeId>,
+    asked: LogId<NodeId>,
+) -> AppendEntriesResponse<NodeId> {
+    let matching = match answer {
+        AppendEntriesResponse::Success => Some(sent),
+        AppendEntriesResponse::PartialSuccess(matching) => matching,
+        other => return other,
+    };
+    if matching >= Some(asked) {
+        AppendEntriesResponse::Success
+    } else {
+        AppendEntriesResponse::PartialSuccess(matching)
     }
 }
 
@@ -81,11 +158,14 @@ pub struct Connection {
     network: Network,
     target: NodeId,
     target_node: PeerNode,
+    /// The last append with entries, while it is being sent.
+    append: Option<AppendInFlight>,
 }
 
 type RpcResult<T, E = RaftError<NodeId>> = Result<T, RPCError<NodeId, PeerNode, E>>;
 
 impl Connection {
+    /// Sends `request` to `/raft/{path}` within openraft's deadline and ours.
     async fn send<Req, Resp, Err>(
         &self,
         path: &str,
@@ -97,48 +177,129 @@ impl Connection {
         Resp: DeserializeOwned,
         Err: std::error::Error + DeserializeOwned,
     {
-        let url = format!(
-            "{}://{}/raft/{path}",
-            self.network.scheme, self.target_node.raft_addr
-        );
         let timeout = option.hard_ttl().min(self.network.rpc_timeout);
         let body =
             codec::encode(request).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-        let response = self
-            .network
-            .client
-            .post(url)
-            .header(SECRET_HEADER, bearer(self.network.secret.expose()))
-            .header(headers::SENDER, self.network.id)
-            .header(reqwest::header::CONTENT_TYPE, codec::CONTENT_TYPE)
-            .timeout(timeout)
-            .body(body)
-            .send()
-            .await
-            .map_err(|error| {
-                if error.is_connect() {
-                    RPCError::Unreachable(Unreachable::new(&error))
-                } else {
-                    RPCError::Network(NetworkError::new(&error))
-                }
-            })?;
-        let response = response
-            .error_for_status()
-            .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-        let answer: Result<Resp, Err> =
-            codec::decode(&bytes).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-        answer.map_err(|error| {
-            RPCError::RemoteError(RemoteError::new_with_node(
-                self.target,
-                self.target_node.clone(),
-                error,
-            ))
-        })
+        post(
+            &self.network,
+            self.target,
+            &self.target_node,
+            path,
+            body,
+            timeout,
+        )
+        .await
     }
+
+    /// Sends an append with entries in its own task, or joins the one under way
+    /// that covers it (see the module docs).
+    async fn send_entries(&mut self, request: AppendEntriesRequest<TypeConfig>) -> AppendResult {
+        let asked = *request
+            .entries
+            .last()
+            .map(|entry| &entry.log_id)
+            .expect("entries");
+        if self
+            .append
+            .as_ref()
+            .is_some_and(|sending| !sending.answers(&request))
+        {
+            // openraft moved on: the old send finishes (or times out) alone.
+            self.append = None;
+        }
+        if self.append.is_none() {
+            let (request, body) = tokio::task::spawn_blocking(move || {
+                let body = codec::encode(&request);
+                (request, body)
+            })
+            .await
+            .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+            let body = body.map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+            if body.len() > MAX_APPEND_BYTES && request.entries.len() > 1 {
+                let fitting = request.entries.len() * MAX_APPEND_BYTES / body.len();
+                let hint = PayloadTooLarge::new_entries_hint(fitting.max(1) as u64);
+                return Err(RPCError::PayloadTooLarge(hint));
+            }
+            let timeout = append_timeout(self.network.rpc_timeout, body.len());
+            let (network, target, node) =
+                (self.network.clone(), self.target, self.target_node.clone());
+            let bytes = body.len();
+            let task = tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let result = post(&network, target, &node, "append", body, timeout).await;
+                let elapsed_ms = started.elapsed().as_millis() as u64;
+                match &result {
+                    Ok(_) => tracing::debug!(target, bytes, elapsed_ms, "append sent"),
+                    Err(error) => {
+                        tracing::warn!(target, bytes, elapsed_ms, %error, "append failed");
+                    }
+                }
+                result
+            });
+            self.append = Some(AppendInFlight {
+                vote: request.vote,
+                prev_log_id: request.prev_log_id,
+                last_log_id: asked,
+                task,
+            });
+        }
+        let sending = self.append.as_mut().expect("set above");
+        // openraft may stop waiting here; the task goes on and the next call joins it.
+        let joined = (&mut sending.task).await;
+        let sent = sending.last_log_id;
+        self.append = None;
+        let answer = joined.map_err(|error| RPCError::Network(NetworkError::new(&error)))??;
+        Ok(cover(answer, sent, asked))
+    }
+}
+
+/// POSTs an encoded body to a peer's `/raft/{path}` and decodes its answer.
+async fn post<Resp, Err>(
+    network: &Network,
+    target: NodeId,
+    target_node: &PeerNode,
+    path: &str,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> RpcResult<Resp, Err>
+where
+    Resp: DeserializeOwned,
+    Err: std::error::Error + DeserializeOwned,
+{
+    let url = format!("{}://{}/raft/{path}", network.scheme, target_node.raft_addr);
+    let response = network
+        .client
+        .post(url)
+        .header(SECRET_HEADER, bearer(network.secret.expose()))
+        .header(headers::SENDER, network.id)
+        .header(reqwest::header::CONTENT_TYPE, codec::CONTENT_TYPE)
+        .timeout(timeout)
+        .body(body)
+        .send()
+        .await
+        .map_err(|error| {
+            if error.is_connect() {
+                RPCError::Unreachable(Unreachable::new(&error))
+            } else {
+                RPCError::Network(NetworkError::new(&error))
+            }
+        })?;
+    let response = response
+        .error_for_status()
+        .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+    let answer: Result<Resp, Err> =
+        codec::decode(&bytes).map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+    answer.map_err(|error| {
+        RPCError::RemoteError(RemoteError::new_with_node(
+            target,
+            target_node.clone(),
+            error,
+        ))
+    })
 }
 
 impl RaftNetwork<TypeConfig> for Connection {
@@ -147,7 +308,10 @@ impl RaftNetwork<TypeConfig> for Connection {
         request: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
-        self.send("append", &request, &option).await
+        if request.entries.is_empty() {
+            return self.send("append", &request, &option).await;
+        }
+        self.send_entries(request).await
     }
 
     async fn install_snapshot(
@@ -165,5 +329,156 @@ impl RaftNetwork<TypeConfig> for Connection {
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>> {
         self.send("vote", &request, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+
+    fn log_id(index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(2, 1), index)
+    }
+
+    #[test]
+    fn an_answer_covers_the_entries_both_appends_carry() {
+        use AppendEntriesResponse::{Conflict, PartialSuccess, Success};
+        // Asked for more than was sent: only what was sent is matched.
+        assert_eq!(
+            cover(Success, log_id(5), log_id(8)),
+            PartialSuccess(Some(log_id(5)))
+        );
+        // Asked for less, or the same: all of it is matched.
+        assert_eq!(cover(Success, log_id(5), log_id(3)), Success);
+        assert_eq!(cover(Success, log_id(5), log_id(5)), Success);
+        let partial = || PartialSuccess(Some(log_id(4)));
+        assert_eq!(cover(partial(), log_id(5), log_id(8)), partial());
+        assert_eq!(cover(partial(), log_id(5), log_id(4)), Success);
+        assert_eq!(cover(Conflict, log_id(5), log_id(8)), Conflict);
+    }
+
+    /// A peer nobody listens on: nothing here may reach it.
+    fn nowhere() -> Connection {
+        let network = Network::new(
+            1,
+            Secret::from("secret"),
+            Duration::from_secs(1),
+            None,
+            None,
+        )
+        .expect("client builds");
+        let node = PeerNode {
+            api_addr: "127.0.0.1:9".into(),
+            raft_addr: "127.0.0.1:9".into(),
+        };
+        Connection {
+            network,
+            target: 2,
+            target_node: node,
+            append: None,
+        }
+    }
+
+    fn append_of(entries: u64, bytes_each: usize) -> AppendEntriesRequest<TypeConfig> {
+        let entries = (1..=entries)
+            .map(|index| openraft::Entry {
+                log_id: log_id(index),
+                payload: openraft::EntryPayload::Normal(permitd_storage::Command::RemoveKey {
+                    key: "k".repeat(bytes_each),
+                }),
+            })
+            .collect();
+        AppendEntriesRequest {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_of_entries_too_large_is_answered_with_how_many_fit() {
+        let mut connection = nowhere();
+        let request = append_of(4, 3 * 1024 * 1024);
+        let Err(RPCError::PayloadTooLarge(too_large)) = connection.send_entries(request).await
+        else {
+            panic!("12 MiB of entries are not sent");
+        };
+        assert_eq!(too_large.entries_hint(), 2, "8 MiB holds two of them");
+        assert!(connection.append.is_none(), "nothing is under way");
+    }
+
+    #[tokio::test]
+    async fn one_entry_always_goes_however_large() {
+        let mut connection = nowhere();
+        let request = append_of(1, MAX_APPEND_BYTES + 1);
+        let answer = connection.send_entries(request).await;
+        assert!(
+            matches!(answer, Err(RPCError::Unreachable(_))),
+            "sent (nobody answers): {answer:?}"
+        );
+    }
+
+    /// A peer whose `/raft/append` answers `Success` after `delay`, counting calls.
+    async fn slow_peer(delay: Duration) -> (Connection, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let router = axum::Router::new().route(
+            "/raft/append",
+            axum::routing::post(move || {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(delay).await;
+                    let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> =
+                        Ok(AppendEntriesResponse::Success);
+                    codec::encode(&answer).expect("encodes")
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let mut connection = nowhere();
+        connection.target_node.raft_addr = addr;
+        (connection, calls)
+    }
+
+    #[tokio::test]
+    async fn an_append_asked_again_joins_the_send_under_way() {
+        let (mut connection, calls) = slow_peer(Duration::from_millis(300)).await;
+        // openraft gives up after its heartbeat interval...
+        let first = tokio::time::timeout(
+            Duration::from_millis(20),
+            connection.send_entries(append_of(2, 10)),
+        )
+        .await;
+        assert!(first.is_err(), "cut off by the caller");
+        // ...and asks again, for more entries: the send under way answers.
+        let again = connection.send_entries(append_of(3, 10)).await;
+        assert_eq!(
+            again.expect("answered"),
+            AppendEntriesResponse::PartialSuccess(Some(log_id(2)))
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "sent once");
+        // The rest goes in a new send.
+        let rest = connection.send_entries(append_of(3, 10)).await;
+        assert_eq!(rest.expect("answered"), AppendEntriesResponse::Success);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn an_append_deadline_grows_with_its_size() {
+        let rpc = Duration::from_millis(500);
+        assert_eq!(append_timeout(rpc, 100), rpc);
+        assert_eq!(
+            append_timeout(rpc, 4 * 1024 * 1024),
+            Duration::from_millis(500 + 4_096)
+        );
     }
 }

@@ -14,7 +14,7 @@ use permitd_core::protocol::{GrantReport, PermitSync, SemaphoreRequest, Semaphor
 use serde_json::json;
 
 use super::stats::{last_log_index, ms, quantile, set_defaults};
-use crate::Cluster;
+use crate::{Cluster, ADMIN_TOKEN};
 
 /// Most requests one client sends in one run, whatever the time.
 const MAX_REQUESTS_PER_CLIENT: u64 = 10_000_000;
@@ -123,14 +123,11 @@ fn summarise(mut total: ClientTally, run: &GrantRun, entries: u64) -> GrantResul
 
 /// The bench's own HTTP client: pooled keep-alive connections, no Nagle.
 pub fn bench_http() -> reqwest::Client {
-    // Bench clusters run with auth on, as users do: every call carries the
-    // admin token (without it every call is a 401 and nothing is measured).
+    // Auth is on in the harness: every bench call carries the admin token.
     let mut headers = reqwest::header::HeaderMap::new();
-    let bearer = format!("Bearer {}", crate::ADMIN_TOKEN);
-    headers.insert(
-        reqwest::header::AUTHORIZATION,
-        bearer.parse().expect("a valid header value"),
-    );
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let value = reqwest::header::HeaderValue::from_str(&bearer).expect("a header value");
+    headers.insert(reqwest::header::AUTHORIZATION, value);
     reqwest::Client::builder()
         .default_headers(headers)
         .tcp_nodelay(true)

@@ -5,7 +5,8 @@
 //!
 //! A feeder per runner keeps a backlog queued; cycles are counted in `admit`,
 //! and those admitted under a drawn lease permit apart, so a run shows whether
-//! leases were issued at all.
+//! leases were issued at all. Contended runs (more runners than permits) also
+//! time every admission, for the reuse gap ([`super::reuse`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -17,7 +18,8 @@ use permitd_client::{
 };
 use serde_json::json;
 
-use super::stats::{last_log_index, set_key_config};
+use super::reuse;
+use super::stats::{last_log_index, quantile, set_key_config};
 use crate::{Cluster, ADMIN_TOKEN};
 
 /// Items kept queued per runner, unless a run names fewer.
@@ -42,6 +44,13 @@ pub struct LeaseRun {
     pub measure: Duration,
 }
 
+impl LeaseRun {
+    /// More runners than permits: every freed permit has a taker waiting.
+    pub fn contended(&self) -> bool {
+        self.runners as u64 > self.limit
+    }
+}
+
 /// What one run measured.
 #[derive(Debug, Clone, Default)]
 pub struct LeaseResult {
@@ -49,6 +58,8 @@ pub struct LeaseResult {
     /// Of those, cycles under a drawn lease permit.
     pub lease_cycles_per_s: f64,
     pub entries_per_s: f64,
+    /// Contended runs: a freed permit's idle time, p50 and p99, in ms.
+    pub reuse_gap_ms: Option<(f64, f64)>,
 }
 
 /// The application side: counts and releases every admitted item.
@@ -57,12 +68,21 @@ struct Releaser {
     cycles: Arc<AtomicU64>,
     lease_cycles: Arc<AtomicU64>,
     queue: Arc<Mutex<Weak<SemaphoreQueue<u8>>>>,
+    /// When each item was admitted, on contended runs.
+    admitted_at: Option<Arc<Mutex<Vec<Instant>>>>,
 }
 
 impl Admission<u8> for Releaser {
     async fn admit(&self, items: Vec<AdmittedItem<u8>>) {
         let queue = self.queue.lock().expect("queue slot").upgrade();
         let Some(queue) = queue else { return };
+        if let Some(admitted_at) = &self.admitted_at {
+            let now = Instant::now();
+            admitted_at
+                .lock()
+                .expect("admissions")
+                .extend(std::iter::repeat(now).take(items.len()));
+        }
         let mut leased = 0;
         for item in &items {
             let _ = queue.release(&item.id);
@@ -91,6 +111,9 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
     let client = SemaphoreClient::new(client_config).expect("client");
     let cycles = Arc::new(AtomicU64::new(0));
     let lease_cycles = Arc::new(AtomicU64::new(0));
+    let admitted_at =
+        (run.contended() && reuse::install()).then(|| Arc::new(Mutex::new(Vec::new())));
+    reuse::take_returns(key);
     let started = Instant::now();
     let window_start = started + run.warmup;
     let window_end = window_start + run.measure;
@@ -101,6 +124,7 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
             cycles: cycles.clone(),
             lease_cycles: lease_cycles.clone(),
             queue: slot.clone(),
+            admitted_at: admitted_at.clone(),
         };
         let mut config = QueueConfig::new(format!("{key}-runner-{runner}"));
         config.shutdown_timeout = Duration::from_secs(2);
@@ -132,10 +156,18 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
         let _ = queue.shutdown().await;
     }
     let seconds = run.measure.as_secs_f64();
+    let reuse_gap_ms = admitted_at.map(|admitted_at| {
+        let admissions = admitted_at.lock().expect("admissions").clone();
+        let returns = reuse::take_returns(key);
+        let limit = run.limit as usize;
+        let mut gaps = reuse::gaps_ms(&returns, &admissions, limit, window_start, window_end);
+        (quantile(&mut gaps, 0.5), quantile(&mut gaps, 0.99))
+    });
     LeaseResult {
         cycles_per_s: (last_cycles - first_cycles) as f64 / seconds,
         lease_cycles_per_s: (last_leased - first_leased) as f64 / seconds,
         entries_per_s: last_index.saturating_sub(first_index) as f64 / seconds,
+        reuse_gap_ms,
     }
 }
 

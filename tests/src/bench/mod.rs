@@ -9,7 +9,8 @@
 //! 3. messages per second at saturation: the grant loop plus a `sync` per grant;
 //! 4. the queue path ([`lease`]): `SemaphoreQueue` runners with strict leases
 //!    (demand far over the limit, and at each runner's share of it) and, in the
-//!    contended case, without leases;
+//!    contended case, without leases; contended runs also give the reuse gap
+//!    ([`reuse`]): a freed permit's idle time before it is admitted again;
 //! 5. failover ([`failover`]): SIGKILL of the leader to the first grant;
 //! 6. scale ([`scale`]): round overhead and leader RSS with 1 to 100,000 keys,
 //!    on a fresh cluster.
@@ -22,6 +23,7 @@ pub mod floor;
 pub mod grant;
 pub mod lease;
 mod report;
+pub mod reuse;
 pub mod scale;
 pub mod stats;
 

@@ -27,6 +27,8 @@ const TARGET_OVERHEAD_MS_P99: f64 = 3.0;
 const TARGET_FAILOVER_MS_P50: f64 = 500.0;
 /// Longest of the failover samples, in ms.
 const TARGET_FAILOVER_MS_MAX: f64 = 800.0;
+/// A freed permit's idle time before it is admitted again, contended run, p50.
+const TARGET_REUSE_GAP_MS_P50: f64 = 3.0;
 /// Resident memory per idle key.
 const TARGET_RSS_BYTES_PER_KEY: f64 = 1_024.0;
 
@@ -183,25 +185,41 @@ impl Report {
                 ),
             },
             throughput: format!("{} cycles/s", thousands(result.cycles_per_s)),
-            p50: "—".into(),
-            p99: "—".into(),
+            p50: match result.reuse_gap_ms {
+                Some((p50, _)) => format!("reuse gap {}", self.latency(p50)),
+                None => "—".into(),
+            },
+            p99: match result.reuse_gap_ms {
+                Some((_, p99)) => format!("reuse gap {}", self.latency(p99)),
+                None => "—".into(),
+            },
             notes: format!(
                 "{} entries/s, {} cycles/s under leases",
                 thousands(result.entries_per_s),
                 thousands(result.lease_cycles_per_s)
             ),
-            target: format!(
-                "≥ {}/s: {}",
-                thousands(wanted),
-                at_least(result.cycles_per_s, wanted)
-            ),
+            target: match result.reuse_gap_ms {
+                Some((p50, _)) => format!(
+                    "≥ {}/s: {}; reuse gap p50 ≤ {TARGET_REUSE_GAP_MS_P50} ms: {}",
+                    thousands(wanted),
+                    at_least(result.cycles_per_s, wanted),
+                    at_most(p50, TARGET_REUSE_GAP_MS_P50)
+                ),
+                None => format!(
+                    "≥ {}/s: {}",
+                    thousands(wanted),
+                    at_least(result.cycles_per_s, wanted)
+                ),
+            },
         });
+        let (gap_p50, gap_p99) = result.reuse_gap_ms.unzip();
         self.json.push(
             json!({"section": "lease", "runners": run.runners, "limit": run.limit,
             "leases": run.leases, "backlog": run.backlog,
             "permitsPerLease": run.permits_per_lease, "cyclesPerS": result.cycles_per_s,
             "leaseCyclesPerS": result.lease_cycles_per_s,
-            "entriesPerS": result.entries_per_s}),
+            "entriesPerS": result.entries_per_s,
+            "reuseGapMsP50": gap_p50, "reuseGapMsP99": gap_p99}),
         );
     }
 

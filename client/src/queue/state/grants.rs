@@ -129,7 +129,7 @@ impl<T: Clone> QueueState<T> {
             else {
                 continue;
             };
-            self.dirty.items.insert(id.clone());
+            self.dirty.item(id);
             if (index as u64) < confirmed {
                 item.phase = Phase::Admitted {
                     permit: permit.clone(),
@@ -177,7 +177,7 @@ impl<T: Clone> QueueState<T> {
                 grant_id: grant_id.clone(),
                 release_requested: false,
             };
-            self.dirty.items.insert(id.clone());
+            self.dirty.item(id);
         }
         let holding = GrantHolding {
             group: granted.group,

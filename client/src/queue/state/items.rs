@@ -178,7 +178,7 @@ impl<T: Clone> QueueState<T> {
             };
             self.next_order += 1;
             self.index_queued(&record);
-            self.dirty.items.insert(record.id.clone());
+            self.dirty.item(&record.id);
             self.items.insert(record.id.clone(), record);
             outcome.added += 1;
         }
@@ -207,7 +207,7 @@ impl<T: Clone> QueueState<T> {
                 release_requested, ..
             } => {
                 *release_requested = true;
-                self.dirty.items.insert(id.to_string());
+                self.dirty.item(id);
                 ReleaseOutcome::Released
             }
             Phase::Admitted { permit } => {
@@ -230,8 +230,37 @@ impl<T: Clone> QueueState<T> {
         }
     }
 
-    /// Items per state and permits held.
+    /// Items per state and permits held, in time linear in keys, groups, grants
+    /// and leases (never in items: runners poll this while thousands queue).
+    /// Every item is exactly one of: in the queued index, in a grant's
+    /// `claiming` list, or admitted.
     pub fn counts(&self, now_ms: u64) -> QueueCounts {
+        let queued: usize = self
+            .queued
+            .values()
+            .flat_map(|groups| groups.values())
+            .map(BTreeMap::len)
+            .sum();
+        let claiming: usize = self
+            .keys
+            .values()
+            .flat_map(|record| record.grants.values())
+            .map(|grant| grant.claiming.len())
+            .sum();
+        let mut counts = QueueCounts {
+            released: self.released.len(),
+            queued: queued + claiming,
+            claiming,
+            admitted: self.items.len() - queued - claiming,
+            ..QueueCounts::default()
+        };
+        self.count_permits(&mut counts, now_ms);
+        counts
+    }
+
+    /// [`Self::counts`] by a scan of every item: what the tests hold it to.
+    #[cfg(test)]
+    pub(super) fn counts_by_scan(&self, now_ms: u64) -> QueueCounts {
         let mut counts = QueueCounts {
             released: self.released.len(),
             ..QueueCounts::default()
@@ -246,6 +275,11 @@ impl<T: Clone> QueueState<T> {
                 Phase::Admitted { .. } => counts.admitted += 1,
             }
         }
+        self.count_permits(&mut counts, now_ms);
+        counts
+    }
+
+    fn count_permits(&self, counts: &mut QueueCounts, now_ms: u64) {
         for record in self.keys.values() {
             counts.grants += record.grants.len();
             counts.leases += record.leases.len();
@@ -256,7 +290,6 @@ impl<T: Clone> QueueState<T> {
                 .map(|lease| lease.permits - lease.drawn)
                 .sum::<u64>();
         }
-        counts
     }
 
     /// Ids of admitted items, oldest first, at most `limit`: what to ask the
@@ -338,22 +371,22 @@ impl<T: Clone> QueueState<T> {
                 }
             }
         }
-        self.dirty.keys.insert(key.to_string());
+        self.dirty.key(key);
     }
 
     /// Drops an item's record and remembers its id as released.
     pub(super) fn forget_item(&mut self, id: &str) {
         self.items.remove(id);
-        self.dirty.items.insert(id.to_string());
+        self.dirty.item(id);
         let seq = self.next_released_seq;
         self.next_released_seq += 1;
         self.released.insert(id.to_string(), seq);
         self.released_by_seq.insert(seq, id.to_string());
-        self.dirty.released_added.push((seq, id.to_string()));
+        self.dirty.released(seq, id);
         while self.released.len() > MAX_RELEASED_REMEMBERED {
             let (oldest, forgotten) = self.released_by_seq.pop_first().expect("non-empty");
             self.released.remove(&forgotten);
-            self.dirty.released_removed.push((oldest, forgotten));
+            self.dirty.forgotten(oldest, forgotten);
         }
     }
 }

@@ -129,7 +129,7 @@ impl<T: Clone> QueueState<T> {
                 lease.retired = true;
             }
             if changed {
-                self.dirty.keys.insert(key.clone());
+                self.dirty.key(key);
             }
             let runtime = self.runtime.entry(key.clone()).or_default();
             runtime.force_report = !record.is_empty();
@@ -230,13 +230,14 @@ impl<T: Clone> QueueState<T> {
     /// Retires leases past their expiry, and leases whose group had nothing
     /// queued for the configured idle time.
     pub(super) fn retire_stale_leases(&mut self, key: &str, now_ms: u64) {
-        let queued_groups = self.queued_groups(key);
         let idle_ms = self.config.idle_lease_return_ms;
         let Some(record) = self.keys.get_mut(key) else {
             return;
         };
+        // Runs every poll: looks groups up instead of copying their names.
+        let queued_groups = self.queued.get(key);
         for lease in record.leases.values_mut().filter(|lease| !lease.retired) {
-            if queued_groups.contains(&lease.group) {
+            if queued_groups.is_some_and(|groups| groups.contains_key(&lease.group)) {
                 lease.idle_since_ms = None;
             } else {
                 lease.idle_since_ms.get_or_insert(now_ms);
@@ -247,7 +248,7 @@ impl<T: Clone> QueueState<T> {
             };
             if now_ms >= lease.expires_at_ms || idle_expired {
                 lease.retired = true;
-                self.dirty.keys.insert(key.to_string());
+                self.dirty.key(key);
             }
         }
     }
@@ -279,7 +280,7 @@ impl<T: Clone> QueueState<T> {
                 item.phase = Phase::Admitted {
                     permit: permit.clone(),
                 };
-                self.dirty.items.insert(id);
+                self.dirty.item(&id);
                 self.admits.push(item.admitted(permit));
             }
         }
@@ -288,7 +289,7 @@ impl<T: Clone> QueueState<T> {
             if groups.is_empty() {
                 self.queued.remove(key);
             }
-            self.dirty.keys.insert(key.to_string());
+            self.dirty.key(key);
         }
         drew
     }

@@ -6,7 +6,8 @@
 //!   items are queued, the key's `nextRequestAt` has come, no lease of the key
 //!   awaits confirmation (its permits will serve the queued items; asking again
 //!   could bring a second lease for the same items), and the same poll drew no
-//!   lease permits (the demand it would carry just changed);
+//!   lease permits and hands out no admits of the key confirmed since the last
+//!   poll (the demand it would carry just changed);
 //! - the **report** lane carries `sync`s: grant claims, lease claims, releases
 //!   and heartbeats, sent as soon as they exist, never behind a demand request
 //!   waiting for its round.
@@ -25,6 +26,7 @@ use permitd_core::protocol::{
 };
 
 use super::{KeyRecord, QueueState};
+use crate::client::believed_next_request_at;
 
 /// What a sync in flight reported, to match the holder's answer against.
 #[derive(Debug, Clone, Default)]
@@ -80,6 +82,9 @@ impl KeyRuntime {
 pub struct Outgoing {
     pub key: String,
     pub message: SemaphoreRequest,
+    /// Permits this message reports released that no acknowledged report
+    /// did (instrumentation: the bench's reuse gap starts here).
+    pub releases: u64,
 }
 
 impl<T: Clone> QueueState<T> {
@@ -93,20 +98,30 @@ impl<T: Clone> QueueState<T> {
     /// until [`Self::on_answer`] or [`Self::on_failure`]).
     pub fn poll(&mut self, now_ms: u64) -> Vec<Outgoing> {
         let keys: Vec<String> = self.active_keys();
+        // Keys with admits since the last `take_admits` (claims an answer
+        // confirmed, permits it let us draw): with those drawn in this poll,
+        // the admits this poll hands out. The demand a request would carry has
+        // just changed, so it waits for the next poll.
+        let mut admitted: Vec<String> = Vec::new();
+        for item in &self.admits {
+            if admitted.last() != Some(&item.key) {
+                admitted.push(item.key.clone());
+            }
+        }
         let mut outgoing = Vec::new();
         for key in keys {
-            let drew = self.draw(&key, now_ms);
+            let drew = self.draw(&key, now_ms) || admitted.contains(&key);
             self.retire_stale_leases(&key, now_ms);
             if self.report_lane_free(&key, now_ms) && self.reports_due(&key, now_ms) {
-                let message = self.take_sync(&key);
-                outgoing.push(Outgoing {
-                    key: key.clone(),
-                    message,
-                });
+                outgoing.push(self.take_sync(&key));
             }
             if !drew && self.demand_due(&key, now_ms) {
                 let message = self.take_request(&key);
-                outgoing.push(Outgoing { key, message });
+                outgoing.push(Outgoing {
+                    key,
+                    message,
+                    releases: 0,
+                });
             }
         }
         outgoing
@@ -190,7 +205,7 @@ impl<T: Clone> QueueState<T> {
                 sent
             }
         };
-        self.dirty.keys.insert(key.to_string());
+        self.dirty.key(key);
         let (results, leases, contended) = match answer {
             SemaphoreResponse::Grant(grant) => {
                 let PermitGrant {
@@ -205,7 +220,8 @@ impl<T: Clone> QueueState<T> {
                     self.accept_grant(key, granted);
                 }
                 let record = self.keys.entry(key.to_string()).or_default();
-                record.next_request_at_ms = record.next_request_at_ms.max(next_request_at_ms);
+                let believed = believed_next_request_at(next_request_at_ms, now_ms);
+                record.next_request_at_ms = record.next_request_at_ms.max(believed);
                 (grant_results, leases, contended)
             }
             SemaphoreResponse::Synced(synced) => {
@@ -249,10 +265,7 @@ impl<T: Clone> QueueState<T> {
                 .get(&key)
                 .map_or(true, |runtime| runtime.report_in_flight.is_none());
             if free && self.reports_due(&key, now_ms) {
-                outgoing.push(Outgoing {
-                    message: self.take_sync(&key),
-                    key,
-                });
+                outgoing.push(self.take_sync(&key));
             }
         }
         outgoing
@@ -302,7 +315,7 @@ impl<T: Clone> QueueState<T> {
         lane_free && !lease_claims && self.has_queued(key) && self.next_request_at_ms(key) <= now_ms
     }
 
-    fn reports_due(&self, key: &str, now_ms: u64) -> bool {
+    pub(super) fn reports_due(&self, key: &str, now_ms: u64) -> bool {
         let Some(record) = self.keys.get(key) else {
             return false;
         };
@@ -352,11 +365,12 @@ impl<T: Clone> QueueState<T> {
         })
     }
 
-    fn take_sync(&mut self, key: &str) -> SemaphoreRequest {
+    fn take_sync(&mut self, key: &str) -> Outgoing {
         let runtime = self.runtime.entry(key.to_string()).or_default();
         let forced = std::mem::take(&mut runtime.force_report);
         let grants = self.grant_reports(key, forced);
         let leases = self.lease_reports(key);
+        let releases = self.unacknowledged_releases(key, &grants, &leases);
         let in_flight = InFlight {
             grants: grants
                 .iter()
@@ -371,12 +385,45 @@ impl<T: Clone> QueueState<T> {
             .entry(key.to_string())
             .or_default()
             .report_in_flight = Some(in_flight);
-        SemaphoreRequest::Sync(PermitSync {
-            v: V1,
-            client_id: self.client_id.clone(),
-            grants,
-            leases: Some(leases),
-        })
+        Outgoing {
+            key: key.to_string(),
+            message: SemaphoreRequest::Sync(PermitSync {
+                v: V1,
+                client_id: self.client_id.clone(),
+                grants,
+                leases: Some(leases),
+            }),
+            releases,
+        }
+    }
+
+    /// Permits `grants` and `leases` report released beyond what the holder
+    /// acknowledged.
+    fn unacknowledged_releases(
+        &self,
+        key: &str,
+        grants: &[GrantReport],
+        leases: &[LeaseReport],
+    ) -> u64 {
+        let Some(record) = self.keys.get(key) else {
+            return 0;
+        };
+        let of_grants: u64 = grants
+            .iter()
+            .filter_map(|report| {
+                let acked = record.grants.get(&report.grant_id)?.acked_released;
+                Some(report.released.saturating_sub(acked))
+            })
+            .sum();
+        let of_leases: u64 = leases
+            .iter()
+            .filter_map(|report| {
+                let lease = record.leases.get(&report.lease_id)?;
+                let acked = lease.acked.as_ref().map_or(0, |acked| acked.released);
+                Some(report.released.saturating_sub(acked))
+            })
+            .sum();
+        of_grants + of_leases
     }
 
     fn drop_if_empty(&mut self, key: &str) {
@@ -387,7 +434,7 @@ impl<T: Clone> QueueState<T> {
             // The client keeps honouring the key's nextRequestAt on its own.
             self.keys.remove(key);
             self.runtime.remove(key);
-            self.dirty.keys.insert(key.to_string());
+            self.dirty.key(key);
         }
     }
 }
@@ -436,6 +483,38 @@ mod tests {
     }
 
     #[test]
+    fn a_next_request_at_far_ahead_is_believed_only_so_far() {
+        let mut state = queue();
+        state.enqueue(vec![item("a", "wf")], 0).unwrap();
+        as_request(only(state.poll(0)));
+        // A node whose clock runs a day ahead.
+        let a_day_ahead = 1_000 + 86_400_000;
+        state.on_answer(KEY, grant_answer(vec![], vec![], a_day_ahead), 1_000);
+        let believed = 1_000 + crate::client::MAX_NEXT_REQUEST_AHEAD_MS;
+        assert_eq!(state.next_wakeup_ms(1_000), Some(believed));
+        assert!(state.poll(believed - 1).is_empty());
+        as_request(only(state.poll(believed)));
+    }
+
+    #[test]
+    fn no_request_in_the_poll_that_hands_out_confirmed_claims() {
+        let mut state = queue();
+        granted_and_claiming(&mut state, &["a", "b", "c"], 2);
+        // nextRequestAt (2,100) has passed when the claim is confirmed.
+        answer_claim(
+            &mut state,
+            2,
+            permitd_core::protocol::GrantStatus::Ok,
+            2_200,
+        );
+        assert!(state.poll(2_200).is_empty(), "c waits for the next poll");
+        assert_eq!(admitted_ids(&mut state), ["a", "b"]);
+        assert_eq!(state.next_wakeup_ms(2_200), Some(2_200));
+        let request = as_request(only(state.poll(2_200)));
+        assert_eq!(request.demand[0].count, 1);
+    }
+
+    #[test]
     fn a_release_is_reported_while_a_request_waits_for_its_round() {
         let mut state = queue();
         granted_and_claiming(&mut state, &["a", "b", "c"], 2);
@@ -479,6 +558,7 @@ mod tests {
             permitd_core::protocol::GrantStatus::Ok,
             1_200,
         );
+        assert_eq!(admitted_ids(&mut state), ["a"]);
         state.release("a");
         let messages = state.poll(2_100);
         let lanes: Vec<Lane> = messages.iter().map(|out| Lane::of(&out.message)).collect();

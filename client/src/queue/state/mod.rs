@@ -41,6 +41,8 @@
 
 mod grants;
 mod items;
+#[cfg(test)]
+mod lane_properties;
 mod leases;
 mod messages;
 #[cfg(test)]
@@ -112,9 +114,36 @@ pub struct Dirty {
     pub released_added: Vec<(u64, String)>,
     /// Released ids forgotten.
     pub released_removed: Vec<(u64, String)>,
+    /// Changes are not recorded: the queue has no store (see
+    /// [`QueueState::without_change_tracking`]).
+    untracked: bool,
 }
 
 impl Dirty {
+    pub(super) fn item(&mut self, id: &str) {
+        if !self.untracked {
+            self.items.insert(id.to_string());
+        }
+    }
+
+    pub(super) fn key(&mut self, key: &str) {
+        if !self.untracked {
+            self.keys.insert(key.to_string());
+        }
+    }
+
+    pub(super) fn released(&mut self, seq: u64, id: &str) {
+        if !self.untracked {
+            self.released_added.push((seq, id.to_string()));
+        }
+    }
+
+    pub(super) fn forgotten(&mut self, seq: u64, id: String) {
+        if !self.untracked {
+            self.released_removed.push((seq, id));
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
             && self.keys.is_empty()
@@ -213,7 +242,20 @@ impl<T: Clone> QueueState<T> {
 
     /// Records changed since the last call.
     pub fn take_dirty(&mut self) -> Dirty {
-        std::mem::take(&mut self.dirty)
+        let untracked = self.dirty.untracked;
+        let dirty = std::mem::take(&mut self.dirty);
+        self.dirty.untracked = untracked;
+        dirty
+    }
+
+    /// Stops recording changed records, for a queue without a store: nothing
+    /// would read them, and recording costs a copy of every id it touches.
+    pub fn without_change_tracking(mut self) -> Self {
+        self.dirty = Dirty {
+            untracked: true,
+            ..Dirty::default()
+        };
+        self
     }
 
     pub fn item(&self, id: &str) -> Option<&ItemRecord<T>> {

@@ -71,10 +71,26 @@ export class QueueShutdownError extends Error {
   }
 }
 
+/**
+ * The queue's store failed a write, so the queue stopped: it admits nothing and
+ * sends nothing more (what it would send or admit could not be made durable,
+ * and a crash would then lose a claim or a drawn permit). Every later call
+ * fails with this error; `cause` is the store's. Start a new queue on a working
+ * store: it reports and admits again what was durable.
+ */
+export class QueueStoreFailedError extends Error {
+  constructor(cause: unknown) {
+    super(`the queue stopped: its store failed: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+    this.name = "QueueStoreFailedError";
+  }
+}
+
 export class SemaphoreQueue<T> {
   private stopping = false;
   /** Stopped at once by `halt`: the loop neither writes nor sends any more. */
   private halted = false;
+  /** Set when a store write failed: the queue fails closed (see `QueueStoreFailedError`). */
+  private failed: QueueStoreFailedError | undefined;
   private wakeLoop: (() => void) | undefined;
   /** A wake-up that came while the loop was not sleeping: the next sleep ends at once. */
   private wokenEarly = false;
@@ -101,6 +117,7 @@ export class SemaphoreQueue<T> {
 
   /** Adds items (known ids are skipped); durable when it resolves. */
   async enqueue(items: QueueItem<T>[]): Promise<{ added: number; known: number }> {
+    if (this.failed) throw this.failed;
     if (this.stopping) throw new QueueShutdownError();
     const outcome = this.state.enqueue(items, Date.now());
     await this.persist();
@@ -110,6 +127,7 @@ export class SemaphoreQueue<T> {
 
   /** The item's work reached a terminal state; its permit returns with the next report. */
   release(id: string): ReleaseOutcome {
+    if (this.failed) throw this.failed;
     if (this.halted) throw new QueueShutdownError();
     const outcome = this.state.release(id);
     if (this.stopping) this.persist().catch((error) => this.report(error, "persisting a release"));
@@ -130,8 +148,14 @@ export class SemaphoreQueue<T> {
     this.stopping = true;
     this.wake();
     const unreportedKeys = await this.loop;
+    if (this.failed) throw this.failed;
     await this.persist();
     return { counts: this.counts(), unreportedKeys };
+  }
+
+  /** The store failure that stopped the queue, if one did. */
+  failure(): QueueStoreFailedError | undefined {
+    return this.failed;
   }
 
   /**
@@ -156,17 +180,18 @@ export class SemaphoreQueue<T> {
         this.state.retireAllLeases();
         drainingUntil = Date.now() + (this.options.shutdownTimeoutMs ?? DEFAULT_SHUTDOWN_TIMEOUT_MS);
       }
-      if (this.halted) return this.state.inFlight();
+      if (this.halted || this.failed) return this.state.inFlight();
       const now = Date.now();
       const messages = drainingUntil === undefined ? this.state.poll(now) : this.state.pollReports(now);
       const admits = this.state.takeAdmits();
       try {
         // Durable before anything it records leaves the process.
         await this.persist();
-      } catch (error) {
-        this.report(error, "writing the queue store; continuing in memory");
+      } catch {
+        // Fails closed: this step's admits and messages are dropped.
+        return this.state.inFlight();
       }
-      if (this.halted) return this.state.inFlight();
+      if (this.halted || this.failed) return this.state.inFlight();
       const inFlight = this.state.inFlight();
       if (drainingUntil !== undefined && (inFlight === 0 || Date.now() >= drainingUntil)) return inFlight;
       if (admits.length > 0) {
@@ -205,7 +230,7 @@ export class SemaphoreQueue<T> {
         : this.client.sync(key, withoutType(message)).then((synced) => ({ type: "synced" as const, ...synced }));
     answer
       .then((response) => {
-        if (!this.halted) this.state.onAnswer(key, response, Date.now());
+        if (!this.halted && !this.failed) this.state.onAnswer(key, response, Date.now());
       })
       .catch((error) => {
         this.report(error, `permit message for key ${key}; will retry`);
@@ -214,10 +239,20 @@ export class SemaphoreQueue<T> {
       .finally(() => this.wake());
   }
 
+  /** Writes the state's changes; a failed write stops the queue for good and throws. */
   private async persist(): Promise<void> {
     if (this.halted) return;
+    if (this.failed) throw this.failed;
     const changed = changes(this.state, this.state.takeDirty());
-    if (changed) await this.store.write(changed.puts, changed.deletes);
+    if (!changed) return;
+    try {
+      await this.store.write(changed.puts, changed.deletes);
+    } catch (error) {
+      this.failed ??= new QueueStoreFailedError(error);
+      this.report(this.failed, "writing the queue store; the queue stopped");
+      this.wake();
+      throw this.failed;
+    }
   }
 
   private wake(): void {

@@ -26,6 +26,7 @@
  * - released ids are remembered (up to `MAX_RELEASED_REMEMBERED`).
  */
 
+import { believedNextRequestAt } from "../next-request.js";
 import type {
   GrantReport,
   GrantResult,
@@ -621,7 +622,7 @@ export class QueueState<T> {
       this.applyGrantResults(key, sent, answer.grantResults);
       for (const granted of answer.grants) this.acceptGrant(key, granted);
       const record = this.recordOf(key);
-      record.nextRequestAtMs = Math.max(record.nextRequestAtMs, answer.nextRequestAt);
+      record.nextRequestAtMs = Math.max(record.nextRequestAtMs, believedNextRequestAt(answer.nextRequestAt, nowMs));
     } else {
       this.applyGrantResults(key, sent, answer.grantResults);
     }

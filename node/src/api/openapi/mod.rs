@@ -15,7 +15,7 @@
 //! The document is checked in as `docs/openapi.json`; a test regenerates it and
 //! compares (`PERMITD_WRITE_OPENAPI=1` rewrites the file).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
 use axum::http::{header, Method};
@@ -122,6 +122,12 @@ impl Modify for SharedAnswers {
             .or_insert_with(ErrorAnswer::schema);
         open_flattened_parts(&mut components.schemas);
         limits::apply(&mut components.schemas);
+        let statuses: BTreeSet<u16> = ErrorCode::ALL.into_iter().map(ErrorCode::status).collect();
+        for status in statuses {
+            components
+                .responses
+                .insert(error_response_name(status), error_response(status));
+        }
         for (path, item) in openapi.paths.paths.iter_mut() {
             let operations = [
                 (Method::GET, &mut item.get),
@@ -201,9 +207,11 @@ fn add_shared(operation: &mut Operation, open: bool) {
     }
     let responses = &mut operation.responses.responses;
     for code in codes {
+        let status = code.status();
+        let shared = format!("#/components/responses/{}", error_response_name(status));
         responses
-            .entry(code.status().to_string())
-            .or_insert_with(|| error_response(code.status()));
+            .entry(status.to_string())
+            .or_insert_with(|| Ref::new(shared).into());
     }
     // A handler's own 429 (say `too_many_pending`) carries the header too.
     for (status, response) in responses.iter_mut() {
@@ -228,6 +236,11 @@ fn retry_after() -> Header {
         .build()
 }
 
+/// The name in `components.responses` of the error answer for `status`.
+fn error_response_name(status: u16) -> String {
+    format!("Error{status}")
+}
+
 /// An error answer for `status`, listing the codes sent with it.
 fn error_response(status: u16) -> RefOr<Response> {
     let codes: Vec<&str> = ErrorCode::ALL
@@ -239,11 +252,13 @@ fn error_response(status: u16) -> RefOr<Response> {
     let content = ContentBuilder::new()
         .schema(Some(Ref::from_schema_name(ErrorAnswer::name())))
         .build();
-    ResponseBuilder::new()
+    let mut response = ResponseBuilder::new()
         .description(description)
-        .content("application/json", content)
-        .build()
-        .into()
+        .content("application/json", content);
+    if retries(&status.to_string()) {
+        response = response.header(header::RETRY_AFTER.as_str(), retry_after());
+    }
+    response.build().into()
 }
 
 #[cfg(test)]
@@ -294,8 +309,17 @@ mod tests {
     fn unavailable_answers_document_retry_after() {
         let doc: serde_json::Value = serde_json::from_str(document_json()).unwrap();
         let post = &doc["paths"][paths::SEMAPHORE]["post"]["responses"];
-        assert!(post["503"]["headers"]["retry-after"].is_object());
-        assert!(post["429"]["headers"]["retry-after"].is_object());
-        assert!(post["400"]["headers"].is_null());
+        // A shared answer is a `$ref` into `components.responses`.
+        let resolve = |response: &serde_json::Value| match response["$ref"].as_str() {
+            Some(location) => {
+                let name = location.rsplit('/').next().unwrap();
+                doc["components"]["responses"][name].clone()
+            }
+            None => response.clone(),
+        };
+        assert!(resolve(&post["503"])["headers"]["retry-after"].is_object());
+        assert!(resolve(&post["429"])["headers"]["retry-after"].is_object());
+        assert!(resolve(&post["400"])["content"]["application/json"].is_object());
+        assert!(resolve(&post["400"])["headers"].is_null());
     }
 }
