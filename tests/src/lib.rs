@@ -469,6 +469,17 @@ impl Cluster {
         self.call(id, reqwest::Method::POST, path, Some(body)).await
     }
 
+    /// Takes `count` permits of group `g` on `key` for `client` through node
+    /// `id`, and asserts they were granted.
+    pub async fn take(&self, id: u64, key: &str, client: &str, count: u64) {
+        let path = format!("/v1/semaphores/{key}");
+        let answer = self
+            .post(id, &path, &request(client, &[("g", count, 1)]))
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(granted(&answer.body), count, "{}", answer.body);
+    }
+
     pub async fn put(&self, id: u64, path: &str, body: &Value) -> Answer {
         self.call(id, reqwest::Method::PUT, path, Some(body)).await
     }

@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use permitd_tests::{granted, request, Cluster, Settings, ADMIN_TOKEN};
+use permitd_tests::{Cluster, Settings, ADMIN_TOKEN};
 
 fn ui_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ui")
@@ -89,18 +89,6 @@ impl Drop for Driver {
     }
 }
 
-async fn take(cluster: &Cluster, node: u64, key: &str, client: &str, count: u64) {
-    let answer = cluster
-        .post(
-            node,
-            &format!("/v1/semaphores/{key}"),
-            &request(client, &[("g", count, 1)]),
-        )
-        .await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
-    assert_eq!(granted(&answer.body), count, "{}", answer.body);
-}
-
 /// Runs blocking driver commands off the async workers.
 async fn drive(driver: &mut Option<Driver>, commands: &[String]) {
     let mut taken = driver.take().expect("driver");
@@ -121,8 +109,8 @@ async fn the_dashboard_shows_usage_holders_and_events_and_updates() {
     let cluster = Cluster::start(Settings::default()).await;
     let leader = cluster.wait_for_leader().await;
     let follower = cluster.follower_of(leader);
-    take(&cluster, leader, "ui-acct", "runner-a", 3).await;
-    take(&cluster, leader, "ui-other", "runner-c", 1).await;
+    cluster.take(leader, "ui-acct", "runner-a", 3).await;
+    cluster.take(leader, "ui-other", "runner-c", 1).await;
 
     let page = format!("{}/ui", cluster.node(follower).url());
     let mut driver = Some(Driver::start(&page));
@@ -143,7 +131,7 @@ async fn the_dashboard_shows_usage_holders_and_events_and_updates() {
     .await;
 
     // More permits, by another runner: the open page follows without a reload.
-    take(&cluster, leader, "ui-acct", "runner-b", 4).await;
+    cluster.take(leader, "ui-acct", "runner-b", 4).await;
     drive(
         &mut driver,
         &[

@@ -10,7 +10,7 @@ use std::time::Duration;
 use permitd_client::events::{EventStream, SseMessage};
 use permitd_client::{ClientConfig, SemaphoreClient};
 use permitd_core::limits::MAX_EVENT_SUBSCRIBERS;
-use permitd_tests::{granted, permitctl_bin, request, Cluster, Settings, ADMIN_TOKEN};
+use permitd_tests::{permitctl_bin, Cluster, Settings, ADMIN_TOKEN};
 use serde_json::Value;
 
 /// How long a test waits for one expected event.
@@ -44,18 +44,6 @@ fn is_round_granting(record: &Value, permits: u64) -> bool {
     record["type"] == "round" && record["granted"].as_u64() == Some(permits)
 }
 
-async fn take(cluster: &Cluster, node: u64, key: &str, client: &str, count: u64) {
-    let answer = cluster
-        .post(
-            node,
-            &format!("/v1/semaphores/{key}"),
-            &request(client, &[("g", count, 1)]),
-        )
-        .await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
-    assert_eq!(granted(&answer.body), count, "{}", answer.body);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_stream_rounds_and_streams_resume_from_an_index() {
     let mut cluster = Cluster::start(Settings::default()).await;
@@ -73,8 +61,8 @@ async fn followers_stream_rounds_and_streams_resume_from_an_index() {
         .events(Some("ev-1"), None)
         .await
         .expect("stream opens");
-    take(&cluster, leader, "ev-2", "c9", 2).await;
-    take(&cluster, leader, "ev-1", "c1", 3).await;
+    cluster.take(leader, "ev-2", "c9", 2).await;
+    cluster.take(leader, "ev-1", "c1", 3).await;
     let (round, record) = next_matching(&mut live, |record| is_round_granting(record, 3)).await;
     assert_eq!(record["key"], "ev-1", "only the asked key: {record}");
     assert_eq!(round.event, "round");
@@ -116,7 +104,7 @@ async fn followers_stream_rounds_and_streams_resume_from_an_index() {
     assert_eq!(printed, record, "the CLI prints the stream's record");
 
     // New permits on the same stream: the next round arrives live.
-    take(&cluster, leader, "ev-1", "c2", 4).await;
+    cluster.take(leader, "ev-1", "c2", 4).await;
     let (later, _) = next_matching(&mut live, |record| is_round_granting(record, 4)).await;
     assert!(later.id > round.id);
 
@@ -145,7 +133,7 @@ async fn followers_stream_rounds_and_streams_resume_from_an_index() {
         .events(Some("ev-1"), None)
         .await
         .expect("live stream after restart");
-    take(&cluster, leader, "ev-1", "c3", 5).await;
+    cluster.take(leader, "ev-1", "c3", 5).await;
     next_matching(&mut fresh, |record| is_round_granting(record, 5)).await;
 }
 
