@@ -7,8 +7,9 @@
 //! another origin, and leaves a screenshot at
 //! `<target dir>/dashboard/dashboard.png`.
 //!
-//! Needs `/usr/bin/chromium` (or `PERMITD_CHROMIUM`) and `npm ci` in `tests/ui`;
-//! `.ci/run` provides both.
+//! Needs `/usr/bin/chromium` (or `PERMITD_CHROMIUM`; `.ci/run` installs Debian's
+//! package). The driver's one dependency is installed from its lockfile
+//! (`npm ci` in `tests/ui`) when missing.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -22,6 +23,19 @@ fn ui_dir() -> PathBuf {
 
 fn chromium() -> PathBuf {
     std::env::var_os("PERMITD_CHROMIUM").map_or_else(|| "/usr/bin/chromium".into(), PathBuf::from)
+}
+
+/// Runs `npm ci` in `tests/ui` unless playwright-core is there already.
+fn install_driver() {
+    if ui_dir().join("node_modules/playwright-core").exists() {
+        return;
+    }
+    let status = Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund"])
+        .current_dir(ui_dir())
+        .status()
+        .expect("npm runs");
+    assert!(status.success(), "npm ci in tests/ui failed: {status}");
 }
 
 /// `<target dir>/dashboard/`: the test binary lives in `<target>/debug/deps/`.
@@ -48,10 +62,7 @@ impl Driver {
             "{} is missing: apt-get install chromium (see .ci/run)",
             chromium().display()
         );
-        assert!(
-            ui_dir().join("node_modules/playwright-core").exists(),
-            "run `npm ci` in tests/ui first (see .ci/run)"
-        );
+        install_driver();
         let mut child = Command::new("node")
             .arg(ui_dir().join("dashboard.mjs"))
             .env("PERMITD_UI_URL", page_url)
