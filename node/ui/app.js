@@ -229,7 +229,7 @@ async function refreshKeys() {
   const notes = [];
   if (page.next) notes.push(`Only the first ${shown.length} keys are shown (permitctl keys lists all).`);
   if (summaries.some((summary) => summary === null) && shown.length) {
-    notes.push("Holders and waiting need an admin token" + (shown.length > MAX_HOLDER_CALLS ? ` and are asked for the first ${MAX_HOLDER_CALLS} keys.` : "."));
+    notes.push("Holders and waiting need a reader or admin token" + (shown.length > MAX_HOLDER_CALLS ? ` and are asked for the first ${MAX_HOLDER_CALLS} keys.` : "."));
   }
   $("#keys-note").textContent = notes.join(" ");
   if (openHoldersKey) await refreshHolders();
@@ -249,7 +249,7 @@ async function refreshHolders() {
   const view = await getJson(`/v1/semaphores/${encodeURIComponent(key)}/holders`);
   const tbody = $("#holders-table tbody");
   if (!view) {
-    tbody.replaceChildren(element("tr", {}, element("td", { colSpan: 4 }, "Holders need an admin token.")));
+    tbody.replaceChildren(element("tr", {}, element("td", { colSpan: 4 }, "Holders need a reader or admin token.")));
     return;
   }
   tbody.replaceChildren(
