@@ -196,28 +196,30 @@ impl Buffer {
     }
 }
 
+/// An applied entry holding one round event per key, for tests of the log and
+/// of the stream built on it.
+#[cfg(test)]
+pub(crate) fn round_entry(index: u64, keys: &[&str]) -> Applied {
+    let event = permitd_core::Event::Round {
+        timestamp_ms: index,
+        requested: 1,
+        granted: 1,
+        usage: permitd_core::Usage::default(),
+    };
+    Applied {
+        log_index: index,
+        keys: keys.iter().map(|key| (*key).to_owned()).collect(),
+        events: keys
+            .iter()
+            .map(|key| ((*key).to_owned(), event.clone()))
+            .collect(),
+        installed_snapshot: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use permitd_core::{Event, Usage};
-
-    fn round(index: u64, keys: &[&str]) -> Applied {
-        let event = Event::Round {
-            timestamp_ms: index,
-            requested: 1,
-            granted: 1,
-            usage: Usage::default(),
-        };
-        Applied {
-            log_index: index,
-            keys: keys.iter().map(|key| (*key).to_owned()).collect(),
-            events: keys
-                .iter()
-                .map(|key| ((*key).to_owned(), event.clone()))
-                .collect(),
-            installed_snapshot: false,
-        }
-    }
 
     fn indexes(subscription: &Subscription) -> Vec<(u64, String)> {
         subscription
@@ -230,8 +232,8 @@ mod tests {
     #[test]
     fn a_resume_gets_kept_events_of_its_key_from_its_index() {
         let log = EventLog::with_capacity(10, 100, 4);
-        log.push(&round(11, &["a", "b"]));
-        log.push(&round(12, &["a"]));
+        log.push(&round_entry(11, &["a", "b"]));
+        log.push(&round_entry(12, &["a"]));
         let all = log.subscribe(None, Some(11)).unwrap();
         assert_eq!(indexes(&all).len(), 3);
         let a = log.subscribe(Some("a"), Some(12)).unwrap();
@@ -247,8 +249,8 @@ mod tests {
             log.subscribe(None, Some(10)).unwrap_err(),
             SubscribeError::TooFarBehind { oldest: 11 }
         );
-        log.push(&round(11, &["a", "b"]));
-        log.push(&round(12, &["a", "b"]));
+        log.push(&round_entry(11, &["a", "b"]));
+        log.push(&round_entry(12, &["a", "b"]));
         // Index 11's first event was dropped: resuming at 11 would miss it.
         assert_eq!(
             log.subscribe(None, Some(11)).unwrap_err(),
@@ -260,22 +262,22 @@ mod tests {
     #[test]
     fn a_snapshot_or_lost_notices_restart_the_log() {
         let log = EventLog::with_capacity(0, 100, 4);
-        log.push(&round(1, &["a"]));
-        let mut snapshot = round(50, &[]);
+        log.push(&round_entry(1, &["a"]));
+        let mut snapshot = round_entry(50, &[]);
         snapshot.installed_snapshot = true;
         log.push(&snapshot);
         assert_eq!(
             log.subscribe(None, Some(1)).unwrap_err(),
             SubscribeError::TooFarBehind { oldest: 51 }
         );
-        log.push(&round(51, &["a"]));
+        log.push(&round_entry(51, &["a"]));
         log.lost_notices();
         assert_eq!(
             log.subscribe(None, Some(52)).unwrap_err(),
             SubscribeError::MissedEntries,
             "which entries were missed is unknown until the next one"
         );
-        log.push(&round(54, &["a"]));
+        log.push(&round_entry(54, &["a"]));
         assert_eq!(
             log.subscribe(None, Some(51)).unwrap_err(),
             SubscribeError::TooFarBehind { oldest: 54 }
@@ -306,7 +308,7 @@ mod tests {
     fn entry(index: u64, keys: &[u8]) -> Applied {
         let names: Vec<String> = keys.iter().map(|key| format!("k{key}")).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        round(index, &names)
+        round_entry(index, &names)
     }
 
     proptest::proptest! {
@@ -377,9 +379,9 @@ mod tests {
     #[test]
     fn live_events_follow_the_backlog_without_repeats() {
         let log = EventLog::with_capacity(0, 10, 1);
-        log.push(&round(1, &["a"]));
+        log.push(&round_entry(1, &["a"]));
         let mut subscription = log.subscribe(None, Some(1)).unwrap();
-        log.push(&round(2, &["a"]));
+        log.push(&round_entry(2, &["a"]));
         assert_eq!(indexes(&subscription), [(1, "a".to_owned())]);
         let next = subscription.live.try_recv().unwrap();
         assert_eq!(next.log_index, 2);

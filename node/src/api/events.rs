@@ -176,24 +176,7 @@ fn fell_behind(missed: u64) -> SseEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event_log::EventLog;
-    use permitd_core::{Event, Usage};
-    use permitd_storage::Applied;
-
-    fn round(index: u64, key: &str) -> Applied {
-        let event = Event::Round {
-            timestamp_ms: index,
-            requested: 1,
-            granted: 1,
-            usage: Usage::default(),
-        };
-        Applied {
-            log_index: index,
-            keys: vec![key.to_owned()],
-            events: vec![(key.to_owned(), event)],
-            installed_snapshot: false,
-        }
-    }
+    use crate::event_log::{round_entry, EventLog};
 
     async fn collect(log: &EventLog, key: Option<&str>, from: Option<u64>) -> Vec<String> {
         let subscription = log.subscribe(key, from).expect("subscribes");
@@ -209,7 +192,7 @@ mod tests {
     async fn the_backlog_of_the_key_is_sent_from_the_index() {
         let log = EventLog::with_capacity(0, 10, 1);
         for (index, key) in [(1, "a"), (2, "b"), (3, "a")] {
-            log.push(&round(index, key));
+            log.push(&round_entry(index, &[key]));
         }
         let sent = collect(&log, Some("a"), Some(2)).await;
         assert_eq!(sent.len(), 1, "{sent:?}");
@@ -221,7 +204,7 @@ mod tests {
         let log = EventLog::with_capacity(0, 3, 1);
         let subscription = log.subscribe(None, None).expect("subscribes");
         for index in 1..=10 {
-            log.push(&round(index, "a"));
+            log.push(&round_entry(index, &["a"]));
         }
         let sent: Vec<String> = messages(subscription, None, 0)
             .map(|message| format!("{:?}", message.expect("infallible")))

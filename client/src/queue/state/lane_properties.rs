@@ -14,13 +14,13 @@
 use std::collections::BTreeMap;
 
 use permitd_core::protocol::{
-    GrantResult, GrantStatus, GrantedPermits, LeaseGrant, PermitGrant, PermitSyncResult,
-    SemaphoreRequest, SemaphoreResponse, V1,
+    GrantResult, GrantStatus, GrantedPermits, LeaseGrant, PermitSyncResult, SemaphoreRequest,
+    SemaphoreResponse, V1,
 };
 use permitd_core::GrantId;
 use proptest::prelude::*;
 
-use super::test_support::lease;
+use super::test_support::{grant_answer, lease};
 use super::{Lane, QueueItem, QueueState, StateConfig};
 
 const KEYS: [&str; 2] = ["acct-1", "acct-2"];
@@ -146,15 +146,7 @@ impl Driver {
                         });
                     }
                 }
-                let answer = SemaphoreResponse::Grant(PermitGrant {
-                    v: V1,
-                    grants,
-                    blocked: vec![],
-                    grant_results: vec![],
-                    leases: Some(leases),
-                    contended: false,
-                    next_request_at_ms: self.now_ms + period_ms,
-                });
+                let answer = grant_answer(grants, leases, self.now_ms + period_ms);
                 state.on_answer(KEYS[key], answer, self.now_ms);
             }
             Step::AnswerReport { key, contended } => {
