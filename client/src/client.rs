@@ -787,6 +787,7 @@ mod tests {
             demand: vec![],
             grants: vec![],
             leases: None,
+            wait_ms: None,
         }
     }
 

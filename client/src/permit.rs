@@ -301,6 +301,7 @@ impl SemaphoreClient {
                 }],
                 grants: pending.reports(),
                 leases: None,
+                wait_ms: None,
             };
             let answer = InFlightRequest::send(self, pending, request)
                 .answer()

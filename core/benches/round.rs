@@ -66,6 +66,7 @@ fn request(client: String, group: String, count: u64, leases: bool) -> PermitReq
         }],
         grants: vec![],
         leases: leases.then(Vec::new),
+        wait_ms: None,
     }
 }
 

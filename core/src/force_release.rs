@@ -120,6 +120,7 @@ mod tests {
             }],
             grants: Vec::new(),
             leases: None,
+            wait_ms: None,
         }
     }
 

@@ -15,6 +15,11 @@ pub const MAX_REQUEST_ID_BYTES: usize = 128;
 /// Longest `grantId` or `leaseId` a client may report, in bytes (a UUID is 36).
 pub const MAX_REPORTED_ID_BYTES: usize = 64;
 
+/// Longest `waitMs` of a request: how long the leader may hold a request that
+/// a round left empty-handed, waiting for a later round that grants it
+/// something. Half the Rust client's default call timeout.
+pub const MAX_REQUEST_WAIT_MS: u64 = 15_000;
+
 /// Demand entries (groups) in one request.
 pub const MAX_DEMAND_ENTRIES: usize = 1_024;
 /// Grant reports in one request or sync.

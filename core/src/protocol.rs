@@ -73,6 +73,13 @@ pub struct PermitRequest {
     /// Present (even empty) when the client supports leases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leases: Option<Vec<LeaseReport>>,
+    /// How long, in ms from its arrival at the leader, this request may wait
+    /// for a round that grants it something. A pure demand request (no
+    /// reports) that a round leaves with nothing is then not answered but held
+    /// for the key's next round, until this much time has passed (at most
+    /// `MAX_REQUEST_WAIT_MS`). Absent or 0: answered by the first round, as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
 
 /// Cumulative reports without demand.

@@ -181,6 +181,7 @@ mod tests {
             }],
             grants: Vec::new(),
             leases: None,
+            wait_ms: None,
         };
         sem.round("k", &mut IdAllocator::new(7), T0, &[request]);
         sem.take_changes();

@@ -98,6 +98,9 @@ pub fn validate_permit_request(request: &PermitRequest) -> Checked {
     if let Some(request_id) = &request.request_id {
         name("requestId", request_id, MAX_REQUEST_ID_BYTES)?;
     }
+    if let Some(wait_ms) = request.wait_ms {
+        at_most("waitMs", wait_ms, MAX_REQUEST_WAIT_MS)?;
+    }
     demand(&request.demand)?;
     grant_reports(&request.grants)?;
     lease_reports(request.leases.as_deref())

@@ -64,6 +64,7 @@ fn request(ask: &Ask) -> PermitRequest {
         }],
         grants: Vec::new(),
         leases: None,
+        wait_ms: None,
     }
 }
 
@@ -258,6 +259,7 @@ fn apply_bounded(entries: &[Entry]) -> Result<Semaphores, TestCaseError> {
                         }],
                         grants: Vec::new(),
                         leases: None,
+                        wait_ms: None,
                     })
                     .collect();
                 semaphores.round(KEY, &mut IdAllocator::new(index), now_ms, &requests);

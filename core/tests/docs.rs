@@ -118,6 +118,7 @@ fn every_shape() -> Vec<Value> {
             released: 0,
             retired: true,
         }]),
+        wait_ms: None,
     };
     let sync = PermitSync {
         v: V1,
@@ -279,6 +280,7 @@ fn holders_example() -> KeyHolders {
         }],
         grants: Vec::new(),
         leases: None,
+        wait_ms: None,
     };
     holders("k", Some(&state), &[waiting])
 }

@@ -39,6 +39,7 @@ fn one_permit(client_id: &str) -> PermitRequest {
         }],
         grants: Vec::new(),
         leases: None,
+        wait_ms: None,
     }
 }
 

@@ -70,9 +70,23 @@ pub enum StartError {
     Tls(#[from] crate::tls::TlsError),
 }
 
-/// The state every handler shares; cheap to clone.
-#[derive(Clone)]
-pub struct App {
+/// The state every handler shares: one [`Node`] behind an `Arc`. Every request
+/// clones it (axum's `State`, each middleware layer), so a clone is one
+/// reference count, not one per field (the profile of a busy leader showed
+/// field-by-field clones and drops at 7 % of its CPU).
+#[derive(Clone, Debug)]
+pub struct App(Arc<Node>);
+
+impl std::ops::Deref for App {
+    type Target = Node;
+
+    fn deref(&self) -> &Node {
+        &self.0
+    }
+}
+
+/// What a running node's handlers use.
+pub struct Node {
     pub id: NodeId,
     pub raft: Raft,
     pub state: SharedState,
@@ -90,16 +104,16 @@ pub struct App {
     pub events: EventLog,
 }
 
-impl std::fmt::Debug for App {
+impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("App")
+        f.debug_struct("Node")
             .field("id", &self.id)
             .field("leadership", &*self.leadership.borrow())
             .finish_non_exhaustive()
     }
 }
 
-impl App {
+impl Node {
     /// The peer entry of `id` in the current membership.
     pub fn peer(&self, id: NodeId) -> Option<PeerNode> {
         let metrics = self.raft.metrics();
@@ -168,7 +182,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     let events = EventLog::new(applied_at_start);
     crate::events::start(state.clone(), events.clone());
     crate::raft_metrics::start(raft.clone());
-    let app = App {
+    let app = App(Arc::new(Node {
         id: settings.id,
         raft,
         state,
@@ -182,7 +196,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         defaults: Arc::new(settings.defaults.clone()),
         metrics: crate::metrics::install(),
         events,
-    };
+    }));
     Ok(Started {
         app,
         api_listener,

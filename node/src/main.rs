@@ -5,6 +5,13 @@ use std::process::ExitCode;
 use clap::Parser;
 use permitd_node::cli::{self, Cli, Command};
 
+/// mimalloc rather than glibc's malloc: under load a node allocates and frees
+/// small buffers on every request from two worker threads, and glibc's arenas
+/// took a fifth of a leader's CPU in the profile (`docs/architecture.md`,
+/// "Memory").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Cli::parse();

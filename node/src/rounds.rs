@@ -29,10 +29,14 @@ use std::time::{Duration, Instant};
 use permitd_core::limits::{
     COMMIT_TIMEOUT_MS, DEFAULT_ENTRIES_IN_FLIGHT, MAX_ENTRIES_IN_FLIGHT, MAX_ENTRY_MESSAGE_BYTES,
     MAX_KEYS_PER_ENTRY, MAX_PARKED_BYTES, MAX_PARKED_MESSAGES, MAX_PENDING_REQUESTS_PER_KEY,
+    MAX_REQUEST_WAIT_MS,
 };
-use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
+use permitd_core::protocol::{
+    BlockedReason, PermitGrant, PermitRequest, PermitSync, PermitSyncResult,
+};
+use permitd_core::Event;
 use permitd_storage::{Command, KeyRound, KeySync, Refused};
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{broadcast, oneshot, watch, Notify};
 use tracing::Instrument;
 
 use crate::leadership::Leadership;
@@ -122,6 +126,11 @@ type Reply<T> = oneshot::Sender<Result<T, RoundError>>;
 struct WaitingRequest {
     request: PermitRequest,
     reply: Reply<PermitGrant>,
+    /// Its bytes as received (the schedule's bounds count them).
+    bytes: usize,
+    /// Until when a round that grants it nothing may hold it instead of
+    /// answering: only pure demand requests with a `waitMs` (see [`holdable`]).
+    answer_by: Option<Instant>,
 }
 
 /// A sync parked until the next entry.
@@ -175,7 +184,38 @@ impl Rounds {
         };
         tokio::spawn(rounds.clone().drive());
         tokio::spawn(rounds.clone().fail_on_leadership_loss());
+        tokio::spawn(rounds.clone().wake_on_returned_permits());
         rounds
+    }
+
+    /// Wakes the held requests of every key an applied entry returned permits
+    /// of outside its round's reports: a reclaimed grant or lease, or an
+    /// operator's force release. (A lowered limit frees nothing; a raised one
+    /// wakes from its handler.)
+    async fn wake_on_returned_permits(self) {
+        let mut applied = self.inner.state.subscribe();
+        loop {
+            match applied.recv().await {
+                Ok(entry) => {
+                    let keys: Vec<&str> = entry
+                        .events
+                        .iter()
+                        .filter(|(_, event)| returns_permits_of(event))
+                        .map(|(key, _)| key.as_str())
+                        .collect();
+                    if !keys.is_empty() {
+                        let now = Instant::now();
+                        let mut schedule = self.schedule();
+                        keys.into_iter().for_each(|key| schedule.wake(key, now));
+                        drop(schedule);
+                        self.inner.wake.notify_one();
+                    }
+                }
+                // Missed entries may have freed anything: wake every key.
+                Err(broadcast::error::RecvError::Lagged(_)) => self.wake_all(),
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
     }
 
     fn schedule(&self) -> MutexGuard<'_, LeaderSchedule> {
@@ -218,13 +258,15 @@ impl Rounds {
         self.check_leading()?;
         let timings = self.timings(key);
         let (reply, answer) = oneshot::channel();
-        self.schedule().park(
-            key,
-            WaitingRequest { request, reply },
+        let now = Instant::now();
+        let answer_by = holdable(&request).map(|wait| now + wait);
+        let waiting = WaitingRequest {
+            request,
+            reply,
             bytes,
-            timings,
-            Instant::now(),
-        )?;
+            answer_by,
+        };
+        self.schedule().park(key, waiting, bytes, timings, now)?;
         crate::metrics::pending_changed(1);
         self.inner.wake.notify_one();
         // The sender is dropped only if the node is shutting down.
@@ -242,17 +284,33 @@ impl Rounds {
     ) -> Result<PermitSyncResult, RoundError> {
         self.check_leading()?;
         let (reply, answer) = oneshot::channel();
+        let wakes = returns_permits(&sync).then_some(key);
         let waiting = WaitingSync {
             key: key.to_owned(),
             sync,
             reply,
         };
-        self.schedule().push_sync(waiting, bytes, Instant::now())?;
+        self.schedule()
+            .push_sync(waiting, bytes, wakes, Instant::now())?;
         crate::metrics::pending_changed(1);
         self.inner.wake.notify_one();
         answer
             .await
             .unwrap_or(Err(ProposeError::ShuttingDown.into()))
+    }
+
+    /// Something may have freed permits of `key` outside a round (a reclaim, a
+    /// configuration change, a force release): its held requests join its next
+    /// round.
+    pub fn wake(&self, key: &str) {
+        self.schedule().wake(key, Instant::now());
+        self.inner.wake.notify_one();
+    }
+
+    /// As [`Self::wake`], for every key (new defaults, a restore).
+    pub fn wake_all(&self) {
+        self.schedule().wake_all(Instant::now());
+        self.inner.wake.notify_one();
     }
 
     /// `(roundWaitMs, roundPeriodMs)` of a key, as configured now.
@@ -308,7 +366,7 @@ impl Rounds {
             syncs = entry.syncs.len()
         );
         let started = Instant::now();
-        let id = entry.id;
+        let (id, woken_before) = (entry.id, entry.woken_before);
         let (command, replies) = into_command(entry);
         let proposal = propose(&self.inner.raft, &self.inner.leadership, command);
         tokio::pin!(proposal);
@@ -324,12 +382,10 @@ impl Rounds {
             };
             replies.fail(error);
             let _ = proposal.instrument(span).await;
-            self.schedule().entry_done(id);
+            self.schedule().entry_done(id, Instant::now());
             self.inner.wake.notify_one();
             return;
         };
-        self.schedule().entry_done(id);
-        self.inner.wake.notify_one();
         let elapsed = started.elapsed();
         let _entered = span.enter();
         let answered = match result {
@@ -343,13 +399,73 @@ impl Rounds {
                 for (reply, answer) in replies.syncs.into_iter().zip(synced) {
                     let _ = reply.send(Ok(answer));
                 }
-                for ((key, replies), answers) in replies.rounds.into_iter().zip(answers) {
+                let answers = self.hold_empty_handed(replies.rounds, answers, woken_before);
+                self.end_entry(id);
+                for ((key, replies), answers) in answers {
                     answer_round(&key, replies, Ok(&answers), elapsed);
                 }
             }
-            Ok(_) => replies.fail(RoundError::Mismatch),
-            Err(error) => replies.fail(error),
+            Ok(_) => {
+                self.end_entry(id);
+                replies.fail(RoundError::Mismatch);
+            }
+            Err(error) => {
+                self.end_entry(id);
+                replies.fail(error);
+            }
         }
+    }
+
+    fn end_entry(&self, id: crate::schedule::EntryId) {
+        self.schedule().entry_done(id, Instant::now());
+        self.inner.wake.notify_one();
+    }
+
+    /// Holds the requests each round left empty-handed that may still wait
+    /// (see [`holdable`]) for their keys' next rounds; hands back the rest to
+    /// answer now. Runs before the entry counts as done, so that its keys are
+    /// still known to the schedule.
+    fn hold_empty_handed(
+        &self,
+        rounds: Vec<(String, Vec<RoundReply>)>,
+        answers: Vec<Vec<PermitGrant>>,
+        woken_before: u64,
+    ) -> Vec<((String, Vec<RoundReply>), Vec<PermitGrant>)> {
+        let now = Instant::now();
+        let mut schedule = self.schedule();
+        let mut held = 0;
+        let mut out = Vec::with_capacity(rounds.len());
+        for ((key, replies), answers) in rounds.into_iter().zip(answers) {
+            if answers.len() != replies.len() {
+                out.push(((key, replies), answers));
+                continue;
+            }
+            let mut kept = (Vec::new(), Vec::new());
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let reply = match reply {
+                    RoundReply::Holdable(waiting) if empty_handed(&answer) => {
+                        let answer_by = waiting.answer_by.unwrap_or(now);
+                        let bytes = waiting.bytes;
+                        match schedule.hold(&key, *waiting, bytes, answer_by, woken_before, now) {
+                            Ok(()) => {
+                                held += 1;
+                                continue;
+                            }
+                            Err(waiting) => RoundReply::Holdable(Box::new(waiting)),
+                        }
+                    }
+                    reply => reply,
+                };
+                kept.0.push(reply);
+                kept.1.push(answer);
+            }
+            if !kept.0.is_empty() {
+                out.push(((key, kept.0), kept.1));
+            }
+        }
+        drop(schedule);
+        crate::metrics::pending_changed(held);
+        out
     }
 
     /// Fails every parked message as soon as this node stops leading.
@@ -412,11 +528,31 @@ impl std::fmt::Debug for Inner {
     }
 }
 
+/// Where a round's answer to one request goes.
+#[derive(Debug)]
+enum RoundReply {
+    /// Answered whatever the round gives.
+    Now(Reply<PermitGrant>),
+    /// May be held if the round gives nothing: the request is kept (a copy
+    /// went into the entry) to join a later round.
+    Holdable(Box<WaitingRequest>),
+}
+
+impl RoundReply {
+    fn send(self, answer: Result<PermitGrant, RoundError>) {
+        let reply = match self {
+            Self::Now(reply) => reply,
+            Self::Holdable(waiting) => waiting.reply,
+        };
+        let _ = reply.send(answer);
+    }
+}
+
 /// The reply channels of one entry, in the command's order.
 #[derive(Debug, Default)]
 struct Replies {
     syncs: Vec<Reply<PermitSyncResult>>,
-    rounds: Vec<(String, Vec<Reply<PermitGrant>>)>,
+    rounds: Vec<(String, Vec<RoundReply>)>,
 }
 
 impl Replies {
@@ -445,7 +581,13 @@ fn into_command(entry: Entry<WaitingRequest, WaitingSync>) -> (Command, Replies)
     for (key, waiting) in entry.rounds {
         let (requests, key_replies) = waiting
             .into_iter()
-            .map(|waiting| (waiting.request, waiting.reply))
+            .map(|waiting| match waiting.answer_by {
+                Some(_) => (
+                    waiting.request.clone(),
+                    RoundReply::Holdable(Box::new(waiting)),
+                ),
+                None => (waiting.request, RoundReply::Now(waiting.reply)),
+            })
             .unzip();
         keys.push(KeyRound {
             key: key.clone(),
@@ -467,7 +609,7 @@ fn millis(duration: Duration) -> u64 {
 
 fn answer_round(
     key: &str,
-    replies: Vec<Reply<PermitGrant>>,
+    replies: Vec<RoundReply>,
     answers: Result<&Vec<PermitGrant>, &RoundError>,
     elapsed: Duration,
 ) {
@@ -485,7 +627,7 @@ fn answer_round(
             });
             crate::metrics::round_finished(elapsed);
             for (reply, answer) in replies.into_iter().zip(answers) {
-                let _ = reply.send(Ok(answer.clone()));
+                reply.send(Ok(answer.clone()));
             }
         }
         Ok(_) => fail_replies(key, replies, RoundError::Mismatch),
@@ -493,9 +635,51 @@ fn answer_round(
     }
 }
 
-fn fail_replies<T>(key: &str, replies: Vec<Reply<T>>, error: RoundError) {
+fn fail_replies(key: &str, replies: Vec<RoundReply>, error: RoundError) {
     tracing::warn!(key, requests = replies.len(), %error, "round failed");
     for reply in replies {
-        let _ = reply.send(Err(error.clone()));
+        reply.send(Err(error.clone()));
     }
+}
+
+/// How long a request may be held, if at all: a pure demand request (no
+/// reports, whose answers the client may be waiting for) with a `waitMs`.
+fn holdable(request: &PermitRequest) -> Option<Duration> {
+    let wait_ms = request.wait_ms.unwrap_or(0).min(MAX_REQUEST_WAIT_MS);
+    let reports =
+        !request.grants.is_empty() || request.leases.as_ref().is_some_and(|l| !l.is_empty());
+    (wait_ms > 0 && !reports && !request.demand.is_empty()).then(|| Duration::from_millis(wait_ms))
+}
+
+/// A round's answer that tells the client nothing new: no grant, no lease,
+/// and only demand held back by the key's room or a group cap (which a later
+/// round may serve). A group that is not permitted, or cannot be resolved,
+/// is answered at once.
+fn empty_handed(answer: &PermitGrant) -> bool {
+    answer.grants.is_empty()
+        && answer.leases.as_ref().map_or(true, Vec::is_empty)
+        && answer.blocked.iter().all(|blocked| {
+            matches!(
+                blocked.reason,
+                BlockedReason::Limit | BlockedReason::GroupLimit
+            )
+        })
+}
+
+/// An applied event that returns permits to a key.
+fn returns_permits_of(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::GrantReclaimed { .. } | Event::LeaseReclaimed { .. } | Event::ClientReleased { .. }
+    )
+}
+
+/// A sync that returns permits (a grant released, or any lease report, which
+/// may release, retire or settle): it may serve the key's held requests.
+fn returns_permits(sync: &PermitSync) -> bool {
+    sync.grants.iter().any(|grant| grant.released > 0)
+        || sync
+            .leases
+            .as_ref()
+            .is_some_and(|leases| !leases.is_empty())
 }

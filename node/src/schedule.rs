@@ -20,7 +20,15 @@
 //! - an entry not committed within `commit_timeout` means the leader is
 //!   stalled (no quorum answers): no entry leaves, the caller fails everything
 //!   parked, and new messages are refused until the oldest entry ends;
-//! - a key with nothing parked is forgotten once its period ends;
+//! - a request that a round left empty-handed may be *held* (see
+//!   [`Schedule::hold`]): it waits, without making its key due, until its key
+//!   is *woken* — a new request for the key, a sync that returns permits, or
+//!   an explicit wake (reclaims, configuration changes) — or until its own
+//!   answer-by time; then it joins the key's next round, ahead of newer
+//!   requests. A wake that came while the request's round was in flight counts
+//!   too: the request goes straight back into the next round;
+//! - a key with nothing parked or held, and no round in flight, is forgotten
+//!   once its period ends;
 //! - losing leadership drops everything parked (the caller fails it).
 //!
 //! [`Deadlines`] (per-key due times in due order) is the one timer structure:
@@ -121,23 +129,42 @@ pub struct Timings {
     pub period: Duration,
 }
 
-/// One key's parked requests and round history.
+/// One key's parked and held requests and round history.
 #[derive(Debug)]
 struct KeyPending<R> {
     requests: Vec<(R, usize)>,
+    /// Requests a round left empty-handed, waiting for a wake.
+    held: Vec<(R, usize)>,
     first_arrival: Option<Instant>,
     last_round_at: Option<Instant>,
-    period: Duration,
+    timings: Timings,
+    /// The schedule's wake count at this key's last wake.
+    woken_at: u64,
+    /// Entries in flight that carry a round of this key.
+    rounds_in_flight: usize,
 }
 
 impl<R> Default for KeyPending<R> {
     fn default() -> Self {
         Self {
             requests: Vec::new(),
+            held: Vec::new(),
             first_arrival: None,
             last_round_at: None,
-            period: Duration::ZERO,
+            timings: Timings {
+                wait: Duration::ZERO,
+                period: Duration::ZERO,
+            },
+            woken_at: 0,
+            rounds_in_flight: 0,
         }
+    }
+}
+
+impl<R> KeyPending<R> {
+    /// Nothing parked, held or in flight: the key may be forgotten.
+    fn is_idle(&self) -> bool {
+        self.requests.is_empty() && self.held.is_empty() && self.rounds_in_flight == 0
     }
 }
 
@@ -152,6 +179,9 @@ pub struct Entry<R, S> {
     pub id: EntryId,
     pub syncs: Vec<S>,
     pub rounds: Vec<(String, Vec<R>)>,
+    /// The schedule's wake count when the entry left: [`Schedule::hold`]
+    /// compares it with its keys' later wakes.
+    pub woken_before: u64,
 }
 
 /// Why a message could not park.
@@ -174,13 +204,17 @@ pub struct Schedule<R, S> {
     due: Deadlines<Instant, String>,
     /// Keys with nothing parked, by when their period ends (then forgotten).
     idle: Deadlines<Instant, String>,
+    /// Keys with held requests, by the earliest answer-by time among them.
+    holds: Deadlines<Instant, String>,
+    /// Wakes so far (of any key): orders wakes against entries leaving.
+    wakes: u64,
     syncs: Vec<(S, usize)>,
     /// Requests and syncs parked, and their bytes.
     parked_messages: usize,
     parked_bytes: usize,
     /// Entries taken and not yet done, by id (ids grow: the first is the oldest),
-    /// with when they left.
-    in_flight: BTreeMap<EntryId, Instant>,
+    /// with when they left and the keys of their rounds.
+    in_flight: BTreeMap<EntryId, (Instant, Vec<String>)>,
     next_id: u64,
 }
 
@@ -196,6 +230,8 @@ impl<R, S> Schedule<R, S> {
             keys: HashMap::new(),
             due: Deadlines::default(),
             idle: Deadlines::default(),
+            holds: Deadlines::default(),
+            wakes: 0,
             syncs: Vec::new(),
             parked_messages: 0,
             parked_bytes: 0,
@@ -227,7 +263,7 @@ impl<R, S> Schedule<R, S> {
     /// When the oldest entry in flight left, if it has been in flight for
     /// `commit_timeout` or longer at `now`.
     fn stalled_since(&self, now: Instant) -> Option<Instant> {
-        let (_, &since) = self.in_flight.first_key_value()?;
+        let (_, &(since, _)) = self.in_flight.first_key_value()?;
         (since + self.settings.commit_timeout <= now).then_some(since)
     }
 
@@ -239,7 +275,7 @@ impl<R, S> Schedule<R, S> {
     /// When the leader counts as stalled if nothing commits before: `None` with
     /// nothing in flight.
     pub fn stall_deadline(&self) -> Option<Instant> {
-        let (_, &since) = self.in_flight.first_key_value()?;
+        let (_, &(since, _)) = self.in_flight.first_key_value()?;
         Some(since + self.settings.commit_timeout)
     }
 
@@ -254,49 +290,146 @@ impl<R, S> Schedule<R, S> {
     ) -> Result<(), Refusal> {
         self.admit(bytes, now)?;
         let pending = self.keys.entry(key.to_owned()).or_default();
-        if pending.requests.len() >= self.settings.max_pending_per_key {
-            return Err(Refusal::KeyFull {
-                pending: pending.requests.len(),
-            });
+        let waiting = pending.requests.len() + pending.held.len();
+        if waiting >= self.settings.max_pending_per_key {
+            return Err(Refusal::KeyFull { pending: waiting });
         }
         pending.requests.push((request, bytes));
+        pending.timings = timings;
         self.parked_messages += 1;
         self.parked_bytes += bytes;
-        pending.period = timings.period;
-        if pending.first_arrival.is_none() {
-            pending.first_arrival = Some(now);
-            let mut due_at = now + timings.wait;
-            if let Some(last) = pending.last_round_at {
-                due_at = due_at.max(last + timings.period);
-            }
-            self.idle.set(key.to_owned(), None);
-            self.due.set(key.to_owned(), Some(due_at));
-        }
+        // Held requests are older: they join this round, ahead of it.
+        self.wake(key, now);
+        self.make_due(key, now);
         Ok(())
     }
 
-    /// Queues a sync (`bytes` long) for the next entry.
-    pub fn push_sync(&mut self, sync: S, bytes: usize, now: Instant) -> Result<(), Refusal> {
+    /// Makes `key`'s round due by the rules, unless it already is.
+    fn make_due(&mut self, key: &str, now: Instant) {
+        let Some(pending) = self.keys.get_mut(key) else {
+            return;
+        };
+        if pending.first_arrival.is_some() || pending.requests.is_empty() {
+            return;
+        }
+        pending.first_arrival = Some(now);
+        let mut due_at = now + pending.timings.wait;
+        if let Some(last) = pending.last_round_at {
+            due_at = due_at.max(last + pending.timings.period);
+        }
+        self.idle.set(key.to_owned(), None);
+        self.due.set(key.to_owned(), Some(due_at));
+    }
+
+    /// Something happened that may let `key`'s held requests get permits (see
+    /// the module rules): they join its next round, which falls due by the
+    /// usual rules. A key with nothing held and no round in flight is not
+    /// remembered: no request can be waiting for this wake.
+    pub fn wake(&mut self, key: &str, now: Instant) {
+        let Some(pending) = self.keys.get_mut(key) else {
+            return;
+        };
+        self.wakes += 1;
+        pending.woken_at = self.wakes;
+        if pending.held.is_empty() {
+            return;
+        }
+        let mut held = std::mem::take(&mut pending.held);
+        held.append(&mut pending.requests);
+        pending.requests = held;
+        self.holds.set(key.to_owned(), None);
+        self.make_due(key, now);
+    }
+
+    /// Wakes every key that holds requests (a change that may concern any key,
+    /// such as new defaults or a restore).
+    pub fn wake_all(&mut self, now: Instant) {
+        let keys: Vec<String> = self.keys.keys().cloned().collect();
+        for key in keys {
+            self.wake(&key, now);
+        }
+    }
+
+    /// Holds `request` (`bytes` long), which a round of `key` in the entry
+    /// that left with `woken_before` wakes left empty-handed, until the key is
+    /// woken or `answer_by` comes. If the key was woken since that entry left,
+    /// the request joins the key's next round at once. Hands the request back
+    /// when it cannot wait (the leader's or the key's bounds, a stalled
+    /// leader): the caller answers it as it is.
+    pub fn hold(
+        &mut self,
+        key: &str,
+        request: R,
+        bytes: usize,
+        answer_by: Instant,
+        woken_before: u64,
+        now: Instant,
+    ) -> Result<(), R> {
+        if answer_by <= now || self.admit(bytes, now).is_err() {
+            return Err(request);
+        }
+        let max_pending = self.settings.max_pending_per_key;
+        let Some(pending) = self.keys.get_mut(key) else {
+            return Err(request);
+        };
+        if pending.requests.len() + pending.held.len() >= max_pending {
+            return Err(request);
+        }
+        self.parked_messages += 1;
+        self.parked_bytes += bytes;
+        if pending.woken_at > woken_before {
+            // Woken while its round was in flight: what woke it may have
+            // freed the permits it waits for.
+            pending.requests.insert(0, (request, bytes));
+            self.make_due(key, now);
+            return Ok(());
+        }
+        pending.held.push((request, bytes));
+        let until = self.holds.get(&key.to_owned()).copied();
+        let until = until.map_or(answer_by, |until| until.min(answer_by));
+        self.holds.set(key.to_owned(), Some(until));
+        Ok(())
+    }
+
+    /// Keys whose earliest held request must be answered by `now` are woken.
+    fn wake_expired_holds(&mut self, now: Instant) {
+        while let Some((_, key)) = self.holds.pop_due(&now) {
+            self.wake(&key, now);
+        }
+    }
+
+    /// Queues a sync (`bytes` long) for the next entry. `wakes` names the key
+    /// whose held requests it may serve (it returns permits), if any.
+    pub fn push_sync(
+        &mut self,
+        sync: S,
+        bytes: usize,
+        wakes: Option<&str>,
+        now: Instant,
+    ) -> Result<(), Refusal> {
         self.admit(bytes, now)?;
         self.syncs.push((sync, bytes));
         self.parked_messages += 1;
         self.parked_bytes += bytes;
+        if let Some(key) = wakes {
+            self.wake(key, now);
+        }
         Ok(())
     }
 
-    /// Requests parked for `key`.
+    /// Requests parked or held for `key`.
     pub fn pending(&self, key: &str) -> usize {
         self.keys
             .get(key)
-            .map_or(0, |pending| pending.requests.len())
+            .map_or(0, |pending| pending.requests.len() + pending.held.len())
     }
 
-    /// The requests parked for `key`, in arrival order.
+    /// The requests held, then parked, for `key`.
     pub fn waiting(&self, key: &str) -> impl Iterator<Item = &R> {
-        self.keys
-            .get(key)
-            .into_iter()
-            .flat_map(|pending| pending.requests.iter().map(|(request, _)| request))
+        self.keys.get(key).into_iter().flat_map(|pending| {
+            let held = pending.held.iter();
+            held.chain(&pending.requests).map(|(request, _)| request)
+        })
     }
 
     /// Requests and syncs parked in all.
@@ -322,7 +455,12 @@ impl<R, S> Schedule<R, S> {
         if !self.syncs.is_empty() {
             return Some(now);
         }
-        self.due.first().copied()
+        // An expired hold makes its key due (then by the usual rules).
+        [self.due.first(), self.holds.first()]
+            .into_iter()
+            .flatten()
+            .min()
+            .copied()
     }
 
     /// When the driver should next look at the schedule: the next entry, the
@@ -340,6 +478,7 @@ impl<R, S> Schedule<R, S> {
     /// until [`Self::entry_done`].
     pub fn take_entry(&mut self, now: Instant) -> Option<Entry<R, S>> {
         self.forget_idle(now);
+        self.wake_expired_holds(now);
         if !self.next_due(now).is_some_and(|due| due <= now) {
             return None;
         }
@@ -349,6 +488,7 @@ impl<R, S> Schedule<R, S> {
             id,
             syncs: budget.take(&mut self.syncs),
             rounds: Vec::new(),
+            woken_before: self.wakes,
         };
         while entry.rounds.len() < self.settings.max_keys_per_entry && !budget.spent() {
             let Some((due_at, key)) = self.due.pop_due(&now) else {
@@ -361,9 +501,9 @@ impl<R, S> Schedule<R, S> {
                 break;
             }
             pending.last_round_at = Some(now);
+            pending.rounds_in_flight += 1;
             if pending.requests.is_empty() {
                 pending.first_arrival = None;
-                self.idle.set(key.clone(), Some(now + pending.period));
             } else {
                 // The rest did not fit: still due, it leads the next entry.
                 self.due.set(key.clone(), Some(due_at));
@@ -377,14 +517,30 @@ impl<R, S> Schedule<R, S> {
         self.parked_messages -= taken;
         self.parked_bytes -= budget.used;
         self.next_id += 1;
-        self.in_flight.insert(id, now);
+        let keys = entry.rounds.iter().map(|(key, _)| key.clone()).collect();
+        self.in_flight.insert(id, (now, keys));
         Some(entry)
     }
 
-    /// An entry taken earlier was answered (or failed).
-    pub fn entry_done(&mut self, id: EntryId) {
-        let was_in_flight = self.in_flight.remove(&id).is_some();
-        debug_assert!(was_in_flight, "{id:?} was in flight");
+    /// An entry taken earlier was answered (or failed), and its empty-handed
+    /// requests held: a key left with nothing waits out its period, then is
+    /// forgotten.
+    pub fn entry_done(&mut self, id: EntryId, now: Instant) {
+        let Some((_, keys)) = self.in_flight.remove(&id) else {
+            debug_assert!(false, "{id:?} was in flight");
+            return;
+        };
+        for key in keys {
+            let Some(pending) = self.keys.get_mut(&key) else {
+                continue;
+            };
+            pending.rounds_in_flight = pending.rounds_in_flight.saturating_sub(1);
+            if pending.is_idle() {
+                let last = pending.last_round_at.unwrap_or(now);
+                self.idle
+                    .set(key, Some(last.max(now) + pending.timings.period));
+            }
+        }
     }
 
     /// Leadership was lost: hands back everything parked and forgets the
@@ -396,11 +552,12 @@ impl<R, S> Schedule<R, S> {
             .collect();
         let requests = std::mem::take(&mut self.keys)
             .into_values()
-            .flat_map(|pending| pending.requests)
+            .flat_map(|pending| pending.held.into_iter().chain(pending.requests))
             .map(|(request, _)| request)
             .collect();
         self.due.clear();
         self.idle.clear();
+        self.holds.clear();
         self.parked_messages = 0;
         self.parked_bytes = 0;
         (requests, syncs)
@@ -409,11 +566,7 @@ impl<R, S> Schedule<R, S> {
     /// Keys whose period ended with nothing parked are forgotten (bounded memory).
     fn forget_idle(&mut self, now: Instant) {
         while let Some((_, key)) = self.idle.pop_due(&now) {
-            if self
-                .keys
-                .get(&key)
-                .is_some_and(|key| key.requests.is_empty())
-            {
+            if self.keys.get(&key).is_some_and(KeyPending::is_idle) {
                 self.keys.remove(&key);
             }
         }
@@ -548,7 +701,7 @@ mod tests {
     fn syncs_are_due_at_once_and_ride_with_due_rounds() {
         let (mut schedule, t0) = schedule();
         schedule.park("a", 1, 10, timings(5, 5), t0).unwrap();
-        schedule.push_sync("s1", 10, t0).unwrap();
+        schedule.push_sync("s1", 10, None, t0).unwrap();
         assert_eq!(schedule.next_due(t0), Some(t0));
         let entry = schedule.take_entry(t0).unwrap();
         assert_eq!(
@@ -556,8 +709,8 @@ mod tests {
             (vec!["s1"], 0),
             "a is not due yet"
         );
-        schedule.push_sync("s2", 10, t0).unwrap();
-        schedule.push_sync("s3", 10, t0).unwrap();
+        schedule.push_sync("s2", 10, None, t0).unwrap();
+        schedule.push_sync("s3", 10, None, t0).unwrap();
         let entry = schedule.take_entry(t0 + ms(5)).unwrap();
         assert_eq!(entry.syncs, ["s2", "s3"]);
         assert_eq!(keys_of(&entry), ["a"]);
@@ -566,16 +719,16 @@ mod tests {
     #[test]
     fn entries_in_flight_are_capped_and_work_due_meanwhile_shares_the_next() {
         let (mut schedule, t0) = schedule();
-        schedule.push_sync("s1", 10, t0).unwrap();
+        schedule.push_sync("s1", 10, None, t0).unwrap();
         let first = schedule.take_entry(t0).unwrap();
-        schedule.push_sync("s2", 10, t0).unwrap();
+        schedule.push_sync("s2", 10, None, t0).unwrap();
         schedule.take_entry(t0).unwrap();
-        schedule.push_sync("s3", 10, t0).unwrap();
+        schedule.push_sync("s3", 10, None, t0).unwrap();
         schedule.park("a", 1, 10, timings(0, 0), t0).unwrap();
         schedule.park("b", 2, 10, timings(0, 0), t0).unwrap();
         assert_eq!(schedule.next_due(t0), None, "two in flight");
         assert!(schedule.take_entry(t0).is_none());
-        schedule.entry_done(first.id);
+        schedule.entry_done(first.id, t0);
         let entry = schedule.take_entry(t0 + ms(1)).unwrap();
         assert_eq!(
             (entry.syncs, keys_of_owned(&entry.rounds)),
@@ -604,12 +757,12 @@ mod tests {
     #[test]
     fn bytes_per_entry_are_capped_but_one_message_always_goes() {
         let (mut schedule, t0) = schedule();
-        schedule.push_sync("big", 5_000, t0).unwrap();
-        schedule.push_sync("next", 10, t0).unwrap();
+        schedule.push_sync("big", 5_000, None, t0).unwrap();
+        schedule.push_sync("next", 10, None, t0).unwrap();
         let entry = schedule.take_entry(t0).unwrap();
         assert_eq!(entry.syncs, ["big"]);
-        schedule.entry_done(entry.id);
-        schedule.push_sync("more", 600, t0).unwrap();
+        schedule.entry_done(entry.id, t0);
+        schedule.push_sync("more", 600, None, t0).unwrap();
         schedule.park("a", 1, 500, timings(0, 0), t0).unwrap();
         let entry = schedule.take_entry(t0).unwrap();
         assert_eq!(entry.syncs, ["next", "more"]);
@@ -639,7 +792,7 @@ mod tests {
         let (mut schedule, t0) = schedule();
         schedule.park("a", 1, 1, timings(1, 1), t0).unwrap();
         schedule.park("b", 2, 1, timings(1, 1), t0).unwrap();
-        schedule.push_sync("s", 1, t0).unwrap();
+        schedule.push_sync("s", 1, None, t0).unwrap();
         let (mut requests, syncs) = schedule.drop_all();
         requests.sort_unstable();
         assert_eq!((requests, syncs), (vec![1, 2], vec!["s"]));
@@ -652,7 +805,7 @@ mod tests {
         let (mut schedule, t0) = schedule();
         schedule.park("a", 1, 1, timings(0, 10), t0).unwrap();
         let entry = schedule.take_entry(t0).unwrap();
-        schedule.entry_done(entry.id);
+        schedule.entry_done(entry.id, t0);
         assert!(schedule.take_entry(t0 + ms(5)).is_none());
         assert!(schedule.keys.contains_key("a"), "its period still matters");
         assert_eq!(
@@ -721,13 +874,13 @@ mod tests {
         for key in ["a", "b", "c", "d", "e", "f", "g"] {
             schedule.park(key, 0, 1, timings(9, 9), t0).unwrap();
         }
-        schedule.push_sync("s", 1, t0).unwrap();
+        schedule.push_sync("s", 1, None, t0).unwrap();
         let full = Refusal::LeaderFull {
             messages: 8,
             bytes: 8,
         };
         assert_eq!(schedule.park("h", 0, 1, timings(9, 9), t0), Err(full));
-        assert_eq!(schedule.push_sync("t", 1, t0), Err(full));
+        assert_eq!(schedule.push_sync("t", 1, None, t0), Err(full));
         let (mut schedule, t0) = self::schedule();
         schedule.park("a", 0, 9_000, timings(9, 9), t0).unwrap();
         assert_eq!(
@@ -763,17 +916,185 @@ mod tests {
             Err(Refusal::Stalled { for_ms: 130 })
         );
         assert_eq!(
-            schedule.push_sync("s", 10, t0 + ms(130)),
+            schedule.push_sync("s", 10, None, t0 + ms(130)),
             Err(Refusal::Stalled { for_ms: 130 })
         );
         let (requests, _) = schedule.drop_all();
         assert_eq!(requests, [2], "the caller fails what was parked");
-        schedule.entry_done(stuck.id);
+        schedule.entry_done(stuck.id, t0);
         assert!(!schedule.is_stalled(t0 + ms(200)));
         assert_eq!(schedule.stall_deadline(), None);
         schedule
             .park("a", 4, 10, timings(0, 0), t0 + ms(200))
             .unwrap();
         assert!(schedule.take_entry(t0 + ms(200)).is_some());
+    }
+
+    /// Parks `request` for "a", takes its round at `at` and hands back the entry.
+    fn round_of_a(
+        schedule: &mut Schedule<u32, &'static str>,
+        request: u32,
+        at: Instant,
+    ) -> Entry<u32, &'static str> {
+        schedule.park("a", request, 10, timings(0, 0), at).unwrap();
+        schedule.take_entry(at).unwrap()
+    }
+
+    #[test]
+    fn a_held_request_makes_no_round_due_until_its_answer_by_time() {
+        let (mut schedule, t0) = schedule();
+        let entry = round_of_a(&mut schedule, 1, t0);
+        schedule
+            .hold("a", 1, 10, t0 + ms(50), entry.woken_before, t0 + ms(2))
+            .unwrap();
+        schedule.entry_done(entry.id, t0 + ms(2));
+        assert_eq!(schedule.parked(), 1, "held requests count as parked");
+        assert_eq!(schedule.pending("a"), 1);
+        assert!(
+            schedule.take_entry(t0 + ms(49)).is_none(),
+            "not due while held"
+        );
+        assert_eq!(schedule.next_due(t0 + ms(3)), Some(t0 + ms(50)));
+        let entry = schedule.take_entry(t0 + ms(50)).unwrap();
+        assert_eq!(
+            entry.rounds,
+            [("a".to_string(), vec![1])],
+            "answered by then"
+        );
+    }
+
+    #[test]
+    fn a_new_request_wakes_held_ones_and_they_go_first() {
+        let (mut schedule, t0) = schedule();
+        let entry = round_of_a(&mut schedule, 1, t0);
+        schedule
+            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
+            .unwrap();
+        schedule.entry_done(entry.id, t0 + ms(2));
+        schedule
+            .park("a", 2, 10, timings(0, 0), t0 + ms(5))
+            .unwrap();
+        let entry = schedule.take_entry(t0 + ms(5)).unwrap();
+        assert_eq!(entry.rounds, [("a".to_string(), vec![1, 2])]);
+        assert_eq!(schedule.parked(), 0);
+    }
+
+    #[test]
+    fn a_sync_that_returns_permits_wakes_the_keys_held_requests() {
+        let (mut schedule, t0) = schedule();
+        let entry = round_of_a(&mut schedule, 1, t0);
+        schedule
+            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
+            .unwrap();
+        schedule.entry_done(entry.id, t0 + ms(2));
+        schedule.push_sync("claim", 10, None, t0 + ms(3)).unwrap();
+        let entry = schedule.take_entry(t0 + ms(3)).unwrap();
+        assert!(
+            entry.rounds.is_empty(),
+            "a sync returning nothing wakes nobody"
+        );
+        schedule.entry_done(entry.id, t0 + ms(3));
+        schedule
+            .push_sync("release", 10, Some("a"), t0 + ms(4))
+            .unwrap();
+        let entry = schedule.take_entry(t0 + ms(4)).unwrap();
+        assert_eq!(
+            (entry.syncs, entry.rounds),
+            (vec!["release"], vec![("a".to_string(), vec![1])])
+        );
+    }
+
+    #[test]
+    fn a_wake_while_the_round_was_in_flight_sends_the_request_straight_back() {
+        let (mut schedule, t0) = schedule();
+        let entry = round_of_a(&mut schedule, 1, t0);
+        // The release arrives while the round that will leave 1 empty-handed
+        // is being committed: it must not be missed.
+        schedule
+            .push_sync("release", 10, Some("a"), t0 + ms(1))
+            .unwrap();
+        let sync_entry = schedule.take_entry(t0 + ms(1)).unwrap();
+        schedule
+            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
+            .unwrap();
+        schedule.entry_done(entry.id, t0 + ms(2));
+        schedule.entry_done(sync_entry.id, t0 + ms(2));
+        let next = schedule.take_entry(t0 + ms(2)).unwrap();
+        assert_eq!(next.rounds, [("a".to_string(), vec![1])]);
+        // Woken before the round left: that wake is already in its outcome.
+        let (mut schedule, t0) = self::schedule();
+        schedule.push_sync("release", 10, Some("a"), t0).unwrap();
+        let entry = round_of_a(&mut schedule, 1, t0);
+        schedule
+            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
+            .unwrap();
+        schedule.entry_done(entry.id, t0 + ms(2));
+        assert!(schedule.take_entry(t0 + ms(3)).is_none());
+    }
+
+    #[test]
+    fn an_explicit_wake_and_wake_all_release_held_requests() {
+        let (mut schedule, t0) = schedule();
+        let entry = round_of_a(&mut schedule, 1, t0);
+        schedule
+            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
+            .unwrap();
+        schedule.entry_done(entry.id, t0 + ms(2));
+        schedule.wake("b", t0 + ms(3));
+        assert!(
+            schedule.take_entry(t0 + ms(3)).is_none(),
+            "another key's wake"
+        );
+        schedule.wake_all(t0 + ms(4));
+        let entry = schedule.take_entry(t0 + ms(4)).unwrap();
+        assert_eq!(entry.rounds, [("a".to_string(), vec![1])]);
+    }
+
+    #[test]
+    fn a_request_that_cannot_wait_is_handed_back() {
+        let (mut schedule, t0) = schedule();
+        let entry = round_of_a(&mut schedule, 1, t0);
+        assert_eq!(
+            schedule.hold("a", 1, 10, t0 + ms(2), entry.woken_before, t0 + ms(2)),
+            Err(1),
+            "its answer-by time has come"
+        );
+        for request in 2..=4 {
+            schedule
+                .park("a", request, 10, timings(0, 1_000), t0)
+                .unwrap();
+        }
+        schedule
+            .hold("a", 1, 10, t0 + ms(50), entry.woken_before, t0 + ms(2))
+            .unwrap();
+        assert_eq!(
+            schedule.hold("a", 5, 10, t0 + ms(50), entry.woken_before, t0 + ms(2)),
+            Err(5),
+            "the key's bound counts held requests"
+        );
+        assert_eq!(
+            schedule.hold("z", 6, 10, t0 + ms(50), entry.woken_before, t0 + ms(2)),
+            Err(6),
+            "a key the schedule no longer knows (leadership was lost)"
+        );
+    }
+
+    #[test]
+    fn held_requests_are_dropped_with_leadership_and_keep_their_key_known() {
+        let (mut schedule, t0) = schedule();
+        let entry = round_of_a(&mut schedule, 1, t0);
+        schedule
+            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
+            .unwrap();
+        schedule.entry_done(entry.id, t0 + ms(2));
+        assert!(schedule.take_entry(t0 + ms(100)).is_none());
+        assert!(
+            schedule.keys.contains_key("a"),
+            "held: not forgotten after its period"
+        );
+        let (requests, _) = schedule.drop_all();
+        assert_eq!(requests, [1]);
+        assert_eq!(schedule.parked(), 0);
+        assert_eq!(schedule.next_wake(t0 + ms(100)), None);
     }
 }

@@ -291,6 +291,7 @@ mod tests {
             }],
             grants: vec![],
             leases: None,
+            wait_ms: None,
         };
         Command::Round {
             now_ms: 1_000,

@@ -103,6 +103,7 @@ fn request(
         demand,
         grants,
         leases: Some(leases),
+        wait_ms: None,
     }
 }
 

@@ -57,6 +57,7 @@ mod tests {
             }],
             grants: Vec::new(),
             leases: None,
+            wait_ms: None,
         };
         let entry: Entry<TypeConfig> = Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(3, 1), 42),

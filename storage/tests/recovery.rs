@@ -344,6 +344,7 @@ fn request(demand: u64, grants: Vec<GrantReport>) -> PermitRequest {
             .collect(),
         grants,
         leases: None,
+        wait_ms: None,
     }
 }
 

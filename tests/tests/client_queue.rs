@@ -150,6 +150,7 @@ fn queue_config(client_id: &str) -> QueueConfig {
         state: StateConfig {
             failure_retry_ms: 200,
             idle_lease_return_ms: Some(500),
+            ..StateConfig::default()
         },
         ..QueueConfig::new(client_id)
     }

@@ -82,6 +82,7 @@ async fn a_tls_cluster_elects_replicates_and_forwards() {
                 }],
                 grants: Vec::new(),
                 leases: None,
+                wait_ms: None,
             },
         )
         .await

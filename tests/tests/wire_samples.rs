@@ -59,6 +59,7 @@ fn requests(grant_id: &str, lease_id: &str) -> Vec<SemaphoreRequest> {
             }],
             grants: vec![grant.clone()],
             leases: Some(vec![lease.clone()]),
+            wait_ms: None,
         }),
         SemaphoreRequest::Request(PermitRequest {
             v: V1,
@@ -67,6 +68,7 @@ fn requests(grant_id: &str, lease_id: &str) -> Vec<SemaphoreRequest> {
             demand: vec![],
             grants: vec![],
             leases: None,
+            wait_ms: None,
         }),
         SemaphoreRequest::Sync(PermitSync {
             v: V1,

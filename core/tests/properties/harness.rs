@@ -175,6 +175,7 @@ impl Harness {
             demand,
             grants: reports.grants,
             leases: self.supports_leases(plan.client).then_some(reports.leases),
+            wait_ms: None,
         }
     }
 

@@ -119,6 +119,7 @@ pub fn request(client: &str) -> PermitRequest {
         demand: vec![],
         grants: vec![],
         leases: None,
+        wait_ms: None,
     }
 }
 

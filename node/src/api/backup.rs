@@ -78,6 +78,7 @@ pub async fn restore(
     }
     let command = Command::Restore { backup: file.state };
     let keys = write(&app, command).await?.into_restored()?;
+    app.rounds.wake_all();
     tracing::warn!(keys, from_index = file.applied_index, "backup restored");
     Ok(Json(Restored {
         restored_keys: keys,

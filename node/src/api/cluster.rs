@@ -125,6 +125,7 @@ pub async fn put_defaults(
         defaults: defaults.clone(),
     };
     write(&app, command).await?.into_done()?;
+    app.rounds.wake_all();
     Ok(Json(defaults))
 }
 

@@ -151,8 +151,13 @@ pub async fn put_config(
         .read(|semaphores| update.resolve(semaphores.defaults()));
     validate_key_config(&resolved)?;
     check_room_for(&app, &key)?;
-    let command = Command::SetKeyConfig { key, update };
+    let command = Command::SetKeyConfig {
+        key: key.clone(),
+        update,
+    };
     let config = write(&app, command).await?.into_key_config()?;
+    // A raised limit may serve the requests the leader holds for the key.
+    app.rounds.wake(&key);
     Ok(Json(config))
 }
 
@@ -176,11 +181,12 @@ pub async fn put_group(
     validate_group_config(&config)?;
     check_room_for(&app, &key)?;
     let command = Command::SetGroup {
-        key,
+        key: key.clone(),
         group,
         config: config.clone(),
     };
     write(&app, command).await?.into_done()?;
+    app.rounds.wake(&key);
     Ok(Json(config))
 }
 
@@ -197,8 +203,12 @@ pub async fn delete_group(
 ) -> Result<StatusCode, ApiError> {
     validate_key(&key)?;
     validate_group(&group)?;
-    let command = Command::RemoveGroup { key, group };
+    let command = Command::RemoveGroup {
+        key: key.clone(),
+        group,
+    };
     write(&app, command).await?.into_done()?;
+    app.rounds.wake(&key);
     Ok(StatusCode::NO_CONTENT)
 }
 

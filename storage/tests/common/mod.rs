@@ -235,6 +235,7 @@ impl Workload {
             demand,
             grants,
             leases,
+            wait_ms: None,
         }
     }
 

@@ -119,7 +119,8 @@ impl Profile {
 }
 
 /// A request for one permit of group `g`, reporting `grants`: what every bench
-/// client asks.
+/// client asks. It may be held for a second when a round has nothing for it
+/// (`waitMs`), as a client under contention would ask.
 pub(crate) fn one_permit(
     client_id: String,
     grants: Vec<permitd_core::protocol::GrantReport>,
@@ -136,6 +137,7 @@ pub(crate) fn one_permit(
         }],
         grants,
         leases: None,
+        wait_ms: Some(1_000),
     })
 }
 

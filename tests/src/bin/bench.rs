@@ -11,6 +11,11 @@ use std::process::Command;
 
 use permitd_tests::bench::{self, Profile};
 
+/// The runners' allocator: the same as the `permitd` binary's, so the client
+/// side of a run costs what an application using it would pay.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

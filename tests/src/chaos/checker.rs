@@ -266,6 +266,7 @@ pub async fn wait_drained(
                     }],
                     grants: Vec::new(),
                     leases: None,
+                    wait_ms: None,
                 };
                 let _ = tokio::time::timeout(SAMPLE_TIMEOUT, client.request(spec.key, poke)).await;
                 let again = Instant::now() + Duration::from_secs(5);

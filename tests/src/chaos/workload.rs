@@ -358,6 +358,7 @@ impl RunnerHandle {
             state: StateConfig {
                 failure_retry_ms: 200,
                 idle_lease_return_ms: Some(1_000),
+                ..StateConfig::default()
             },
             ..QueueConfig::new(format!("chaos-runner-{index}"))
         };

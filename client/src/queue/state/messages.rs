@@ -354,6 +354,7 @@ impl<T: Clone> QueueState<T> {
             .entry(key.to_string())
             .or_default()
             .demand_in_flight = true;
+        let wait_ms = self.config.request_wait_ms;
         SemaphoreRequest::Request(PermitRequest {
             v: V1,
             client_id: self.client_id.clone(),
@@ -362,6 +363,7 @@ impl<T: Clone> QueueState<T> {
             grants: Vec::new(),
             // Present, though empty: this client takes leases.
             leases: Some(Vec::new()),
+            wait_ms: (wait_ms > 0).then_some(wait_ms),
         })
     }
 

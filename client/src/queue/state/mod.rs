@@ -65,6 +65,9 @@ use messages::KeyRuntime;
 
 /// Default wait after a failed message before the key's next one, in ms.
 pub const DEFAULT_FAILURE_RETRY_MS: u64 = 1_000;
+/// Default `waitMs` of a demand request. Short enough that the demand a held
+/// request carries (its counts, its oldest item) is never long out of date.
+pub const DEFAULT_REQUEST_WAIT_MS: u64 = 1_000;
 /// Default time a lease may sit with nothing queued in its group before its
 /// undrawn permits are returned, in ms.
 pub const DEFAULT_IDLE_LEASE_RETURN_MS: u64 = 30_000;
@@ -79,6 +82,11 @@ pub struct StateConfig {
     /// lease's TTL, and an idle runner never hears `contended`. `None` keeps
     /// leases until then.
     pub idle_lease_return_ms: Option<u64>,
+    /// `waitMs` of each demand request: how long the leader may hold it when a
+    /// round has nothing for it, so that the runner is answered when a permit
+    /// frees instead of asking again after every round. Keep it well under the
+    /// client's attempt timeout; 0 asks for an answer from every round.
+    pub request_wait_ms: u64,
 }
 
 impl Default for StateConfig {
@@ -86,6 +94,7 @@ impl Default for StateConfig {
         Self {
             failure_retry_ms: DEFAULT_FAILURE_RETRY_MS,
             idle_lease_return_ms: Some(DEFAULT_IDLE_LEASE_RETURN_MS),
+            request_wait_ms: DEFAULT_REQUEST_WAIT_MS,
         }
     }
 }

@@ -1,0 +1,123 @@
+//! Held requests (docs/protocol.md "Held requests"): a pure demand request with
+//! `waitMs` that a round leaves empty-handed is not answered with nothing but
+//! held until its key is woken — a permit returned, a raised limit — or until
+//! its wait is over; without `waitMs` the first round answers it as before.
+
+use std::time::{Duration, Instant};
+
+use permitd_tests::{Cluster, Settings};
+use serde_json::{json, Value};
+
+const KEY: &str = "/v1/semaphores/held";
+
+fn request(client: &str, wait_ms: Option<u64>) -> Value {
+    let mut body = json!({"type": "request", "v": 1, "clientId": client,
+        "demand": [{"group": "g", "count": 1, "oldestAt": 1}]});
+    if let Some(wait_ms) = wait_ms {
+        body["waitMs"] = json!(wait_ms);
+    }
+    body
+}
+
+/// A cluster whose key `held` has `limit` and 1 ms rounds; `a` holds its one
+/// permit (claimed). Returns the cluster, the leader and a's grant id.
+async fn key_taken_by_a(limit: u64) -> (Cluster, u64, String) {
+    let cluster = Cluster::start(Settings::default()).await;
+    let leader = cluster.wait_for_leader().await;
+    let config = json!({"limit": limit, "roundWaitMs": 1, "roundPeriodMs": 1});
+    let answer = cluster.put(leader, &format!("{KEY}/config"), &config).await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    let mut grant_id = String::new();
+    for _ in 0..limit {
+        let answer = cluster.post(leader, KEY, &request("a", None)).await;
+        assert_eq!(answer.status, 200, "{:?}", answer.body);
+        grant_id = answer.body["grants"][0]["grantId"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    }
+    (cluster, leader, grant_id)
+}
+
+/// Sends `body` in the background; the task ends with (status, answer, when).
+fn send_later(
+    cluster: &Cluster,
+    leader: u64,
+    body: Value,
+) -> tokio::task::JoinHandle<(u16, Value, Instant)> {
+    let http = cluster.http.clone();
+    let url = format!("{}{KEY}", cluster.node(leader).url());
+    tokio::spawn(async move {
+        let response = http.post(url).json(&body).send().await.expect("sent");
+        let status = response.status().as_u16();
+        let answer = response.json::<Value>().await.expect("json");
+        (status, answer, Instant::now())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_request_is_answered_with_the_permit_once_it_is_released() {
+    let (cluster, leader, grant_id) = key_taken_by_a(1).await;
+    // Without waitMs: answered by the first round, blocked.
+    let at_once = cluster.post(leader, KEY, &request("c", None)).await;
+    assert_eq!(at_once.status, 200, "{:?}", at_once.body);
+    assert_eq!(at_once.body["grants"], json!([]));
+    assert_eq!(at_once.body["blocked"][0]["reason"], "limit");
+
+    let held = send_later(&cluster, leader, request("b", Some(10_000)));
+    // Many rounds pass (every message to the key makes one): b is not answered.
+    for _ in 0..5 {
+        let other = cluster.post(leader, KEY, &request("c", None)).await;
+        assert_eq!(other.body["grants"], json!([]), "{:?}", other.body);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!held.is_finished(), "b was answered with nothing");
+
+    let released = Instant::now();
+    let sync = json!({"type": "sync", "v": 1, "clientId": "a",
+        "grants": [{"grantId": grant_id, "claimed": 1, "released": 1}]});
+    let synced = cluster.post(leader, KEY, &sync).await;
+    assert_eq!(synced.status, 200, "{:?}", synced.body);
+    let (status, answer, answered) = tokio::time::timeout(Duration::from_secs(5), held)
+        .await
+        .expect("b answered once the permit came back")
+        .expect("task");
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(answer["grants"][0]["permits"], 1, "{answer:?}");
+    assert!(answered >= released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raised_limit_wakes_held_requests_and_an_expired_wait_answers_empty() {
+    let (cluster, leader, _) = key_taken_by_a(1).await;
+    let sent = Instant::now();
+    let short = send_later(&cluster, leader, request("s", Some(400)));
+    let (status, answer, answered) = short.await.expect("task");
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(answer["grants"], json!([]), "nothing freed: answered empty");
+    assert!(
+        answered.duration_since(sent) >= Duration::from_millis(400),
+        "held until its wait was over"
+    );
+
+    let held = send_later(&cluster, leader, request("b", Some(10_000)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!held.is_finished(), "b was answered with nothing");
+    let config = json!({"limit": 2, "roundWaitMs": 1, "roundPeriodMs": 1});
+    let answer = cluster.put(leader, &format!("{KEY}/config"), &config).await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    let (status, answer, _) = tokio::time::timeout(Duration::from_secs(5), held)
+        .await
+        .expect("b answered once the limit was raised")
+        .expect("task");
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(answer["grants"][0]["permits"], 1, "{answer:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_beyond_the_bound_is_refused_and_changes_nothing() {
+    let (cluster, leader, _) = key_taken_by_a(1).await;
+    let refused = cluster.post(leader, KEY, &request("b", Some(15_001))).await;
+    assert_eq!(refused.status, 400, "{:?}", refused.body);
+    assert_eq!(refused.body["error"]["field"], "waitMs");
+}
