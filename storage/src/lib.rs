@@ -96,9 +96,9 @@ openraft::declare_raft_types!(
 /// cache only holds pages being written (the log's tail, the leaves of rows an
 /// apply rewrites) and old log entries read for a lagging follower; a page
 /// outside it is read back from the data files (usually the OS page cache).
-/// At 64 MiB the cache filled with the rows of idle keys and, with the
-/// allocator's churn around it, cost a 100,000-key leader about 600 B of RSS
-/// per key (docs/operations.md, "Memory"); sled's own default is 1 GiB.
+/// At 64 MiB the cache filled with the rows of idle keys (33 MiB of heap at
+/// 100,000 keys) and cost the leader about 300 B of RSS per key
+/// (docs/operations.md, "Memory"); sled's own default is 1 GiB.
 pub const DEFAULT_CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Where the store lives, and how much memory sled may cache.
