@@ -149,7 +149,14 @@ const NODES: usize = 3;
 /// of the cores, at least one (what `permitd up` gives nodes sharing a
 /// machine). On two cores, runtimes of one thread per core in all four
 /// processes cost about half the throughput in cross-thread wake-ups.
+/// `PERMITD_BENCH_THREADS` overrides it (to compare).
 pub fn threads_per_process() -> u16 {
+    if let Some(threads) = std::env::var("PERMITD_BENCH_THREADS")
+        .ok()
+        .and_then(|value| value.parse::<u16>().ok())
+    {
+        return threads.max(1);
+    }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     u16::try_from((cores / (NODES + 1)).max(1)).unwrap_or(u16::MAX)
 }
