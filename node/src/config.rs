@@ -239,8 +239,8 @@ impl NodeLimits {
 #[serde(deny_unknown_fields)]
 pub struct StorageSettings {
     /// Bound of sled's page cache, in MiB. The state machine is held in memory
-    /// anyway; the cache only speeds up reading old log entries for a lagging
-    /// follower.
+    /// anyway; the cache only spares disk reads of pages being rewritten and of
+    /// old log entries for a lagging follower (`DEFAULT_CACHE_CAPACITY_BYTES`).
     pub cache_capacity_mib: u64,
 }
 

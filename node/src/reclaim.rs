@@ -54,7 +54,9 @@ pub struct Reclaimer {
     state: SharedState,
     leadership: watch::Receiver<Leadership>,
     /// Armed keys by deadline (ms since the epoch): the first falls due next.
-    deadlines: Deadlines<u64, String>,
+    /// A key's name is one shared allocation for both of the structure's
+    /// indexes: a 100,000-key leader keeps every key armed.
+    deadlines: Deadlines<u64, Arc<str>>,
     /// Reclaim proposals under way; each yields the keys it named.
     in_flight: JoinSet<Vec<String>>,
 }
@@ -141,14 +143,14 @@ impl Reclaimer {
     /// Arms a timer for every key with an unclaimed grant or lease.
     fn rebuild(&mut self) {
         self.cancel_all();
-        let due: Vec<(String, u64)> = self.state.read(|semaphores| {
+        let due: Vec<(Arc<str>, u64)> = self.state.read(|semaphores| {
             semaphores
                 .keys()
                 .iter()
                 .filter_map(|(key, state)| {
                     state
                         .next_deadline_ms()
-                        .map(|deadline_ms| (key.clone(), deadline_ms))
+                        .map(|deadline_ms| (Arc::from(key.as_str()), deadline_ms))
                 })
                 .collect()
         });
@@ -166,8 +168,9 @@ impl Reclaimer {
                 .collect()
         });
         for (key, deadline_ms) in keys.iter().zip(deadlines) {
-            if self.deadlines.get(key) != deadline_ms.as_ref() {
-                self.deadlines.set(key.clone(), deadline_ms);
+            let key: Arc<str> = Arc::from(key.as_str());
+            if self.deadlines.get(&key) != deadline_ms.as_ref() {
+                self.deadlines.set(key, deadline_ms);
             }
         }
     }
@@ -183,7 +186,7 @@ impl Reclaimer {
                 break;
             };
             latest_ms = latest_ms.max(deadline_ms);
-            keys.push(key);
+            keys.push(key.to_string());
         }
         if keys.is_empty() {
             // Woke early (the wall clock lagged the monotonic one): sleep again.
