@@ -12,13 +12,26 @@ use permitd_node::cli::{self, Cli, Command};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = Cli::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.worker_threads {
+        runtime.worker_threads(usize::from(threads));
+    }
+    match runtime.enable_all().build() {
+        Ok(runtime) => runtime.block_on(run(args)),
+        Err(error) => {
+            eprintln!("permitd: cannot start the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Cli) -> ExitCode {
     cli::init_tracing(args.log_format);
     let outcome = match args.command {
         Command::Serve(serve) => cli::serve::run(serve).await.map_err(|e| e.to_string()),
-        Command::Up { config } => cli::up::run(&config, args.log_format)
+        Command::Up { config } => cli::up::run(&config, args.log_format, args.worker_threads)
             .await
             .map_err(|e| e.to_string()),
         Command::Restore(restore) => cli::restore::run(restore).await.map_err(|e| e.to_string()),

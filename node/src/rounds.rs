@@ -427,10 +427,10 @@ impl Rounds {
     /// still known to the schedule.
     fn hold_empty_handed(
         &self,
-        rounds: Vec<(String, Vec<RoundReply>)>,
+        rounds: Vec<KeyReplies>,
         answers: Vec<Vec<PermitGrant>>,
         woken_before: u64,
-    ) -> Vec<((String, Vec<RoundReply>), Vec<PermitGrant>)> {
+    ) -> Vec<(KeyReplies, Vec<PermitGrant>)> {
         let now = Instant::now();
         let mut schedule = self.schedule();
         let mut held = 0;
@@ -548,11 +548,14 @@ impl RoundReply {
     }
 }
 
+/// One key's round: where its answers go, in request order.
+type KeyReplies = (String, Vec<RoundReply>);
+
 /// The reply channels of one entry, in the command's order.
 #[derive(Debug, Default)]
 struct Replies {
     syncs: Vec<Reply<PermitSyncResult>>,
-    rounds: Vec<(String, Vec<RoundReply>)>,
+    rounds: Vec<KeyReplies>,
 }
 
 impl Replies {

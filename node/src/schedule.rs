@@ -940,6 +940,16 @@ mod tests {
         schedule.take_entry(at).unwrap()
     }
 
+    /// Request 1 of "a" was left empty-handed by its round and is held until
+    /// `t0 + 500 ms`; that round's entry is done.
+    fn hold_one_in_a(schedule: &mut Schedule<u32, &'static str>, t0: Instant) {
+        let entry = round_of_a(schedule, 1, t0);
+        schedule
+            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
+            .unwrap();
+        schedule.entry_done(entry.id, t0 + ms(2));
+    }
+
     #[test]
     fn a_held_request_makes_no_round_due_until_its_answer_by_time() {
         let (mut schedule, t0) = schedule();
@@ -966,11 +976,7 @@ mod tests {
     #[test]
     fn a_new_request_wakes_held_ones_and_they_go_first() {
         let (mut schedule, t0) = schedule();
-        let entry = round_of_a(&mut schedule, 1, t0);
-        schedule
-            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
-            .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(2));
+        hold_one_in_a(&mut schedule, t0);
         schedule
             .park("a", 2, 10, timings(0, 0), t0 + ms(5))
             .unwrap();
@@ -982,11 +988,7 @@ mod tests {
     #[test]
     fn a_sync_that_returns_permits_wakes_the_keys_held_requests() {
         let (mut schedule, t0) = schedule();
-        let entry = round_of_a(&mut schedule, 1, t0);
-        schedule
-            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
-            .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(2));
+        hold_one_in_a(&mut schedule, t0);
         schedule.push_sync("claim", 10, None, t0 + ms(3)).unwrap();
         let entry = schedule.take_entry(t0 + ms(3)).unwrap();
         assert!(
@@ -1024,22 +1026,14 @@ mod tests {
         // Woken before the round left: that wake is already in its outcome.
         let (mut schedule, t0) = self::schedule();
         schedule.push_sync("release", 10, Some("a"), t0).unwrap();
-        let entry = round_of_a(&mut schedule, 1, t0);
-        schedule
-            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
-            .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(2));
+        hold_one_in_a(&mut schedule, t0);
         assert!(schedule.take_entry(t0 + ms(3)).is_none());
     }
 
     #[test]
     fn an_explicit_wake_and_wake_all_release_held_requests() {
         let (mut schedule, t0) = schedule();
-        let entry = round_of_a(&mut schedule, 1, t0);
-        schedule
-            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
-            .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(2));
+        hold_one_in_a(&mut schedule, t0);
         schedule.wake("b", t0 + ms(3));
         assert!(
             schedule.take_entry(t0 + ms(3)).is_none(),
@@ -1082,11 +1076,7 @@ mod tests {
     #[test]
     fn held_requests_are_dropped_with_leadership_and_keep_their_key_known() {
         let (mut schedule, t0) = schedule();
-        let entry = round_of_a(&mut schedule, 1, t0);
-        schedule
-            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
-            .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(2));
+        hold_one_in_a(&mut schedule, t0);
         assert!(schedule.take_entry(t0 + ms(100)).is_none());
         assert!(
             schedule.keys.contains_key("a"),

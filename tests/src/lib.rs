@@ -123,6 +123,8 @@ pub struct Node {
     pub scheme: &'static str,
     /// The cluster file this node is started with.
     config: PathBuf,
+    /// `--worker-threads` of its process (`None`: permitd's default).
+    worker_threads: Option<u16>,
     child: Option<Child>,
 }
 
@@ -133,7 +135,11 @@ impl Node {
             .append(true)
             .open(dir.join(format!("node-{}.log", self.id)))
             .expect("log file");
-        let child = Command::new(permitd_bin())
+        let mut command = Command::new(permitd_bin());
+        if let Some(threads) = self.worker_threads {
+            command.args(["--worker-threads", &threads.to_string()]);
+        }
+        let child = command
             .args(["serve", "--config"])
             .arg(&self.config)
             .args(["--id", &self.id.to_string()])
@@ -185,6 +191,8 @@ pub struct Settings {
     /// instead of the harness's fast [`HEARTBEAT_INTERVAL_MS`],
     /// [`ELECTION_TIMEOUT_MIN_MS`] and [`ELECTION_TIMEOUT_MAX_MS`].
     pub raft_timings_ms: Option<(u64, u64, u64)>,
+    /// `--worker-threads` of every node; `None` leaves permitd's default.
+    pub worker_threads: Option<u16>,
 }
 
 impl Default for Settings {
@@ -199,6 +207,7 @@ impl Default for Settings {
             distinct_source_ips: false,
             raft_toml: String::new(),
             raft_timings_ms: None,
+            worker_threads: None,
         }
     }
 }
@@ -274,6 +283,7 @@ impl Cluster {
                     raft_addr,
                     scheme,
                     config: config.clone(),
+                    worker_threads: settings.worker_threads,
                     child: None,
                 }
             })
@@ -419,6 +429,7 @@ impl Cluster {
             advertise_raft_addr: None,
             scheme: self.nodes[0].scheme,
             config: config.clone(),
+            worker_threads: self.settings.worker_threads,
             child: None,
         };
         let mut all: Vec<Node> = self.nodes.iter().map(clone_node).collect();
@@ -534,6 +545,7 @@ pub fn write_cluster_file(dir: &Path, count: u64) -> (PathBuf, Vec<String>) {
             advertise_raft_addr: None,
             scheme: "http",
             config: path.clone(),
+            worker_threads: None,
             child: None,
         })
         .collect();
@@ -567,6 +579,7 @@ fn clone_node(node: &Node) -> Node {
         advertise_raft_addr: node.advertise_raft_addr.clone(),
         scheme: node.scheme,
         config: node.config.clone(),
+        worker_threads: node.worker_threads,
         child: None,
     }
 }

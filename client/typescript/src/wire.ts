@@ -25,6 +25,12 @@ export interface PermitRequest {
   grants?: GrantReport[];
   /** Present (even empty) when the client supports leases. */
   leases?: LeaseReport[];
+  /**
+   * How long (ms, at most 15,000) the leader may hold this request when a round
+   * leaves it empty-handed, instead of answering with nothing; only pure demand
+   * requests (no reports) are held. See docs/protocol.md "Held requests".
+   */
+  waitMs?: number;
 }
 
 /** Cumulative reports without demand. */

@@ -16,6 +16,12 @@ pub struct Cli {
     /// Log line format; the filter comes from RUST_LOG (default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// Threads of the async runtime (default: one per core). Nodes that share a
+    /// machine do better with their share of the cores: `up` gives each node
+    /// `cores / nodes` (at least 1) unless this is set. See docs/operations.md.
+    #[arg(long, env = "PERMITD_WORKER_THREADS", global = true,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_threads: Option<u16>,
     #[command(subcommand)]
     pub command: Command,
 }

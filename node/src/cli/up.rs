@@ -50,8 +50,13 @@ struct Running {
     child: Child,
 }
 
-pub async fn run(path: &Path, log_format: LogFormat) -> Result<(), UpError> {
+pub async fn run(
+    path: &Path,
+    log_format: LogFormat,
+    worker_threads: Option<u16>,
+) -> Result<(), UpError> {
     let config = ClusterConfig::load(path)?;
+    let threads = worker_threads.unwrap_or_else(|| share_of_cores(config.nodes.len()));
     let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(5));
     if let Some(tls) = &config.tls {
         builder = Tls::load(tls)?.client(builder)?;
@@ -59,7 +64,7 @@ pub async fn run(path: &Path, log_format: LogFormat) -> Result<(), UpError> {
     let http = builder.build()?;
     let mut children = Vec::new();
     for node in &config.nodes {
-        let child = spawn(path, node.id, log_format).map_err(|source| UpError::Spawn {
+        let child = spawn(path, node.id, log_format, threads).map_err(|source| UpError::Spawn {
             id: node.id,
             source,
         })?;
@@ -78,7 +83,20 @@ pub async fn run(path: &Path, log_format: LogFormat) -> Result<(), UpError> {
     outcome.map(|_| ())
 }
 
-fn spawn(config: &Path, id: u64, log_format: LogFormat) -> std::io::Result<Child> {
+/// Worker threads of each of `nodes` nodes on this machine: their share of its
+/// cores, at least one. Every node on the default (one per core) made each
+/// message cost two runtimes' worth of cross-thread wake-ups on a small machine.
+pub fn share_of_cores(nodes: usize) -> u16 {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    u16::try_from((cores / nodes.max(1)).max(1)).unwrap_or(u16::MAX)
+}
+
+fn spawn(
+    config: &Path,
+    id: u64,
+    log_format: LogFormat,
+    worker_threads: u16,
+) -> std::io::Result<Child> {
     let exe = std::env::current_exe()?;
     let format = match log_format {
         LogFormat::Text => "text",
@@ -87,6 +105,8 @@ fn spawn(config: &Path, id: u64, log_format: LogFormat) -> std::io::Result<Child
     Command::new(exe)
         .arg("--log-format")
         .arg(format)
+        .arg("--worker-threads")
+        .arg(worker_threads.to_string())
         .arg("serve")
         .arg("--config")
         .arg(PathBuf::from(config))

@@ -141,11 +141,32 @@ pub(crate) fn one_permit(
     })
 }
 
+/// Nodes of every bench cluster.
+const NODES: usize = 3;
+
+/// Worker threads of each of the bench's processes — the three nodes and the
+/// bench's own runtime, which plays every client — on this machine: its share
+/// of the cores, at least one (what `permitd up` gives nodes sharing a
+/// machine). On two cores, runtimes of one thread per core in all four
+/// processes cost about half the throughput in cross-thread wake-ups.
+/// `PERMITD_BENCH_THREADS` overrides it (to compare).
+pub fn threads_per_process() -> u16 {
+    if let Some(threads) = std::env::var("PERMITD_BENCH_THREADS")
+        .ok()
+        .and_then(|value| value.parse::<u16>().ok())
+    {
+        return threads.max(1);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    u16::try_from((cores / (NODES + 1)).max(1)).unwrap_or(u16::MAX)
+}
+
 /// The cluster settings of every bench cluster.
 fn settings() -> Settings {
     Settings {
-        nodes: 3,
+        nodes: NODES,
         defaults: "limit = 32\nroundWaitMs = 1\nroundPeriodMs = 1\ngrantTimeoutMs = 60000\n".into(),
+        worker_threads: Some(threads_per_process()),
         ..Settings::default()
     }
 }

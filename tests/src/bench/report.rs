@@ -299,10 +299,12 @@ impl Report {
     /// The markdown table.
     pub fn markdown(&self) -> String {
         let mut text = format!(
-            "permitd bench, profile `{}` ({:.0} s). Latencies are above roundWaitMs \
-             (client-observed), × is the ratio to the median fsync.\n\n",
+            "permitd bench, profile `{}` ({:.0} s), {} worker thread(s) in each node and in \
+             the clients' process. Latencies are above roundWaitMs (client-observed), × is \
+             the ratio to the median fsync.\n\n",
             self.profile,
-            self.elapsed.as_secs_f64()
+            self.elapsed.as_secs_f64(),
+            super::threads_per_process()
         );
         text.push_str("| section | scenario | throughput | p50 | p99 | notes | target |\n");
         text.push_str("|---|---|---|---|---|---|---|\n");

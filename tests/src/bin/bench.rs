@@ -16,8 +16,16 @@ use permitd_tests::bench::{self, Profile};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(usize::from(bench::threads_per_process()))
+        .enable_all()
+        .build()
+        .expect("the bench's runtime")
+        .block_on(run());
+}
+
+async fn run() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut profile = if args.iter().any(|arg| arg == "--quick") {
         Profile::quick()
