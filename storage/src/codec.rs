@@ -32,15 +32,6 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
     Ok(rmp_serde::to_vec_named(value)?)
 }
 
-/// Encodes `value` into `writer` as it goes: no buffer of the whole value
-/// (a snapshot of 100,000 keys is tens of MiB).
-pub fn encode_into<W: std::io::Write, T: Serialize + ?Sized>(
-    writer: &mut W,
-    value: &T,
-) -> Result<(), CodecError> {
-    Ok(rmp_serde::encode::write_named(writer, value)?)
-}
-
 /// Decodes a `T` from `bytes`.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     Ok(rmp_serde::from_slice(bytes)?)

@@ -17,7 +17,7 @@
 //!   naming a newer one is on disk.
 
 use std::fs;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use openraft::{LogId, SnapshotMeta, StoredMembership};
@@ -70,14 +70,13 @@ pub(crate) struct StoredSnapshot {
     pub file: String,
 }
 
-/// Serialises the state machine at `last_applied` into `writer`, as it goes.
-pub(crate) fn encode_into(
-    writer: &mut impl Write,
+/// Serialises the state machine at `last_applied`.
+pub(crate) fn encode(
     last_applied: &Option<LogId<NodeId>>,
     membership: &StoredMembership<NodeId, PeerNode>,
     semaphores: &Semaphores,
     tokens: &TokenRegistry,
-) -> Result<(), StorageError> {
+) -> Result<Vec<u8>, StorageError> {
     let image = ImageRef {
         version: SNAPSHOT_FORMAT_VERSION,
         last_applied,
@@ -85,20 +84,7 @@ pub(crate) fn encode_into(
         semaphores,
         tokens,
     };
-    Ok(codec::encode_into(writer, &image)?)
-}
-
-/// [`encode_into`] a buffer.
-#[cfg(test)]
-pub(crate) fn encode(
-    last_applied: &Option<LogId<NodeId>>,
-    membership: &StoredMembership<NodeId, PeerNode>,
-    semaphores: &Semaphores,
-    tokens: &TokenRegistry,
-) -> Result<Vec<u8>, StorageError> {
-    let mut bytes = Vec::new();
-    encode_into(&mut bytes, last_applied, membership, semaphores, tokens)?;
-    Ok(bytes)
+    Ok(codec::encode(&image)?)
 }
 
 /// Parses a snapshot, refusing any other format version.
@@ -144,31 +130,13 @@ impl SnapshotFiles {
 
     /// Writes `data` as `name`, durably, before anything may name it.
     pub fn write(&self, name: &str, data: &[u8]) -> Result<(), StorageError> {
-        self.write_with(name, |file| {
-            file.write_all(data)
-                .map_err(|error| self.io("writing a snapshot", error))
-        })
-    }
-
-    /// Writes what `write` puts into the (buffered) file as `name`, durably,
-    /// before anything may name it: a snapshot is encoded straight into its
-    /// file, never held whole in memory beside the state it copies.
-    pub fn write_with(
-        &self,
-        name: &str,
-        write: impl FnOnce(&mut BufWriter<fs::File>) -> Result<(), StorageError>,
-    ) -> Result<(), StorageError> {
         fs::create_dir_all(&self.dir).map_err(|error| self.io("creating the folder", error))?;
         let path = self.dir.join(name);
         let temporary = path.with_extension("tmp");
-        let file =
+        let mut file =
             fs::File::create(&temporary).map_err(|error| self.io("creating a file", error))?;
-        let mut buffered = BufWriter::new(file);
-        write(&mut buffered)?;
-        let file = buffered
-            .into_inner()
-            .map_err(|error| self.io("writing a snapshot", error.into_error()))?;
-        file.sync_all()
+        file.write_all(data)
+            .and_then(|()| file.sync_all())
             .map_err(|error| self.io("writing a snapshot", error))?;
         fs::rename(&temporary, &path).map_err(|error| self.io("renaming a snapshot", error))?;
         fs::File::open(&self.dir)

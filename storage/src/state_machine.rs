@@ -403,13 +403,9 @@ impl SnapshotBuilder {
         let write_file = {
             let (files, file) = (self.files.clone(), file.clone());
             move || {
-                files.write_with(&file, |out| {
-                    snapshot::encode_into(out, &last_applied, &membership, &semaphores, &tokens)
-                })?;
-                // The copy goes before the file is read back for openraft: a
-                // build holds at most one of the two (each ~350 B per key).
-                drop((semaphores, tokens));
-                files.read(&file)
+                let data = snapshot::encode(&last_applied, &membership, &semaphores, &tokens)?;
+                files.write(&file, &data)?;
+                Ok::<_, StorageError>(data)
             }
         };
         let data = tokio::task::spawn_blocking(write_file)
