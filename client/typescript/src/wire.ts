@@ -360,6 +360,7 @@ const permitRequest = object<PermitRequest>({
   demand: optional(list(demand)),
   grants: optional(list(grantReport)),
   leases: optional(list(leaseReport)),
+  waitMs: optional(count),
 });
 const permitSync = object<PermitSync>({
   v: version,
