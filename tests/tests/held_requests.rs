@@ -55,6 +55,21 @@ fn send_later(
     })
 }
 
+/// Waits (at most 5 s) for a held request's answer, which must grant it one
+/// permit because `woken_by` happened; returns when it came.
+async fn answered_with_a_permit(
+    held: tokio::task::JoinHandle<(u16, Value, Instant)>,
+    woken_by: &str,
+) -> Instant {
+    let (status, answer, answered) = tokio::time::timeout(Duration::from_secs(5), held)
+        .await
+        .unwrap_or_else(|_| panic!("not answered once {woken_by}"))
+        .expect("task");
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(answer["grants"][0]["permits"], 1, "{answer:?}");
+    answered
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_request_is_answered_with_the_permit_once_it_is_released() {
     let (cluster, leader, grant_id) = key_taken_by_a(1).await;
@@ -78,12 +93,7 @@ async fn a_held_request_is_answered_with_the_permit_once_it_is_released() {
         "grants": [{"grantId": grant_id, "claimed": 1, "released": 1}]});
     let synced = cluster.post(leader, KEY, &sync).await;
     assert_eq!(synced.status, 200, "{:?}", synced.body);
-    let (status, answer, answered) = tokio::time::timeout(Duration::from_secs(5), held)
-        .await
-        .expect("b answered once the permit came back")
-        .expect("task");
-    assert_eq!(status, 200, "{answer:?}");
-    assert_eq!(answer["grants"][0]["permits"], 1, "{answer:?}");
+    let answered = answered_with_a_permit(held, "the permit came back").await;
     assert!(answered >= released);
 }
 
@@ -106,12 +116,7 @@ async fn a_raised_limit_wakes_held_requests_and_an_expired_wait_answers_empty() 
     let config = json!({"limit": 2, "roundWaitMs": 1, "roundPeriodMs": 1});
     let answer = cluster.put(leader, &format!("{KEY}/config"), &config).await;
     assert_eq!(answer.status, 200, "{:?}", answer.body);
-    let (status, answer, _) = tokio::time::timeout(Duration::from_secs(5), held)
-        .await
-        .expect("b answered once the limit was raised")
-        .expect("task");
-    assert_eq!(status, 200, "{answer:?}");
-    assert_eq!(answer["grants"][0]["permits"], 1, "{answer:?}");
+    answered_with_a_permit(held, "the limit was raised").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
