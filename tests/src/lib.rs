@@ -187,6 +187,10 @@ pub struct Settings {
     pub distinct_source_ips: bool,
     /// More lines of the `[raft]` table, in TOML.
     pub raft_toml: String,
+    /// `[raft] snapshot_every_logs`: [`SNAPSHOT_EVERY_LOGS`] by default, ten
+    /// times more often than the shipped `cluster.toml`, so that tests cross
+    /// snapshots within seconds.
+    pub snapshot_every_logs: u64,
     /// `(heartbeat_interval_ms, election_timeout_min_ms, election_timeout_max_ms)`
     /// instead of the harness's fast [`HEARTBEAT_INTERVAL_MS`],
     /// [`ELECTION_TIMEOUT_MIN_MS`] and [`ELECTION_TIMEOUT_MAX_MS`].
@@ -206,6 +210,7 @@ impl Default for Settings {
             tls: false,
             distinct_source_ips: false,
             raft_toml: String::new(),
+            snapshot_every_logs: SNAPSHOT_EVERY_LOGS,
             raft_timings_ms: None,
             worker_threads: None,
         }
@@ -621,6 +626,9 @@ pub const ELECTION_TIMEOUT_MIN_MS: u64 = 120;
 /// Longest election timeout of every test cluster, in ms; openraft 0.9 also
 /// uses it as the leader lease, so a follower elects after up to twice this.
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 240;
+/// Log entries between two snapshots in a test cluster (the shipped
+/// `cluster.toml` says 5,000).
+pub const SNAPSHOT_EVERY_LOGS: u64 = 500;
 
 fn cluster_toml(nodes: &[Node], settings: &Settings, certs: Option<&certs::TestCerts>) -> String {
     let Settings {
@@ -628,6 +636,7 @@ fn cluster_toml(nodes: &[Node], settings: &Settings, certs: Option<&certs::TestC
         extra_toml,
         auth,
         raft_toml,
+        snapshot_every_logs,
         ..
     } = settings;
     let (heartbeat, election_min, election_max) = settings.raft_timings_ms.unwrap_or((
@@ -640,7 +649,7 @@ fn cluster_toml(nodes: &[Node], settings: &Settings, certs: Option<&certs::TestC
          [raft]\nheartbeat_interval_ms = {heartbeat}\n\
          election_timeout_min_ms = {election_min}\n\
          election_timeout_max_ms = {election_max}\n\
-         rpc_timeout_ms = 500\nsnapshot_every_logs = 500\n{raft_toml}\n[defaults]\n{defaults}\n{extra_toml}\n"
+         rpc_timeout_ms = 500\nsnapshot_every_logs = {snapshot_every_logs}\n{raft_toml}\n[defaults]\n{defaults}\n{extra_toml}\n"
     );
     if let Some(certs) = certs {
         text.push_str(&format!(

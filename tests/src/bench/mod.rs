@@ -226,7 +226,11 @@ pub async fn run(profile: &Profile) -> Report {
     drop(cluster);
     if profile.runs("scale") {
         eprintln!("bench: scale");
-        let cluster = Cluster::start(settings()).await;
+        let cluster = Cluster::start(Settings {
+            snapshot_every_logs: scale::SCALE_SNAPSHOT_EVERY_LOGS,
+            ..settings()
+        })
+        .await;
         let points = scale::run(&cluster, &profile.scale_sizes, profile.scale_probe).await;
         report.scale(&points);
     }

@@ -261,7 +261,7 @@ impl Report {
             let per_key = point.rss_bytes_per_key;
             let target = match per_key {
                 Some(bytes) => format!(
-                    "≤ 1 KiB/key: {}; flat latency: p50 {:+.2} ms vs 1 key",
+                    "≤ 1 KiB/key (median): {}; flat latency: p50 {:+.2} ms vs 1 key",
                     at_most(bytes, TARGET_RSS_BYTES_PER_KEY),
                     point.overhead_ms_p50 - base.unwrap_or(f64::NAN)
                 ),
@@ -278,16 +278,26 @@ impl Report {
                 p50: format!("+{}", self.latency(point.overhead_ms_p50)),
                 p99: format!("+{}", self.latency(point.overhead_ms_p99)),
                 notes: format!(
-                    "leader RSS {:.1} MiB{}",
-                    point.rss_bytes as f64 / 1_048_576.0,
-                    per_key.map_or(String::new(), |bytes| format!(", {bytes:.0} B/key"))
+                    "leader RSS {:.1} MiB (median of {} samples; peak {:.1} MiB){}; \
+                     snapshots every {} entries",
+                    mib(point.rss_bytes),
+                    point.rss_samples,
+                    mib(point.rss_bytes_peak),
+                    per_key.map_or(String::new(), |bytes| format!(
+                        ", {bytes:.0} B/key (peak {:.0})",
+                        point.rss_bytes_per_key_peak.unwrap_or(f64::NAN)
+                    )),
+                    thousands(super::scale::SCALE_SNAPSHOT_EVERY_LOGS as f64)
                 ),
                 target,
             });
             self.json
                 .push(json!({"section": "scale", "keys": point.keys,
                 "overheadMsP50": point.overhead_ms_p50, "overheadMsP99": point.overhead_ms_p99,
-                "rssBytes": point.rss_bytes, "rssBytesPerKey": point.rss_bytes_per_key,
+                "rssBytes": point.rss_bytes, "rssBytesPeak": point.rss_bytes_peak,
+                "rssSamples": point.rss_samples, "rssBytesPerKey": point.rss_bytes_per_key,
+                "rssBytesPerKeyPeak": point.rss_bytes_per_key_peak,
+                "snapshotEveryLogs": super::scale::SCALE_SNAPSHOT_EVERY_LOGS,
                 "populateKeysPerS": point.populate_keys_per_s}));
         }
     }
@@ -381,6 +391,11 @@ fn errors(count: u64) -> String {
     } else {
         format!(", {count} errors")
     }
+}
+
+/// Bytes in MiB.
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1_048_576.0
 }
 
 /// `12,345` from `12345.4`.
