@@ -17,7 +17,7 @@ use crate::reclaim::reclaim_expired;
 use crate::round::{run_round, RoundOutcome};
 use crate::state::{Changes, KeyState};
 use crate::sync::{run_sync, SyncOutcome};
-use crate::usage::{usage, Usage};
+use crate::usage::{counts, usage, Usage, UsageCounts};
 use crate::validate::{validate_group_config, validate_key_config, InvalidInput};
 
 /// The whole replicated semaphore state.
@@ -183,6 +183,32 @@ impl Semaphores {
     pub fn usage(&self, key: &str, now_ms: u64) -> Usage {
         let empty = KeyState::default();
         usage(self.key(key).unwrap_or(&empty), self.config(key), now_ms)
+    }
+
+    /// The usage counts of up to `max_keys` keys after `after` (from the first
+    /// key with `None`), added up, and where to go on from: the last key
+    /// counted, `None` once a slice came out short (the walk is done). Lets a
+    /// caller add up every key a slice at a time, releasing the state's lock
+    /// between slices.
+    pub fn add_up_usage(
+        &self,
+        after: Option<&str>,
+        max_keys: usize,
+        now_ms: u64,
+    ) -> (UsageCounts, Option<String>) {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let start = after.map_or(Unbounded, Excluded);
+        let mut sum = UsageCounts::default();
+        let mut counted = 0;
+        let mut last = None;
+        for (key, state) in self.keys.range::<str, _>((start, Unbounded)).take(max_keys) {
+            let config = state.meta().config.as_deref().unwrap_or(&self.defaults);
+            sum += counts(state, config, now_ms);
+            counted += 1;
+            last = Some(key);
+        }
+        let next = last.filter(|_| counted == max_keys).cloned();
+        (sum, next)
     }
 
     /// When a reclaim entry of `key` would next change it (see

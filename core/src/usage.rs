@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::KeyConfig;
-use crate::state::KeyState;
+use crate::state::{Grant, KeyState};
 
 /// A key's limit, outstanding permits, lease footprint and room left for grants.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -32,6 +32,23 @@ pub struct GroupUsage {
     pub limit: Option<u64>,
 }
 
+/// The counts of a key's [`Usage`], without its groups: what the node's
+/// all-keys gauges add up, with no allocation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UsageCounts {
+    pub granted: u64,
+    pub leased: u64,
+    pub available: u64,
+}
+
+impl std::ops::AddAssign for UsageCounts {
+    fn add_assign(&mut self, other: Self) {
+        self.granted += other.granted;
+        self.leased += other.leased;
+        self.available += other.available;
+    }
+}
+
 /// Usage of `state` at `now_ms`, counting unclaimed permits past their claim
 /// deadline as already reclaimed, and unacknowledged leases
 /// past theirs likewise. Costs the number of groups
@@ -53,30 +70,47 @@ pub fn usage(state: &KeyState, config: &KeyConfig, now_ms: u64) -> Usage {
             )
         })
         .collect();
-    let mut granted = tally.granted;
-    for (_, id) in tally
-        .claim_deadlines
-        .range(..=(now_ms, crate::ids::GrantId(uuid::Uuid::max())))
-    {
-        let grant = &state.grants()[id];
-        let overdue = grant.permits - grant.claimed;
-        granted -= overdue;
+    for (grant, overdue) in overdue_grants(state, now_ms) {
         if let Some(group) = groups.get_mut(&grant.group) {
             group.granted -= overdue;
         }
+    }
+    let counts = counts(state, config, now_ms);
+    Usage {
+        limit: config.limit,
+        granted: counts.granted,
+        leased: counts.leased,
+        available: counts.available,
+        groups,
+    }
+}
+
+/// [`usage`] less the groups. Costs the number of overdue grants and leases.
+pub fn counts(state: &KeyState, config: &KeyConfig, now_ms: u64) -> UsageCounts {
+    let tally = state.tally();
+    let mut granted = tally.granted;
+    for (_, overdue) in overdue_grants(state, now_ms) {
+        granted -= overdue;
     }
     let mut leased = tally.leased;
     let overdue_leases = ..=(now_ms, crate::ids::LeaseId(uuid::Uuid::max()));
     for (_, id) in tally.lease_claim_deadlines.range(overdue_leases) {
         leased -= state.leases()[id].footprint();
     }
-    Usage {
-        limit: config.limit,
+    UsageCounts {
         granted,
         leased,
         available: grant_room(config, granted, leased),
-        groups,
     }
+}
+
+/// Grants past their claim deadline at `now_ms`, with their unclaimed permits.
+fn overdue_grants(state: &KeyState, now_ms: u64) -> impl Iterator<Item = (&Grant, u64)> {
+    let overdue = ..=(now_ms, crate::ids::GrantId(uuid::Uuid::max()));
+    state.tally().claim_deadlines.range(overdue).map(|(_, id)| {
+        let grant = &state.grants()[id];
+        (grant, grant.permits - grant.claimed)
+    })
 }
 
 /// Permits grants may still receive given what is granted and leased.

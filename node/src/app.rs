@@ -50,6 +50,9 @@ pub struct NodeSettings {
     pub rounds: crate::rounds::RoundLimits,
     /// Timeouts and connection limits of the node's listeners.
     pub edge: crate::edge::EdgeLimits,
+    /// Claim deadlines the leader keeps a timer for: those at most this far
+    /// ahead (`[limits] reclaim_horizon_ms`; see `reclaim.rs`).
+    pub reclaim_horizon: Duration,
 }
 
 /// Why a node could not start.
@@ -170,7 +173,12 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         leadership.clone(),
         settings.rounds,
     );
-    crate::reclaim::Reclaimer::start(raft.clone(), state.clone(), leadership.clone());
+    crate::reclaim::Reclaimer::start(
+        raft.clone(),
+        state.clone(),
+        leadership.clone(),
+        settings.reclaim_horizon,
+    );
     crate::snapshots::start(raft.clone(), settings.id, timings.snapshot_every_ms);
     crate::defaults::start(
         raft.clone(),

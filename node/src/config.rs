@@ -143,6 +143,9 @@ pub struct NodeLimits {
     pub max_parked_bytes: usize,
     /// Longest an entry may wait to commit before the leader answers `no_quorum`.
     pub commit_timeout_ms: u64,
+    /// Claim deadlines the leader keeps a timer for: those at most this far
+    /// ahead; the rest wait for a scan of every key each half of it.
+    pub reclaim_horizon_ms: u64,
 }
 
 impl Default for NodeLimits {
@@ -156,6 +159,7 @@ impl Default for NodeLimits {
             max_parked_messages: MAX_PARKED_MESSAGES,
             max_parked_bytes: MAX_PARKED_BYTES,
             commit_timeout_ms: COMMIT_TIMEOUT_MS,
+            reclaim_horizon_ms: crate::reclaim::DEFAULT_HORIZON_MS,
         }
     }
 }
@@ -228,6 +232,15 @@ impl NodeLimits {
         if !(1..=MAX_COMMIT_TIMEOUT_MS).contains(&self.commit_timeout_ms) {
             return Err(format!(
                 "[limits] commit_timeout_ms must be 1 to {MAX_COMMIT_TIMEOUT_MS}"
+            ));
+        }
+        let (min, max) = (
+            crate::reclaim::MIN_HORIZON_MS,
+            crate::reclaim::MAX_HORIZON_MS,
+        );
+        if !(min..=max).contains(&self.reclaim_horizon_ms) {
+            return Err(format!(
+                "[limits] reclaim_horizon_ms must be {min} to {max}"
             ));
         }
         Ok(())
@@ -504,6 +517,31 @@ mod tests {
                 config.check().is_ok(),
                 valid,
                 "max_pending_per_key = {pending}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_reclaim_horizon_defaults_to_a_minute_and_is_checked() {
+        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
+        let config = |limits: &str| -> ClusterConfig {
+            let text = format!(
+                "secret = \"0123456789abcdef\"\n[auth]\nadmin_token = \"0123456789abcdef\"\n[limits]\n{limits}\n{node}"
+            );
+            toml::from_str(&text).unwrap()
+        };
+        assert_eq!(config("").limits.reclaim_horizon_ms, 60_000);
+        for (horizon, valid) in [
+            (999, false),
+            (1_000, true),
+            (3_600_000, true),
+            (3_600_001, false),
+        ] {
+            let config = config(&format!("reclaim_horizon_ms = {horizon}"));
+            assert_eq!(
+                config.check().is_ok(),
+                valid,
+                "reclaim_horizon_ms = {horizon}"
             );
         }
     }

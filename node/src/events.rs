@@ -1,6 +1,7 @@
 //! After-apply side effects on every node: the core's lifecycle events become
-//! tracing events and enter the node's event log (`GET /v1/events`), and the usage gauges of the keys an entry touched are refreshed
-//! (the bounded per-key series and the all-keys totals: see `metrics.rs`).
+//! tracing events and enter the node's event log (`GET /v1/events`), and the
+//! per-key usage gauges of the keys an entry touched are refreshed (the bounded
+//! series: see `metrics.rs`).
 
 use std::sync::Arc;
 
@@ -37,17 +38,22 @@ async fn run(state: SharedState, log: EventLog, mut applied: broadcast::Receiver
     }
 }
 
+/// Refreshes the per-key series of the keys an entry touched (the all-keys
+/// totals are added up at each scrape: `metrics::publish_totals`).
 fn refresh_usage(state: &SharedState, gauges: &mut UsageGauges, keys: &[String]) {
+    let keys: Vec<&String> = keys.iter().filter(|key| gauges.wants(key)).collect();
+    if keys.is_empty() {
+        return;
+    }
     let now_ms = crate::now_ms();
-    let usages: Vec<(bool, Usage)> = state.read(|semaphores| {
+    let usages: Vec<Usage> = state.read(|semaphores| {
         keys.iter()
-            .map(|key| (semaphores.key(key).is_some(), semaphores.usage(key, now_ms)))
+            .map(|key| semaphores.usage(key, now_ms))
             .collect()
     });
-    for (key, (held, usage)) in keys.iter().zip(&usages) {
-        gauges.update(key, *held, usage);
+    for (key, usage) in keys.into_iter().zip(&usages) {
+        gauges.update(key, usage);
     }
-    gauges.publish();
 }
 
 fn emit(log_index: u64, key: &str, event: &Event) {

@@ -8,9 +8,19 @@
 //! watches `Semaphores::next_deadline_ms` of every key (claim deadlines and
 //! answer forget times) and proposes a `Command::Reclaim` when it passes.
 //!
-//! One task per node keeps every deadline, whatever the number of keys:
+//! One task per node keeps the deadlines, whatever the number of keys:
+//! - only deadlines within the horizon (`[limits] reclaim_horizon_ms`, default
+//!   [`DEFAULT_HORIZON_MS`]) of now are armed: a key idle with a claim deadline an
+//!   hour away costs the leader nothing until it comes near;
 //! - `deadlines` ([`Deadlines`], the schedule's timer structure, unit-tested
 //!   there) orders the armed keys by when they fall due, one deadline per key;
+//! - every half horizon a scan walks every key, a slice
+//!   of [`KEYS_PER_SCAN_READ`] per hold of the state's read lock, and arms those
+//!   that came within the horizon. A key left unarmed (its deadline beyond the
+//!   horizon when it was last aimed or scanned) is seen by a scan that starts
+//!   less than half a horizon later, long before its deadline, so no deadline is
+//!   missed as long as a scan takes less than half the horizon (milliseconds at
+//!   100,000 keys);
 //! - the task sleeps until the earliest deadline, then proposes one
 //!   `Command::Reclaim` for up to [`MAX_RECLAIM_KEYS_PER_ENTRY`] keys due, with at
 //!   most [`MAX_RECLAIMS_IN_FLIGHT`] such proposals outstanding;
@@ -20,9 +30,10 @@
 //!   [`RETRY_DELAY_MS`]; one that fails because leadership moved is dropped.
 //!
 //! The timers are derived state: after every applied entry the keys it touched
-//! are re-aimed, and a new leader rebuilds all of them from the state. A follower
-//! keeps none, and losing leadership cancels every timer and proposal.
+//! are re-aimed, and a new leader rebuilds all of them from the state (a scan).
+//! A follower keeps none, and losing leadership cancels every timer and proposal.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,22 +54,42 @@ const RETRY_DELAY_MS: u64 = 200;
 const MAX_RECLAIM_KEYS_PER_ENTRY: usize = 256;
 /// Most reclaim proposals outstanding at once; further due keys wait their turn.
 const MAX_RECLAIMS_IN_FLIGHT: usize = 4;
+/// Deadlines at most this far ahead are armed, by default; later ones wait for
+/// a scan, which runs every half horizon (see the module comment).
+pub const DEFAULT_HORIZON_MS: u64 = 60_000;
+/// Shortest `[limits] reclaim_horizon_ms`: a scan of every key each half second.
+pub const MIN_HORIZON_MS: u64 = 1_000;
+/// Longest `[limits] reclaim_horizon_ms`.
+pub const MAX_HORIZON_MS: u64 = 3_600_000;
+/// Keys a scan reads per hold of the state's read lock: an apply waits at most
+/// one slice (well under a millisecond).
+const KEYS_PER_SCAN_READ: usize = 4_096;
 
 /// The leader's claim-deadline timers, kept by one task.
 ///
 /// Invariants:
-/// - a key whose reclaim is in flight has no deadline armed;
-/// - nothing is armed and nothing is in flight while this node does not lead.
+/// - a key in `reclaiming` has no deadline armed;
+/// - every armed deadline was within `horizon_ms` when it was armed;
+/// - nothing is armed, in flight or being scanned while this node does not lead.
 pub struct Reclaimer {
     raft: Raft,
     state: SharedState,
     leadership: watch::Receiver<Leadership>,
+    /// Deadlines at most this far ahead are armed.
+    horizon_ms: u64,
     /// Armed keys by deadline (ms since the epoch): the first falls due next.
-    /// A key's name is one shared allocation for both of the structure's
-    /// indexes: a 100,000-key leader keeps every key armed.
+    /// A key's name is one shared allocation for both of the structure's indexes.
     deadlines: Deadlines<u64, Arc<str>>,
     /// Reclaim proposals under way; each yields the keys it named.
     in_flight: JoinSet<Vec<String>>,
+    /// The keys those proposals named (at most
+    /// `MAX_RECLAIMS_IN_FLIGHT × MAX_RECLAIM_KEYS_PER_ENTRY`): not re-armed
+    /// until their proposal ends.
+    reclaiming: HashSet<String>,
+    /// The scan under way: the last key it read (`None`: not started).
+    scan: Option<Option<String>>,
+    /// When the next scan starts.
+    next_scan: Instant,
 }
 
 impl std::fmt::Debug for Reclaimer {
@@ -67,20 +98,32 @@ impl std::fmt::Debug for Reclaimer {
             .field("armed", &self.deadlines.len())
             .field("next_deadline_ms", &self.deadlines.first())
             .field("in_flight", &self.in_flight.len())
+            .field("scanning", &self.scan.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl Reclaimer {
     /// Starts the task that keeps the timers; it ends when Raft shuts down.
-    pub fn start(raft: Raft, state: SharedState, leadership: watch::Receiver<Leadership>) {
+    /// `horizon` is clamped to [`MIN_HORIZON_MS`]..=[`MAX_HORIZON_MS`].
+    pub fn start(
+        raft: Raft,
+        state: SharedState,
+        leadership: watch::Receiver<Leadership>,
+        horizon: Duration,
+    ) {
         let applied = state.subscribe();
+        let horizon_ms = u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX);
         let reclaimer = Self {
             raft,
             state,
             leadership,
+            horizon_ms: horizon_ms.clamp(MIN_HORIZON_MS, MAX_HORIZON_MS),
             deadlines: Deadlines::default(),
             in_flight: JoinSet::new(),
+            reclaiming: HashSet::new(),
+            scan: None,
+            next_scan: Instant::now(),
         };
         tokio::spawn(reclaimer.run(applied));
     }
@@ -117,14 +160,27 @@ impl Reclaimer {
                     }
                 },
                 Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
-                    // A panicked proposal names no keys: they wait for the next rebuild.
-                    if let Ok(keys) = done {
-                        if leading {
-                            self.aim(&keys);
+                    match done {
+                        Ok(keys) => {
+                            for key in &keys {
+                                self.reclaiming.remove(key);
+                            }
+                            if leading {
+                                self.aim(&keys);
+                            }
                         }
+                        // A panicked proposal names no keys: forget which keys are in
+                        // flight, so that the next scan re-arms this one's (at worst
+                        // a key is reclaimed twice, which changes nothing).
+                        Err(_) => self.reclaiming.clear(),
                     }
                 }
                 () = sleep, if wake.is_some() => self.fire(),
+                () = tokio::time::sleep_until(self.next_scan), if leading && self.scan.is_none() => {
+                    self.start_scan();
+                }
+                // One slice per turn of the loop, so entries and timers interleave.
+                () = std::future::ready(()), if leading && self.scan.is_some() => self.scan_slice(),
             }
         }
     }
@@ -140,34 +196,66 @@ impl Reclaimer {
         Some(Instant::now() + Duration::from_millis(wait_ms))
     }
 
-    /// Arms a timer for every key with an unclaimed grant or lease.
+    /// Forgets every timer and scans the state afresh.
     fn rebuild(&mut self) {
         self.cancel_all();
-        let due: Vec<(Arc<str>, u64)> = self.state.read(|semaphores| {
-            semaphores
-                .keys()
-                .iter()
-                .filter_map(|(key, state)| {
-                    state
-                        .next_deadline_ms()
-                        .map(|deadline_ms| (Arc::from(key.as_str()), deadline_ms))
-                })
-                .collect()
-        });
-        tracing::info!(keys = due.len(), "rebuilding reclaim timers");
-        for (key, deadline_ms) in due {
-            self.deadlines.set(key, Some(deadline_ms));
-        }
+        tracing::info!("rebuilding reclaim timers");
+        self.start_scan();
     }
 
-    /// Re-aims the timers of `keys` at their current earliest claim deadline.
+    fn start_scan(&mut self) {
+        self.scan = Some(None);
+        self.next_scan = Instant::now() + Duration::from_millis(self.horizon_ms / 2);
+    }
+
+    /// Reads the next slice of the scan and arms its keys due within the horizon.
+    fn scan_slice(&mut self) {
+        let Some(after) = self.scan.take() else {
+            return;
+        };
+        let horizon_ms = crate::now_ms() + self.horizon_ms;
+        let (due, last) = self.state.read(|semaphores| {
+            use std::ops::Bound::{Excluded, Unbounded};
+            let start = after.as_deref().map_or(Unbounded, Excluded);
+            let slice = semaphores
+                .keys()
+                .range::<str, _>((start, Unbounded))
+                .take(KEYS_PER_SCAN_READ);
+            let mut due: Vec<(Arc<str>, u64)> = Vec::new();
+            let mut last = None;
+            for (key, state) in slice {
+                last = Some(key);
+                if let Some(deadline_ms) = state.next_deadline_ms() {
+                    if deadline_ms <= horizon_ms && !self.reclaiming.contains(key) {
+                        due.push((Arc::from(key.as_str()), deadline_ms));
+                    }
+                }
+            }
+            (due, last.cloned())
+        });
+        for (key, deadline_ms) in due {
+            if self.deadlines.get(&key) != Some(&deadline_ms) {
+                self.deadlines.set(key, Some(deadline_ms));
+            }
+        }
+        // A slice of fewer keys than asked for reached the end: the scan is done.
+        self.scan = last.map(Some);
+    }
+
+    /// Re-aims the timers of `keys` at their current earliest claim deadline, or
+    /// disarms them when it is beyond the horizon (a scan arms them later).
     fn aim(&mut self, keys: &[String]) {
         let deadlines: Vec<Option<u64>> = self.state.read(|semaphores| {
             keys.iter()
                 .map(|key| semaphores.next_deadline_ms(key))
                 .collect()
         });
+        let horizon_ms = crate::now_ms() + self.horizon_ms;
         for (key, deadline_ms) in keys.iter().zip(deadlines) {
+            if self.reclaiming.contains(key) {
+                continue;
+            }
+            let deadline_ms = deadline_ms.filter(|&deadline_ms| deadline_ms <= horizon_ms);
             let key: Arc<str> = Arc::from(key.as_str());
             if self.deadlines.get(&key) != deadline_ms.as_ref() {
                 self.deadlines.set(key, deadline_ms);
@@ -188,6 +276,7 @@ impl Reclaimer {
             latest_ms = latest_ms.max(deadline_ms);
             keys.push(key.to_string());
         }
+        self.reclaiming.extend(keys.iter().cloned());
         if keys.is_empty() {
             // Woke early (the wall clock lagged the monotonic one): sleep again.
             return;
@@ -202,7 +291,9 @@ impl Reclaimer {
     fn cancel_all(&mut self) {
         // Dropping a `JoinSet` aborts its tasks.
         self.in_flight = JoinSet::new();
+        self.reclaiming.clear();
         self.deadlines.clear();
+        self.scan = None;
     }
 }
 

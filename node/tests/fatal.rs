@@ -45,6 +45,9 @@ async fn a_stopped_raft_core_fails_healthz_and_ends_the_wait() {
             ..Default::default()
         },
         edge: EdgeLimits::default(),
+        reclaim_horizon: std::time::Duration::from_millis(
+            permitd_node::reclaim::DEFAULT_HORIZON_MS,
+        ),
     };
     let started = app::start(&settings).await.expect("node starts");
     let app = started.app;

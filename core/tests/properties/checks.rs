@@ -78,6 +78,32 @@ pub(crate) fn check_usage(sem: &Semaphores, step: usize) -> Result<(), TestCaseE
             exposure.leased
         );
     }
+    check_usage_sums(sem, step)
+}
+
+/// The all-keys sums the node's gauges export, added up a slice at a time (of
+/// 1 to 3 keys, by step), equal every key's own usage added up.
+fn check_usage_sums(sem: &Semaphores, step: usize) -> Result<(), TestCaseError> {
+    let now_ms = sem.last_now_ms();
+    let mut expected = UsageCounts::default();
+    for key in sem.keys().keys() {
+        let usage = sem.usage(key, now_ms);
+        expected += UsageCounts {
+            granted: usage.granted,
+            leased: usage.leased,
+            available: usage.available,
+        };
+    }
+    let (mut sum, mut after) = (UsageCounts::default(), None::<String>);
+    loop {
+        let (slice, next) = sem.add_up_usage(after.as_deref(), 1 + step % 3, now_ms);
+        sum += slice;
+        match next {
+            Some(key) => after = Some(key),
+            None => break,
+        }
+    }
+    prop_assert_eq!(sum, expected, "step {}: the sliced sums disagree", step);
     Ok(())
 }
 

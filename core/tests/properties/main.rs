@@ -45,6 +45,7 @@ use permitd_core::protocol::{
 use permitd_core::round::RoundOutcome;
 use permitd_core::state::KeyState;
 use permitd_core::sync::SyncOutcome;
+use permitd_core::usage::UsageCounts;
 use permitd_core::validate::validate_request;
 use permitd_core::{
     Event, GroupConfig, IdAllocator, InvalidInput, KeyConfig, KeyConfigUpdate, LeasePolicy,

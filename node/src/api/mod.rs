@@ -162,6 +162,13 @@ async fn require_secret(State(app): State<App>, request: Request, next: Next) ->
     responses((status = 200, description = "Prometheus text.", content_type = "text/plain", body = String)),
 )]
 async fn metrics(State(app): State<App>) -> impl IntoResponse {
+    let state = app.state.clone();
+    // Adding up every key's usage is CPU work: keep it off the async workers.
+    if let Err(error) =
+        tokio::task::spawn_blocking(move || crate::metrics::publish_totals(&state)).await
+    {
+        tracing::warn!(%error, "adding up the usage gauges failed");
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         app.metrics.render(),

@@ -124,6 +124,7 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         initialize_at_start: false,
         rounds: config.limits.rounds(),
         edge: config.limits.edge(),
+        reclaim_horizon: Duration::from_millis(config.limits.reclaim_horizon_ms),
     })
 }
 
@@ -160,6 +161,7 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         initialize_at_start: true,
         rounds: crate::rounds::RoundLimits::default(),
         edge: crate::edge::EdgeLimits::default(),
+        reclaim_horizon: Duration::from_millis(crate::reclaim::DEFAULT_HORIZON_MS),
     })
 }
 
