@@ -150,7 +150,7 @@ impl Reclaimer {
                 .filter_map(|(key, state)| {
                     state
                         .next_deadline_ms()
-                        .map(|deadline_ms| (Arc::from(key.as_str()), deadline_ms))
+                        .map(|deadline_ms| (key.clone(), deadline_ms))
                 })
                 .collect()
         });
