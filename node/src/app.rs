@@ -152,7 +152,10 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     let network = Network::new(
         settings.id,
         settings.secret.clone(),
-        Duration::from_millis(timings.rpc_timeout_ms),
+        (
+            Duration::from_millis(timings.rpc_timeout_ms),
+            Duration::from_millis(timings.heartbeat_interval_ms),
+        ),
         settings.tls.as_ref(),
         settings.peer_source_ip,
     )?;

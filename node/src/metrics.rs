@@ -153,7 +153,7 @@ const KEYS_PER_READ: usize = 4_096;
 pub fn publish_totals(state: &permitd_storage::SharedState) {
     let now_ms = crate::now_ms();
     let mut totals = permitd_core::usage::UsageCounts::default();
-    let mut after: Option<String> = None;
+    let mut after: Option<std::sync::Arc<str>> = None;
     loop {
         let (slice, next) = state
             .read(|semaphores| semaphores.add_up_usage(after.as_deref(), KEYS_PER_READ, now_ms));

@@ -87,7 +87,7 @@ pub struct Reclaimer {
     /// until their proposal ends.
     reclaiming: HashSet<String>,
     /// The scan under way: the last key it read (`None`: not started).
-    scan: Option<Option<String>>,
+    scan: Option<Option<Arc<str>>>,
     /// When the next scan starts.
     next_scan: Instant,
 }
@@ -226,8 +226,8 @@ impl Reclaimer {
             for (key, state) in slice {
                 last = Some(key);
                 if let Some(deadline_ms) = state.next_deadline_ms() {
-                    if deadline_ms <= horizon_ms && !self.reclaiming.contains(key) {
-                        due.push((Arc::from(key.as_str()), deadline_ms));
+                    if deadline_ms <= horizon_ms && !self.reclaiming.contains(&**key) {
+                        due.push((Arc::clone(key), deadline_ms));
                     }
                 }
             }

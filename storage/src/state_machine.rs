@@ -11,7 +11,8 @@
 //! - the stored snapshot only moves forward (a slow builder never overwrites a
 //!   newer installed snapshot), and it is on disk before openraft learns of it,
 //!   together with the state it covers, because openraft purges the log behind it;
-//! - building a snapshot holds the state lock only to clone the state: encoding
+//! - building a snapshot holds the state lock only to clone the state (which
+//!   shares every key, see `Semaphores`): encoding
 //!   and writing the file run on a blocking thread while applies go on, so a
 //!   snapshot never stalls a round for longer than the clone.
 
@@ -254,7 +255,12 @@ impl StateMachineStore {
             .map_err(|error| StorageError::Snapshot(format!("install task: {error}")))??;
         let notice = Applied {
             log_index: image.last_applied.map_or(0, |log_id| log_id.index),
-            keys: image.semaphores.keys().keys().cloned().collect(),
+            keys: image
+                .semaphores
+                .keys()
+                .keys()
+                .map(|key| key.to_string())
+                .collect(),
             events: Vec::new(),
             installed_snapshot: true,
         };

@@ -94,7 +94,7 @@ fn check_usage_sums(sem: &Semaphores, step: usize) -> Result<(), TestCaseError> 
             available: usage.available,
         };
     }
-    let (mut sum, mut after) = (UsageCounts::default(), None::<String>);
+    let (mut sum, mut after) = (UsageCounts::default(), None::<std::sync::Arc<str>>);
     loop {
         let (slice, next) = sem.add_up_usage(after.as_deref(), 1 + step % 3, now_ms);
         sum += slice;

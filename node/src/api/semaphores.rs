@@ -233,15 +233,13 @@ pub async fn list(
         let start = query
             .after
             .as_deref()
-            .map_or(std::ops::Bound::Unbounded, |after| {
-                std::ops::Bound::Excluded(after.to_owned())
-            });
+            .map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
         let mut keys: Vec<KeyUsage> = semaphores
             .keys()
-            .range((start, std::ops::Bound::Unbounded))
+            .range::<str, _>((start, std::ops::Bound::Unbounded))
             .take(limit + 1)
             .map(|(key, _)| KeyUsage {
-                key: key.clone(),
+                key: key.to_string(),
                 usage: semaphores.usage(key, now_ms),
             })
             .collect();

@@ -161,13 +161,32 @@ pub fn threads_per_process() -> u16 {
     u16::try_from((cores / (NODES + 1)).max(1)).unwrap_or(u16::MAX)
 }
 
-/// The cluster settings of every bench cluster.
+/// The cluster settings of every bench cluster. To compare settings without a
+/// rebuild: `PERMITD_BENCH_TOML` adds `cluster.toml` tables (e.g. `[limits]
+/// entries_in_flight = 8`), `PERMITD_BENCH_RAFT_TIMINGS` replaces the Raft
+/// timings as `heartbeat,election_min,election_max` in ms.
 fn settings() -> Settings {
     Settings {
         nodes: NODES,
         defaults: "limit = 32\nroundWaitMs = 1\nroundPeriodMs = 1\ngrantTimeoutMs = 60000\n".into(),
         worker_threads: Some(threads_per_process()),
+        extra_toml: std::env::var("PERMITD_BENCH_TOML").unwrap_or_default(),
+        raft_timings_ms: std::env::var("PERMITD_BENCH_RAFT_TIMINGS")
+            .ok()
+            .and_then(|timings| parse_timings(&timings)),
         ..Settings::default()
+    }
+}
+
+/// `heartbeat,election_min,election_max` in ms.
+fn parse_timings(timings: &str) -> Option<(u64, u64, u64)> {
+    let parsed: Vec<u64> = timings
+        .split(',')
+        .map(|part| part.trim().parse().ok())
+        .collect::<Option<_>>()?;
+    match parsed[..] {
+        [heartbeat, min, max] => Some((heartbeat, min, max)),
+        _ => None,
     }
 }
 

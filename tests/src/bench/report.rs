@@ -316,6 +316,11 @@ impl Report {
             self.elapsed.as_secs_f64(),
             super::threads_per_process()
         );
+        for name in ["PERMITD_BENCH_TOML", "PERMITD_BENCH_RAFT_TIMINGS"] {
+            if let Ok(value) = std::env::var(name) {
+                let _ = writeln!(text, "Overridden: {name}={value:?}.\n");
+            }
+        }
         text.push_str("| section | scenario | throughput | p50 | p99 | notes | target |\n");
         text.push_str("|---|---|---|---|---|---|---|\n");
         for row in &self.rows {
