@@ -99,3 +99,33 @@ async fn a_full_cluster_restart_keeps_all_state() {
     let old_fence = answer.body["grants"][0]["fence"].as_u64().unwrap();
     assert!(next.body["grants"][0]["fence"].as_u64().unwrap() > old_fence);
 }
+
+/// A follower restarted after the leader gave up calling it for a while hears
+/// from the leader before its election timer runs out: it must not stand for
+/// election on its stale log, which bumps the term, loses, and makes openraft
+/// delay that node's next election by `2 × election_timeout_max` (failovers
+/// that needed it took twice as long). The leader calls an unreachable peer
+/// again after one heartbeat, not after openraft's default 500 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_follower_rejoins_without_an_election() {
+    let mut cluster = Cluster::start(Settings::default()).await;
+    let leader = cluster.wait_for_leader().await;
+    let follower = cluster.follower_of(leader);
+    // Each restart lands at another point of the leader's retry pause.
+    for restart in 0..3 {
+        cluster.kill(follower);
+        // Long enough for the leader's calls to the dead node to fail and back off.
+        tokio::time::sleep(Duration::from_millis(1_200 + 170 * restart)).await;
+        let term = cluster.status(leader).await.expect("leader status")["term"].clone();
+        cluster.restart(follower);
+        // Well past the restarted node's first election timeout (lease + timeout).
+        let window = 3 * permitd_tests::ELECTION_TIMEOUT_MAX_MS;
+        tokio::time::sleep(Duration::from_millis(window + 500)).await;
+        let status = cluster.status(follower).await.expect("follower status");
+        assert_eq!(status["leader"], leader, "restart {restart}: {status}");
+        assert_eq!(
+            status["term"], term,
+            "restart {restart}, no election: {status}"
+        );
+    }
+}
