@@ -3,7 +3,8 @@
 //! Served by the node called, from its own applied entries ([`EventLog`]): any
 //! node can serve it, so it is not forwarded, and a stream outlives a leader
 //! change. Each message is one event (`event:` its type, `id:` its entry's log
-//! index, `data:` an [`EventRecord`]). `Last-Event-ID: N` (what a browser's
+//! index, `data:` an
+//! [`EventRecord`](permitd_core::contract::EventRecord) as JSON). `Last-Event-ID: N` (what a browser's
 //! `EventSource` sends when it reconnects) means `from = N + 1`.
 //!
 //! Refusals before the stream starts are ordinary JSON errors: 400 for a bad
@@ -23,14 +24,14 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 use permitd_core::contract::events::STREAM_ERROR_EVENT;
 use permitd_core::contract::paths;
-use permitd_core::contract::{ErrorAnswer, ErrorCode, EventQuery, EventRecord};
+use permitd_core::contract::{ErrorAnswer, ErrorCode, EventQuery};
 use permitd_core::limits::EVENT_KEEP_ALIVE_SECONDS;
 use permitd_core::validate::validate_key;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::error::ApiError;
 use crate::app::App;
-use crate::event_log::{matches, SubscribeError, Subscription};
+use crate::event_log::{matches, KeptEvent, SubscribeError, Subscription};
 
 /// The header a reconnecting `EventSource` sends.
 const LAST_EVENT_ID: &str = "last-event-id";
@@ -99,7 +100,7 @@ fn refusal(error: SubscribeError) -> ApiError {
 /// Where a running stream is.
 struct Cursor {
     subscription: Subscription,
-    backlog: std::vec::IntoIter<Arc<EventRecord>>,
+    backlog: std::vec::IntoIter<Arc<KeptEvent>>,
     key: Option<String>,
     from: u64,
     ended: bool,
@@ -154,12 +155,11 @@ async fn next_message(cursor: &mut Cursor) -> Option<SseEvent> {
     }
 }
 
-fn message(record: &EventRecord) -> SseEvent {
-    let data = serde_json::to_string(record).expect("an event record serialises");
+fn message(record: &KeptEvent) -> SseEvent {
     SseEvent::default()
-        .event(record.event.name())
+        .event(record.name)
         .id(record.log_index.to_string())
-        .data(data)
+        .data(&*record.json)
 }
 
 fn fell_behind(missed: u64) -> SseEvent {
