@@ -34,6 +34,9 @@ pub enum StorageError {
     Codec(#[from] crate::codec::CodecError),
     #[error("snapshot: {0}")]
     Snapshot(String),
+    /// The blocking task that flushed sled did not finish (it panicked).
+    #[error("flush: {0}")]
+    Flush(String),
 }
 
 /// openraft's error type, as its traits return it.

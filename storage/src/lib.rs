@@ -40,6 +40,7 @@ mod apply;
 mod apply_fuzz;
 pub mod codec;
 pub mod command;
+mod durable;
 mod error;
 mod format;
 pub mod keys;

@@ -2,7 +2,7 @@
 //!
 //! Invariants:
 //! - a saved vote, an appended entry, a truncation and a purge are on disk
-//!   (`flush_async` returned) before openraft is told they happened: sled by itself
+//!   (a [`crate::durable::flush`] returned) before openraft is told they happened: sled by itself
 //!   only flushes every 500 ms, which would let a node forget a vote it cast or an
 //!   entry it acknowledged to the leader;
 //! - entries are consecutive: appends, truncations (a suffix) and purges (a
@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::{read_logs, read_vote, write_logs, write_vote, RaftError};
-use crate::{codec, keys};
+use crate::{codec, durable, keys};
 use crate::{NodeId, StorageError, TypeConfig};
 
 /// Most entries one `limited_get_log_entries` call returns.
@@ -32,7 +32,7 @@ const MAX_BYTES_PER_READ: usize = 8 * 1024 * 1024;
 /// makes every single write and batch atomic for readers.
 #[derive(Debug, Clone)]
 pub struct LogStore {
-    /// The whole database: `flush_async` on it makes every tree durable.
+    /// The whole database: a flush of it makes every tree durable.
     db: sled::Db,
     /// Entries by index ([`keys::log_key`]).
     log: sled::Tree,
@@ -58,8 +58,7 @@ impl LogStore {
     }
 
     async fn flush(&self) -> Result<(), StorageError> {
-        self.db.flush_async().await?;
-        Ok(())
+        durable::flush(&self.db).await
     }
 
     /// Entries in `range`, stopping after `max_entries` or once `max_bytes` are read.
@@ -201,7 +200,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         self.append_batch(entries).map_err(write_logs)?;
-        match self.db.flush_async().await {
+        match self.flush().await {
             Ok(_) => {
                 callback.log_io_completed(Ok(()));
                 Ok(())

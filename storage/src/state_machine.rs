@@ -35,7 +35,9 @@ use crate::error::{
 };
 use crate::rows::{Loaded, WriteSet};
 use crate::snapshot::{SnapshotFiles, StoredSnapshot};
-use crate::{codec, keys, snapshot, CommandResult, NodeId, PeerNode, StorageError, TypeConfig};
+use crate::{
+    codec, durable, keys, snapshot, CommandResult, NodeId, PeerNode, StorageError, TypeConfig,
+};
 
 /// Apply notices kept for subscribers that fall behind; a lagging subscriber gets
 /// `RecvError::Lagged` and should re-read the state.
@@ -97,7 +99,7 @@ impl SharedState {
     /// every acknowledgement anyway; this makes a clean stop leave the applied
     /// state on disk too, so the next start replays nothing.
     pub async fn flush(&self) -> Result<(), StorageError> {
-        self.db.flush_async().await?;
+        durable::flush(&self.db).await?;
         Ok(())
     }
 
@@ -143,7 +145,7 @@ impl SharedState {
 pub struct StateMachineStore {
     /// Named in errors.
     dir: PathBuf,
-    /// For `flush_async` (durability covers every tree).
+    /// For flushes (durability covers every tree).
     db: sled::Db,
     state_tree: sled::Tree,
     shared: SharedState,
@@ -275,7 +277,7 @@ impl StateMachineStore {
                 membership: image.membership,
             };
         }
-        self.db.flush_async().await?;
+        durable::flush(&self.db).await?;
         self.remove_old_files(&file);
         self.shared.publish(vec![notice]);
         Ok(())
@@ -424,7 +426,7 @@ impl SnapshotBuilder {
         let stored = self.store(&meta, &file)?;
         // openraft purges the log behind the snapshot: the snapshot and the state
         // it covers must be durable first.
-        self.db.flush_async().await?;
+        durable::flush(&self.db).await?;
         let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
         if let Err(error) = self.files.remove_all_but(&stored) {
             tracing::warn!(%error, "cannot remove old snapshot files");
