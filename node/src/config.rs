@@ -521,23 +521,25 @@ mod tests {
         }
     }
 
+    /// A one-node configuration with `limits` as its `[limits]` table.
+    fn with_limits(limits: &str) -> ClusterConfig {
+        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
+        let text = format!(
+            "secret = \"0123456789abcdef\"\n[auth]\nadmin_token = \"0123456789abcdef\"\n[limits]\n{limits}\n{node}"
+        );
+        toml::from_str(&text).unwrap()
+    }
+
     #[test]
     fn the_reclaim_horizon_defaults_to_a_minute_and_is_checked() {
-        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
-        let config = |limits: &str| -> ClusterConfig {
-            let text = format!(
-                "secret = \"0123456789abcdef\"\n[auth]\nadmin_token = \"0123456789abcdef\"\n[limits]\n{limits}\n{node}"
-            );
-            toml::from_str(&text).unwrap()
-        };
-        assert_eq!(config("").limits.reclaim_horizon_ms, 60_000);
+        assert_eq!(with_limits("").limits.reclaim_horizon_ms, 60_000);
         for (horizon, valid) in [
             (999, false),
             (1_000, true),
             (3_600_000, true),
             (3_600_001, false),
         ] {
-            let config = config(&format!("reclaim_horizon_ms = {horizon}"));
+            let config = with_limits(&format!("reclaim_horizon_ms = {horizon}"));
             assert_eq!(
                 config.check().is_ok(),
                 valid,
@@ -548,14 +550,7 @@ mod tests {
 
     #[test]
     fn edge_limits_default_to_the_maxima_and_are_checked() {
-        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
-        let config = |limits: &str| -> ClusterConfig {
-            let text = format!(
-                "secret = \"0123456789abcdef\"\n[auth]\nadmin_token = \"0123456789abcdef\"\n[limits]\n{limits}\n{node}"
-            );
-            toml::from_str(&text).unwrap()
-        };
-        let edge = config("").limits.edge();
+        let edge = with_limits("").limits.edge();
         assert_eq!(
             edge.header_read_timeout,
             Duration::from_millis(HEADER_READ_TIMEOUT_MS)
@@ -565,7 +560,7 @@ mod tests {
             Duration::from_millis(BODY_READ_TIMEOUT_MS)
         );
         assert_eq!(edge.max_connections, MAX_CONNECTIONS_PER_LISTENER);
-        let short = config("header_read_timeout_ms = 500\nbody_read_timeout_ms = 700");
+        let short = with_limits("header_read_timeout_ms = 500\nbody_read_timeout_ms = 700");
         assert_eq!(
             short.limits.edge().header_read_timeout,
             Duration::from_millis(500)
@@ -584,7 +579,7 @@ mod tests {
             "commit_timeout_ms = 0",
             "commit_timeout_ms = 60001",
         ] {
-            assert!(config(invalid).check().is_err(), "{invalid}");
+            assert!(with_limits(invalid).check().is_err(), "{invalid}");
         }
     }
 }
