@@ -146,11 +146,24 @@ pub fn blocked(reason: &'static str, count: u64) {
 /// apply waits at most one slice (well under a millisecond).
 const KEYS_PER_READ: usize = 4_096;
 
+/// Totals younger than this are served again: a burst of scrapes walks the keys
+/// at most once per interval, whatever their number.
+const TOTALS_REUSED_FOR: Duration = Duration::from_secs(1);
+
 /// Exports the all-keys gauges, added up from the state now (the node's clock):
 /// one walk over every key at each scrape, a slice at a time, rather than a copy
 /// of every key's last usage kept between scrapes (80 B per key). Blocking: at
-/// 100,000 keys it takes a few milliseconds of CPU.
+/// 100,000 keys it takes a few milliseconds of CPU, at most once per
+/// [`TOTALS_REUSED_FOR`].
 pub fn publish_totals(state: &permitd_storage::SharedState) {
+    static LAST_WALK: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    // Held for the whole walk: concurrent scrapes wait for it and then reuse it.
+    let mut last_walk = LAST_WALK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if last_walk.is_some_and(|at| at.elapsed() < TOTALS_REUSED_FOR) {
+        return;
+    }
     let now_ms = crate::now_ms();
     let mut totals = permitd_core::usage::UsageCounts::default();
     let mut after: Option<std::sync::Arc<str>> = None;
@@ -168,6 +181,7 @@ pub fn publish_totals(state: &permitd_storage::SharedState) {
     metrics::gauge!(KEYS_GRANTED).set(totals.granted as f64);
     metrics::gauge!(KEYS_LEASED).set(totals.leased as f64);
     metrics::gauge!(KEYS_AVAILABLE).set(totals.available as f64);
+    *last_walk = Some(std::time::Instant::now());
 }
 
 /// The bounded per-key series.

@@ -215,11 +215,8 @@ impl Reclaimer {
         };
         let horizon_ms = crate::now_ms() + self.horizon_ms;
         let (due, last) = self.state.read(|semaphores| {
-            use std::ops::Bound::{Excluded, Unbounded};
-            let start = after.as_deref().map_or(Unbounded, Excluded);
             let slice = semaphores
-                .keys()
-                .range::<str, _>((start, Unbounded))
+                .keys_after(after.as_deref())
                 .take(KEYS_PER_SCAN_READ);
             let mut due: Vec<(Arc<str>, u64)> = Vec::new();
             let mut last = None;
@@ -238,7 +235,8 @@ impl Reclaimer {
                 self.deadlines.set(key, Some(deadline_ms));
             }
         }
-        // A slice of fewer keys than asked for reached the end: the scan is done.
+        // Goes on after the last key read; a slice that read none (the walk
+        // passed the last key) ends the scan.
         self.scan = last.map(Some);
     }
 

@@ -230,13 +230,8 @@ pub async fn list(
     linearizable(&app).await?;
     let now_ms = crate::now_ms();
     let list = app.state.read(|semaphores| {
-        let start = query
-            .after
-            .as_deref()
-            .map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
         let mut keys: Vec<KeyUsage> = semaphores
-            .keys()
-            .range::<str, _>((start, std::ops::Bound::Unbounded))
+            .keys_after(query.after.as_deref())
             .take(limit + 1)
             .map(|(key, _)| KeyUsage {
                 key: key.to_string(),
