@@ -45,6 +45,11 @@ pub fn watch_leadership(raft: &Raft) -> watch::Receiver<Leadership> {
                 if changed && seen.leader != current.leader {
                     crate::metrics::leader_changed(current.leader);
                 }
+                if current.is_leader && !seen.holds(&current) {
+                    // One line per term this node led: tests check from the
+                    // node logs that no term ever had two leaders.
+                    tracing::info!(term = current.term, "this node leads the cluster");
+                }
                 *seen = current;
                 changed
             });

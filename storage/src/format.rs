@@ -10,6 +10,7 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
+use crate::durable::DurableDb;
 use crate::{keys, StorageError};
 
 /// The on-disk layout version this build reads and writes (the trees and keys of
@@ -89,7 +90,8 @@ fn read_sled_version(db: &sled::Db, dir: &Path) -> Result<Option<u32>, StorageEr
 }
 
 /// Accepts a store of our version, initialises a brand-new one, refuses the rest.
-pub(crate) fn check_or_initialise(db: &sled::Db, dir: &Path) -> Result<(), StorageError> {
+pub(crate) fn check_or_initialise(durable: &DurableDb, dir: &Path) -> Result<(), StorageError> {
+    let db = durable.db();
     let marker = read_marker(dir)?;
     if let Some(version) = marker {
         check_version(dir, version, "the marker file")?;
@@ -111,7 +113,7 @@ pub(crate) fn check_or_initialise(db: &sled::Db, dir: &Path) -> Result<(), Stora
         // without a version belongs to someone else.
         (None, None) if !db.was_recovered() => {
             db.insert(keys::FORMAT_VERSION, &STORAGE_FORMAT_VERSION.to_be_bytes())?;
-            db.flush()?;
+            durable.flush_blocking()?;
             write_marker(dir)
         }
         (None, None) => Err(incompatible(

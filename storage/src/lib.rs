@@ -38,9 +38,10 @@
 mod apply;
 #[cfg(test)]
 mod apply_fuzz;
+pub mod audit;
 pub mod codec;
 pub mod command;
-mod durable;
+pub mod durable;
 mod error;
 mod format;
 pub mod keys;
@@ -149,12 +150,15 @@ pub async fn open(options: &Options) -> Result<Opened, StorageError> {
 
 fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
     let dir = options.dir.as_path();
-    std::fs::create_dir_all(dir).map_err(|source| StorageError::CreateDir {
+    // Durably: a data dir whose own directory entry is lost in a power cut
+    // would come back empty, and the node would start a new cluster.
+    durable::create_dir_all(dir).map_err(|source| StorageError::CreateDir {
         dir: dir.to_owned(),
         source,
     })?;
+    let sled_dir = dir.join("sled");
     let db = sled::Config::new()
-        .path(dir.join("sled"))
+        .path(&sled_dir)
         .cache_capacity(options.cache_capacity_bytes)
         // Every write that must survive a crash flushes before it is
         // acknowledged (see `log_store.rs`); sled's background flush every
@@ -165,10 +169,11 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
             dir: dir.to_owned(),
             source,
         })?;
+    let db = durable::DurableDb::new(db, sled_dir);
     format::check_or_initialise(&db, dir)?;
-    let log = db.open_tree("log")?;
-    let raft = db.open_tree("raft")?;
-    let state_tree = db.open_tree("state")?;
+    let log = db.db().open_tree("log")?;
+    let raft = db.db().open_tree("raft")?;
+    let state_tree = db.db().open_tree("state")?;
     let loaded = rows::load(&state_tree, dir)?;
     tracing::info!(
         dir = %dir.display(),

@@ -18,8 +18,9 @@ use openraft::{Entry, LogId, OptionalSend, RaftLogReader, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::durable::DurableDb;
 use crate::error::{read_logs, read_vote, write_logs, write_vote, RaftError};
-use crate::{codec, durable, keys};
+use crate::{codec, keys};
 use crate::{NodeId, StorageError, TypeConfig};
 
 /// Most entries one `limited_get_log_entries` call returns.
@@ -33,7 +34,7 @@ const MAX_BYTES_PER_READ: usize = 8 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct LogStore {
     /// The whole database: a flush of it makes every tree durable.
-    db: sled::Db,
+    db: DurableDb,
     /// Entries by index ([`keys::log_key`]).
     log: sled::Tree,
     /// Vote, committed and last purged log ids.
@@ -41,7 +42,7 @@ pub struct LogStore {
 }
 
 impl LogStore {
-    pub(crate) fn new(db: sled::Db, log: sled::Tree, raft: sled::Tree) -> Self {
+    pub(crate) fn new(db: DurableDb, log: sled::Tree, raft: sled::Tree) -> Self {
         Self { db, log, raft }
     }
 
@@ -58,7 +59,7 @@ impl LogStore {
     }
 
     async fn flush(&self) -> Result<(), StorageError> {
-        durable::flush(&self.db).await
+        self.db.flush().await
     }
 
     /// Entries in `range`, stopping after `max_entries` or once `max_bytes` are read.

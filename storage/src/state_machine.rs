@@ -30,14 +30,13 @@ use permitd_core::{Event, Semaphores};
 use tokio::sync::broadcast;
 
 use crate::apply::apply_command;
+use crate::durable::DurableDb;
 use crate::error::{
     read_snapshot, read_state_machine, write_snapshot, write_state_machine, RaftError,
 };
 use crate::rows::{Loaded, WriteSet};
 use crate::snapshot::{SnapshotFiles, StoredSnapshot};
-use crate::{
-    codec, durable, keys, snapshot, CommandResult, NodeId, PeerNode, StorageError, TypeConfig,
-};
+use crate::{codec, keys, snapshot, CommandResult, NodeId, PeerNode, StorageError, TypeConfig};
 
 /// Apply notices kept for subscribers that fall behind; a lagging subscriber gets
 /// `RecvError::Lagged` and should re-read the state.
@@ -76,11 +75,11 @@ pub struct SharedState {
     /// One notice per applied entry, sent after the entry is written.
     notices: broadcast::Sender<Arc<Applied>>,
     /// For [`SharedState::flush`] at shutdown.
-    db: sled::Db,
+    db: DurableDb,
 }
 
 impl SharedState {
-    fn new(loaded: Loaded, db: sled::Db) -> Self {
+    fn new(loaded: Loaded, db: DurableDb) -> Self {
         let state = AppliedState {
             semaphores: loaded.semaphores,
             tokens: loaded.tokens,
@@ -95,12 +94,12 @@ impl SharedState {
         }
     }
 
-    /// Writes everything sled still buffers to disk. The log is flushed before
-    /// every acknowledgement anyway; this makes a clean stop leave the applied
-    /// state on disk too, so the next start replays nothing.
+    /// Makes the applied state durable (sled's buffers written, its files
+    /// synced). The log holds every entry the state may lose; this makes a
+    /// clean stop leave the applied state on disk too, so the next start
+    /// replays nothing.
     pub async fn flush(&self) -> Result<(), StorageError> {
-        durable::flush(&self.db).await?;
-        Ok(())
+        self.db.flush().await
     }
 
     /// Runs `f` on the applied semaphores. Keep `f` short: applies wait for it.
@@ -146,7 +145,7 @@ pub struct StateMachineStore {
     /// Named in errors.
     dir: PathBuf,
     /// For flushes (durability covers every tree).
-    db: sled::Db,
+    db: DurableDb,
     state_tree: sled::Tree,
     shared: SharedState,
     files: SnapshotFiles,
@@ -157,7 +156,7 @@ pub struct StateMachineStore {
 }
 
 impl StateMachineStore {
-    pub(crate) fn new(dir: PathBuf, db: sled::Db, state_tree: sled::Tree, loaded: Loaded) -> Self {
+    pub(crate) fn new(dir: PathBuf, db: DurableDb, state_tree: sled::Tree, loaded: Loaded) -> Self {
         Self {
             files: SnapshotFiles::new(&dir),
             dir,
@@ -277,7 +276,7 @@ impl StateMachineStore {
                 membership: image.membership,
             };
         }
-        durable::flush(&self.db).await?;
+        self.db.flush().await?;
         self.remove_old_files(&file);
         self.shared.publish(vec![notice]);
         Ok(())
@@ -382,7 +381,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 /// Builds a snapshot from a copy of the applied state taken under the read lock.
 #[derive(Debug)]
 pub struct SnapshotBuilder {
-    db: sled::Db,
+    db: DurableDb,
     state_tree: sled::Tree,
     shared: SharedState,
     files: SnapshotFiles,
@@ -426,7 +425,7 @@ impl SnapshotBuilder {
         let stored = self.store(&meta, &file)?;
         // openraft purges the log behind the snapshot: the snapshot and the state
         // it covers must be durable first.
-        durable::flush(&self.db).await?;
+        self.db.flush().await?;
         let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
         if let Err(error) = self.files.remove_all_but(&stored) {
             tracing::warn!(%error, "cannot remove old snapshot files");

@@ -41,6 +41,8 @@ pub mod bench;
 pub mod certs;
 pub mod chaos;
 pub mod ctl;
+pub mod disks;
+pub mod power_loss;
 
 /// The peer secret every test cluster uses (opens `/raft/*` only).
 pub const SECRET: &str = "permitd-test-secret-0123456789";
@@ -197,6 +199,9 @@ pub struct Settings {
     pub raft_timings_ms: Option<(u64, u64, u64)>,
     /// `--worker-threads` of every node; `None` leaves permitd's default.
     pub worker_threads: Option<u16>,
+    /// Each node's data dir on a `powerfs` mount that can lose power
+    /// ([`disks`]; [`Cluster::power_loss`]).
+    pub power_loss_disks: bool,
 }
 
 impl Default for Settings {
@@ -213,6 +218,7 @@ impl Default for Settings {
             snapshot_every_logs: SNAPSHOT_EVERY_LOGS,
             raft_timings_ms: None,
             worker_threads: None,
+            power_loss_disks: false,
         }
     }
 }
@@ -229,6 +235,8 @@ pub struct Cluster {
     /// The generated certificates of a TLS cluster.
     pub certs: Option<certs::TestCerts>,
     settings: Settings,
+    /// The nodes' `powerfs` mounts, with [`Settings::power_loss_disks`].
+    disks: Option<disks::Disks>,
 }
 
 impl Cluster {
@@ -294,6 +302,9 @@ impl Cluster {
             })
             .collect();
         std::fs::write(&config, cluster_toml(&nodes, &settings, certs.as_ref())).expect("config");
+        let disks = settings
+            .power_loss_disks
+            .then(|| disks::Disks::mount(dir.path(), nodes.iter().map(|node| node.id)));
         for node in &mut nodes {
             node.spawn(dir.path());
         }
@@ -306,6 +317,7 @@ impl Cluster {
             bare_http,
             certs,
             settings,
+            disks,
         }
     }
 
@@ -415,6 +427,26 @@ impl Cluster {
     }
 
     /// Starts a stopped node again on its data.
+    /// Cuts the power of nodes `ids` at once: SIGKILL, then each disk drops
+    /// what its node had not made durable (`torn`: a seed that keeps a torn
+    /// prefix of one unsynced write). Restart them with [`Cluster::restart`].
+    pub fn power_loss(
+        &mut self,
+        ids: &[u64],
+        torn: Option<u64>,
+    ) -> Vec<permitd_powerfs::LossReport> {
+        for id in ids {
+            self.kill(*id);
+        }
+        let disks = self
+            .disks
+            .as_ref()
+            .expect("a cluster started with Settings::power_loss_disks");
+        ids.iter()
+            .map(|id| disks.power_loss(*id, torn.map(|seed| seed ^ id)))
+            .collect()
+    }
+
     pub fn restart(&mut self, id: u64) {
         let dir = self.dir.path().to_owned();
         let node = self.node_mut(id);
@@ -597,6 +629,8 @@ impl Drop for Cluster {
                 let _ = child.wait();
             }
         }
+        // Unmounted before the temp dir is removed, never through the mount.
+        drop(self.disks.take());
     }
 }
 
@@ -659,8 +693,15 @@ fn cluster_toml(nodes: &[Node], settings: &Settings, certs: Option<&certs::TestC
     }
     for node in nodes {
         text.push_str(&format!(
-            "[[node]]\nid = {}\napi_addr = \"{}\"\nraft_addr = \"{}\"\ndata_dir = \"data/node-{}\"\n",
-            node.id, node.api_addr, node.raft_addr, node.id
+            "[[node]]\nid = {}\napi_addr = \"{}\"\nraft_addr = \"{}\"\ndata_dir = \"{}\"\n",
+            node.id,
+            node.api_addr,
+            node.raft_addr,
+            if settings.power_loss_disks {
+                disks::data_dir(node.id)
+            } else {
+                format!("data/node-{}", node.id)
+            }
         ));
         if let Some(addr) = &node.advertise_raft_addr {
             text.push_str(&format!("advertise_raft_addr = \"{addr}\"\n"));

@@ -53,7 +53,9 @@ pub fn random_hex(bytes: usize) -> Result<String, getrandom::Error> {
 }
 
 /// Writes `contents` to a new file at `path` that only its owner may read or
-/// write (mode 0600 from its creation: there is no moment it is readable).
+/// write (mode 0600 from its creation: there is no moment it is readable),
+/// durably: the file, then the folder that names it, so a power cut cannot
+/// leave a cluster whose admin token was printed but never stored.
 pub fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()
@@ -62,7 +64,14 @@ pub fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
         .mode(0o600)
         .open(path)?;
     file.write_all(contents.as_bytes())?;
-    file.sync_all()
+    file.sync_all()?;
+    match path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        Some(folder) => permitd_storage::durable::sync_dir(folder),
+        None => permitd_storage::durable::sync_dir(Path::new(".")),
+    }
 }
 
 #[cfg(test)]

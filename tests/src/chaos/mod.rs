@@ -6,8 +6,9 @@
 //!
 //! [`Profile::from_env`]: without `CHAOS_SECONDS` the bounded CI profile (about
 //! two minutes of faults, at least 10 leader kills, 5 pauses, 1 full restart,
-//! 2 partitions, 2 follower kills); with it, a soak of that many seconds of
-//! faults. Every random choice comes from one number, the run's random state
+//! 2 partitions, 2 follower kills, 3 power losses); with it, a soak of that
+//! many seconds of faults. Every node's data dir is on a `powerfs` disk
+//! ([`crate::disks`]), so a power loss drops whatever a node had not synced. Every random choice comes from one number, the run's random state
 //! ([`random`]): `CHAOS_RANDOM_STATE=<n>` replays a run; the number is printed at
 //! the start and named in every failure.
 //!
@@ -151,6 +152,7 @@ pub async fn start_workload(profile: &Profile) -> Workload {
     let settings = Settings {
         tls: profile.tls,
         distinct_source_ips: true,
+        power_loss_disks: true,
         ..Settings::default()
     };
     let cluster =

@@ -37,15 +37,20 @@ pub enum FaultKind {
     RestartCluster,
     /// Cut one node (the leader, or a follower) off from the others for `down_ms`.
     Partition,
+    /// Cut the power of the leader, a follower or every node: SIGKILL, and
+    /// their disks drop every write not made durable (`powerfs`); restart
+    /// after `down_ms`.
+    PowerLoss,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 5] = [
+    pub const ALL: [FaultKind; 6] = [
         FaultKind::KillLeader,
         FaultKind::KillFollower,
         FaultKind::PauseLeader,
         FaultKind::RestartCluster,
         FaultKind::Partition,
+        FaultKind::PowerLoss,
     ];
 
     pub fn name(self) -> &'static str {
@@ -55,6 +60,7 @@ impl FaultKind {
             FaultKind::PauseLeader => "pause_leader",
             FaultKind::RestartCluster => "restart_cluster",
             FaultKind::Partition => "partition",
+            FaultKind::PowerLoss => "power_loss",
         }
     }
 }
@@ -71,6 +77,10 @@ pub struct Fault {
     pub target_leader: bool,
     /// KillFollower / Partition of a follower: which of the two (0 or 1).
     pub follower_pick: usize,
+    /// PowerLoss: every node at once (else as `target_leader` says).
+    pub everyone: bool,
+    /// PowerLoss: the seed of a torn write, if one is kept.
+    pub torn: Option<u64>,
 }
 
 /// The faults a profile must inject at least, before random ones.
@@ -81,6 +91,7 @@ pub fn required(kind: FaultKind) -> usize {
         FaultKind::RestartCluster => 1,
         FaultKind::Partition => 2,
         FaultKind::KillFollower => 2,
+        FaultKind::PowerLoss => 3,
     }
 }
 
@@ -117,6 +128,7 @@ impl Schedule {
                 7..=9 => FaultKind::KillFollower,
                 10..=14 => FaultKind::PauseLeader,
                 15 => FaultKind::RestartCluster,
+                16 => FaultKind::PowerLoss,
                 _ => FaultKind::Partition,
             }
         });
@@ -135,7 +147,7 @@ impl Schedule {
             FaultKind::PauseLeader => {
                 2 * ELECTION_TIMEOUT_MAX_MS + self.rng.random_range(300..=1_500)
             }
-            FaultKind::RestartCluster => self.rng.random_range(200..=1_500),
+            FaultKind::RestartCluster | FaultKind::PowerLoss => self.rng.random_range(200..=1_500),
             FaultKind::Partition => self.rng.random_range(1_500..=4_000),
         };
         Fault {
@@ -144,6 +156,11 @@ impl Schedule {
             gap_ms: self.rng.random_range(200..=1_200),
             target_leader: self.rng.random_bool(0.7),
             follower_pick: self.rng.random_range(0..2),
+            everyone: self.rng.random_bool(0.3),
+            torn: self
+                .rng
+                .random_bool(0.5)
+                .then(|| self.rng.random_range(1..u64::MAX)),
         }
     }
 }
@@ -280,6 +297,22 @@ impl Nemesis {
                     self.cluster.restart(*id);
                 }
                 None
+            }
+            FaultKind::PowerLoss => {
+                let victims = match (fault.everyone, fault.target_leader) {
+                    (true, _) => ids.clone(),
+                    (false, true) => leader.or(follower).into_iter().collect(),
+                    (false, false) => follower.into_iter().collect(),
+                };
+                let reports = self.cluster.power_loss(&victims, fault.torn);
+                eprintln!("chaos: power loss on {victims:?}: {reports:?}");
+                tokio::time::sleep(down).await;
+                for id in &victims {
+                    self.cluster.restart(*id);
+                }
+                (!fault.everyone)
+                    .then(|| victims.first().copied())
+                    .flatten()
             }
             FaultKind::Partition => {
                 let node = if fault.target_leader {
