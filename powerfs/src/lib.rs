@@ -20,7 +20,8 @@
 //!   durable op inside a dir whose own create is dropped goes with the dir.
 //!
 //! `power_loss` unmounts (the caller's processes must be dead: no file open in the
-//! mount, else it fails with the unmount's EBUSY and changes nothing), undoes every
+//! mount, else, after retrying for 5 s, it fails with the unmount's EBUSY and changes
+//! nothing), undoes every
 //! unsynced data change (newest first), then every pending namespace op (newest first),
 //! and mounts again, so no stale kernel cache survives. With `torn = Some(seed)` one
 //! file's newest unsynced write (chosen by the seed, among files whose newest change is
@@ -189,7 +190,15 @@ impl PowerFs {
         let Some(session) = slot.take() else {
             return Ok(());
         };
-        if let Err(e) = nix::mount::umount(&self.mountpoint) {
+        // a killed process's files are closed as it exits, the kernel's last references
+        // to them may go a moment later: retry EBUSY for a while
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut res = nix::mount::umount(&self.mountpoint);
+        while res == Err(nix::errno::Errno::EBUSY) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            res = nix::mount::umount(&self.mountpoint);
+        }
+        if let Err(e) = res {
             *slot = Some(session);
             return Err(io::Error::new(
                 io::Error::from(e).kind(),
