@@ -78,7 +78,10 @@ fn sled_flush_inside_powerfs() {
     let mut wait_for = |word: &str| -> String {
         loop {
             let mut line = String::new();
-            assert!(out.read_line(&mut line).unwrap() > 0, "child ended before {word}");
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "child ended before {word}"
+            );
             if line.starts_with(word) {
                 return line;
             }
@@ -97,13 +100,22 @@ fn sled_flush_inside_powerfs() {
 
     let report = m.fs.power_loss(None).unwrap();
     eprintln!("{report}");
-    assert!(report.writes_dropped > 0, "sled's flushed writes were unsynced");
+    assert!(
+        report.writes_dropped > 0,
+        "sled's flushed writes were unsynced"
+    );
     assert_eq!(report.namespace_ops_dropped, 0);
 
     let db = open(&db_path);
     let got = db.get(b"key").unwrap();
-    eprintln!("after power loss: key = {got:?}, before = {:?}", db.get(b"before").unwrap());
-    assert_eq!(got, None, "sled 0.34's flush() (sync_file_range) is not durable");
+    eprintln!(
+        "after power loss: key = {got:?}, before = {:?}",
+        db.get(b"before").unwrap()
+    );
+    assert_eq!(
+        got, None,
+        "sled 0.34's flush() (sync_file_range) is not durable"
+    );
     drop(db);
 }
 
