@@ -402,6 +402,16 @@ impl State {
     /// unmounted. Leaves the state as a fresh mount's.
     pub fn power_loss(&mut self, torn: Option<u64>) -> io::Result<LossReport> {
         self.files.clear();
+        let report = self.revert_all(torn);
+        // whatever happened, the next mount starts from what the backing dir holds
+        self.undo.take_all();
+        self.inodes = Inodes::new();
+        self.ns = Pending::default();
+        self.trash_seq = 0;
+        report
+    }
+
+    fn revert_all(&mut self, torn: Option<u64>) -> io::Result<LossReport> {
         let logs = self.undo.take_all();
         let mut report = LossReport {
             writes_dropped: logs.values().map(Vec::len).sum(),
@@ -464,9 +474,6 @@ impl State {
         let trash = self.backing.join(TRASH);
         fs::remove_dir_all(&trash)?;
         fs::create_dir(&trash)?;
-        self.inodes = Inodes::new();
-        self.ns = Pending::default();
-        self.trash_seq = 0;
         Ok(report)
     }
 

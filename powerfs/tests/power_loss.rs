@@ -337,3 +337,16 @@ fn undo_cap_refuses_writes_with_enospc() {
     drop(f);
     pfs.unmount().unwrap();
 }
+
+#[test]
+fn fallocate_passes_through_and_reverts() {
+    use std::os::fd::AsRawFd;
+    let Some(m) = mount() else { return };
+    durable_file(&m.p("f"), b"abc").unwrap();
+    let f = OpenOptions::new().write(true).open(m.p("f")).unwrap();
+    nix::fcntl::fallocate(f.as_raw_fd(), nix::fcntl::FallocateFlags::empty(), 0, 4096).unwrap();
+    drop(f);
+    assert_eq!(fs::metadata(m.p("f")).unwrap().len(), 4096);
+    m.fs.power_loss(None).unwrap();
+    assert_eq!(read(&m.p("f")).unwrap(), b"abc");
+}
