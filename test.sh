@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine: installs what the tests need where it
+# is missing, then runs every test. `.ci/run` calls this same script.
+#
+#   ./test.sh
+#
+# What it installs, each by its ordinary installer and pinned:
+# - Debian's Chromium (apt-get; the dashboard test drives it with playwright-core,
+#   pinned in tests/ui/package-lock.json), when /usr/bin/chromium is missing;
+# - the npm packages of tests/ui and client/typescript, from their lockfiles;
+# - schemathesis, pinned in tests/schemathesis/run.sh, into a venv under the target dir.
+# The power-loss tests mount `powerfs` (FUSE, no libfuse needed): they need
+# /dev/fuse and root, as on CI's machine.
+#
+# Knobs: CARGO_TARGET_DIR, PROPTEST_CASES, SCHEMATHESIS_MAX_EXAMPLES,
+# CHAOS_SECONDS / POWER_LOSS_ROUNDS (longer soaks).
+set -euo pipefail
+cd "$(dirname "$0")"
+mkdir -p "${CARGO_TARGET_DIR:-target}"
+TARGET="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
+
+need() {
+  command -v "$1" >/dev/null 2>&1 || { echo "test.sh: $1 is needed ($2)" >&2; exit 1; }
+}
+need cargo "the Rust toolchain, from rustup"
+need node "Node.js 20 or newer, for the dashboard test and the TypeScript client"
+need npm "npm, with Node.js"
+need python3 "Python 3 with venv, for schemathesis"
+
+if [ ! -x /usr/bin/chromium ]; then
+  as_root=()
+  [ "$(id -u)" -eq 0 ] || as_root=(sudo)
+  "${as_root[@]}" apt-get update
+  DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y --no-install-recommends chromium
+fi
+(cd tests/ui && npm ci --no-audit --no-fund)
+
+# Every binary first, so the end-to-end tests never run a stale permitctl/permitd.
+cargo build --workspace --bins --locked
+cargo test --workspace --locked
+# schemathesis against a live three-node cluster of the permitd just built.
+tests/schemathesis/run.sh "$TARGET/debug/permitd"
+# The TypeScript client: build, type-check and test against real permitd processes.
+(
+  cd client/typescript
+  npm ci --no-audit --no-fund
+  npm run build
+  npm run typecheck
+  npm run build:test
+  PERMITD_BIN="$TARGET/debug/permitd" node --test build/test/
+)
