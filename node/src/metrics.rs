@@ -122,6 +122,7 @@ fn describe() {
     crate::raft_metrics::describe();
     crate::http_metrics::describe();
     permitd_storage::describe_snapshot_metrics();
+    permitd_storage::describe_wal_metrics();
 }
 
 pub fn round_finished(elapsed: Duration) {

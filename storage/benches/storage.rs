@@ -1,7 +1,7 @@
 //! Storage throughput on this machine: `cargo bench -p permitd-storage`.
 //!
 //! Prints one table row per case: log appends (each flushed to disk before the
-//! callback, as Raft needs) and applies of round entries (10 requests of 5
+//! callback, as Raft needs; one at a time, and pipelined as openraft does) and applies of round entries (10 requests of 5
 //! clients each), with one or many entries per call, and applies against a state
 //! already holding many keys (to show apply cost follows the entry, not the state).
 
@@ -30,7 +30,7 @@ impl Row {
         let per_second = self.entries as f64 / self.elapsed.as_secs_f64();
         let micros = self.elapsed.as_secs_f64() * 1e6 / self.entries as f64;
         println!(
-            "| {:<58} | {:>8} | {:>12.0} | {:>10.1} |",
+            "| {:<72} | {:>8} | {:>12.0} | {:>10.1} |",
             self.case, self.entries, per_second, micros
         );
     }
@@ -54,6 +54,58 @@ async fn append_case(batch_len: u64) -> Row {
         entries: index - 1,
         elapsed: started.elapsed(),
     }
+}
+
+/// Appends one round entry per call with `in_flight` calls outstanding, the
+/// way openraft pipelines appends (it calls `append` again before the previous
+/// callback fired): group commit covers each wave with few fdatasyncs.
+async fn pipelined_append_case(in_flight: u64) -> Row {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_dir(dir.path()).await;
+    let mut workload = Workload::new(1);
+    let mut index = 1;
+    let (_, fdatasyncs_before) = store.log.wal_sync_counts();
+    let started = Instant::now();
+    while started.elapsed() < CASE_DURATION {
+        let wave: Vec<_> = (index..index + in_flight)
+            .map(|index| {
+                let mut log = store.log.clone();
+                let entry = normal(index, workload.round(1, REQUESTS_PER_ROUND));
+                Box::pin(async move { log.blocking_append([entry]).await.unwrap() })
+            })
+            .collect();
+        join_in_order(wave).await;
+        index += in_flight;
+    }
+    let elapsed = started.elapsed();
+    let (_, fdatasyncs) = store.log.wal_sync_counts();
+    Row {
+        case: format!(
+            "append round entries, 1 per call, {in_flight} in flight ({:.2} fdatasyncs/entry)",
+            (fdatasyncs - fdatasyncs_before) as f64 / (index - 1) as f64
+        ),
+        entries: index - 1,
+        elapsed,
+    }
+}
+
+/// Polls every future, first polls in order (so the appends happen in index
+/// order), until all are done.
+async fn join_in_order<F: std::future::Future<Output = ()> + Unpin>(mut futures: Vec<F>) {
+    let mut done = vec![false; futures.len()];
+    std::future::poll_fn(|context| {
+        for (future, done) in futures.iter_mut().zip(done.iter_mut()) {
+            if !*done {
+                *done = std::future::Future::poll(std::pin::Pin::new(future), context).is_ready();
+            }
+        }
+        if done.iter().all(|done| *done) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 /// Applies `batch_len` round entries per call for `CASE_DURATION`, after
@@ -133,13 +185,14 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         println!(
-            "| {:<58} | {:>8} | {:>12} | {:>10} |",
+            "| {:<72} | {:>8} | {:>12} | {:>10} |",
             "case", "entries", "entries/s", "µs/entry"
         );
-        println!("|{:-<60}|{:->10}|{:->14}|{:->12}|", "", "", "", "");
+        println!("|{:-<74}|{:->10}|{:->14}|{:->12}|", "", "", "", "");
         for batch_len in [1, 16, 128] {
             append_case(batch_len).await.print();
         }
+        pipelined_append_case(64).await.print();
         for batch_len in [1, 16] {
             apply_case(batch_len, 0).await.print();
         }

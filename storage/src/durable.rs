@@ -22,6 +22,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::fsync::fsync_dir;
 use crate::StorageError;
 
 /// A sled database and the folder its files live in.
@@ -77,10 +78,10 @@ fn sync_tree(dir: &Path) -> io::Result<()> {
         index += 1;
     }
     for folder in folders.iter().rev() {
-        sync_dir(folder)?;
+        fsync_dir(folder)?;
     }
     match dir.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
+        Some(parent) if !parent.as_os_str().is_empty() => fsync_dir(parent),
         _ => Ok(()),
     }
 }
@@ -95,50 +96,9 @@ fn sync_file(path: &Path) -> io::Result<()> {
     }
 }
 
-/// `fsync` of a directory: makes the entries created, renamed or removed in
-/// it durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    fs::File::open(dir)?.sync_all()
-}
-
-/// `create_dir_all`, durably: every folder it creates is synced, and so is
-/// the parent that names it, so a power loss cannot take a folder back that
-/// a caller went on to use.
-pub fn create_dir_all(dir: &Path) -> io::Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    let mut missing = Vec::new();
-    let mut cursor = Some(dir);
-    while let Some(path) = cursor {
-        if path.as_os_str().is_empty() || path.is_dir() {
-            break;
-        }
-        missing.push(path.to_owned());
-        cursor = path.parent();
-    }
-    fs::create_dir_all(dir)?;
-    for created in missing.iter().rev() {
-        sync_dir(created)?;
-        if let Some(parent) = created.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn creates_nested_folders_and_syncs_them() {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("a/b/c");
-        create_dir_all(&dir).unwrap();
-        assert!(dir.is_dir());
-        create_dir_all(&dir).unwrap();
-    }
 
     #[test]
     fn a_flush_syncs_every_sled_file() {

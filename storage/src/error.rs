@@ -37,6 +37,25 @@ pub enum StorageError {
     /// The blocking task that flushed sled did not finish (it panicked).
     #[error("flush: {0}")]
     Flush(String),
+    /// A file operation of the write-ahead log failed.
+    #[error("write-ahead log: cannot {action} {path}: {source}")]
+    WalIo {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An earlier write or fsync of the write-ahead log failed: the page cache
+    /// may hold anything, so the log refuses every later write (the node stops
+    /// and a restart recovers from what is on disk).
+    #[error("the write-ahead log failed earlier and refuses writes: {0}")]
+    WalFailed(String),
+    /// A record over `max` bytes is refused before it is written.
+    #[error("a write-ahead log record of {bytes} bytes is over the limit of {max} bytes")]
+    RecordTooLarge { bytes: usize, max: usize },
+    /// Entries given to the log out of order (openraft never does this).
+    #[error("log entries out of order: {0}")]
+    OutOfOrder(String),
 }
 
 /// openraft's error type, as its traits return it.
@@ -56,10 +75,6 @@ pub(crate) fn read_logs(error: impl Into<StorageError>) -> RaftError {
 
 pub(crate) fn write_logs(error: impl Into<StorageError>) -> RaftError {
     error.into().into_raft(ErrorSubject::Logs, ErrorVerb::Write)
-}
-
-pub(crate) fn read_vote(error: impl Into<StorageError>) -> RaftError {
-    error.into().into_raft(ErrorSubject::Vote, ErrorVerb::Read)
 }
 
 pub(crate) fn write_vote(error: impl Into<StorageError>) -> RaftError {

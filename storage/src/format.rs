@@ -1,4 +1,5 @@
 //! The on-disk format version, kept twice: in sled and in a marker file beside it.
+//! (The marker also says the write-ahead log must exist: see `open_wal` in `lib.rs`.)
 //!
 //! sled treats a data file it cannot read as a torn log and silently opens an
 //! empty database. A store that came back empty would forget its vote and its
@@ -21,7 +22,10 @@ use crate::{keys, StorageError};
 /// version is refused, not migrated: a node's data can always be rebuilt from
 /// its peers (delete the dir; the leader sends a snapshot), which is safer than
 /// an in-place rewrite of the Raft log.
-pub const STORAGE_FORMAT_VERSION: u32 = 2;
+///
+/// 3 moves the Raft log, vote, committed and last purged ids out of sled's `log`
+/// and `raft` trees into the write-ahead log (`<dir>/wal`, see `wal/mod.rs`).
+pub const STORAGE_FORMAT_VERSION: u32 = 3;
 
 const MARKER_FILE: &str = "format_version";
 
@@ -62,6 +66,11 @@ fn read_marker(dir: &Path) -> Result<Option<u32>, StorageError> {
             format!("cannot read {}: {error}", path.display()),
         )),
     }
+}
+
+/// Whether the dir holds an initialised store (of any version): its marker file exists.
+pub(crate) fn is_initialised(dir: &Path) -> Result<bool, StorageError> {
+    Ok(read_marker(dir)?.is_some())
 }
 
 /// Writes the marker durably: file, then its directory entry.

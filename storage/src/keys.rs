@@ -1,9 +1,7 @@
-//! Byte layout of every sled key this crate writes.
+//! Byte layout of every sled key this crate writes (the Raft log and vote are
+//! not in sled: see `wal/`).
 //!
 //! Keys are built so that sled's byte order is the order we read in:
-//! - `log` tree: the entry's index as 8 big-endian bytes, so a range scan walks
-//!   the log in index order and `last()` is the newest entry.
-//! - `raft` tree: fixed ASCII names ([`VOTE`], [`COMMITTED`], [`LAST_PURGED`]).
 //! - `state` tree: a one-byte tag, then:
 //!   - [`TAG_SYSTEM`] + ASCII name: the last applied log id, the membership, the
 //!     cluster row (defaults and clock) and the current snapshot's metadata;
@@ -17,10 +15,6 @@
 //! rows can be found or deleted with one prefix scan.
 
 use permitd_core::{GrantId, LeaseId};
-
-pub const VOTE: &[u8] = b"vote";
-pub const COMMITTED: &[u8] = b"committed";
-pub const LAST_PURGED: &[u8] = b"last_purged";
 
 /// The default tree's row holding the on-disk format version.
 pub const FORMAT_VERSION: &[u8] = b"permitd_format_version";
@@ -38,16 +32,6 @@ pub const LAST_APPLIED: &[u8] = b"\x00last_applied";
 pub const MEMBERSHIP: &[u8] = b"\x00membership";
 pub const CLUSTER: &[u8] = b"\x00cluster";
 pub const SNAPSHOT_META: &[u8] = b"\x00snapshot_meta";
-
-/// The `log` tree's key of an entry.
-pub fn log_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
-}
-
-/// The index a `log` tree key encodes; `None` if it is not 8 bytes.
-pub fn log_index(key: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(key.try_into().ok()?))
-}
 
 fn push_text(out: &mut Vec<u8>, text: &str) {
     // Texts come from a log entry of at most a few MiB: a u32 always holds the length.
@@ -225,12 +209,5 @@ mod tests {
         let mut bad_grant = key_prefix("k");
         bad_grant.extend_from_slice(&[ROW_GRANT, 1, 2, 3]);
         assert_eq!(parse_row(&bad_grant), None);
-    }
-
-    #[test]
-    fn log_keys_sort_by_index() {
-        assert!(log_key(255) < log_key(256));
-        assert_eq!(log_index(&log_key(42)), Some(42));
-        assert_eq!(log_index(b"short"), None);
     }
 }

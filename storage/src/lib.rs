@@ -1,16 +1,24 @@
-//! permitd's Raft log and replicated state machine, over sled.
+//! permitd's Raft log (a write-ahead log of our own) and replicated state
+//! machine (over sled).
 //!
-//! [`open`] opens one sled database at `<dir>/sled` and hands back the openraft
-//! [`LogStore`], the [`StateMachineStore`] and a [`SharedState`] through which the
-//! node reads the applied state and hears of every applied entry.
+//! [`open`] opens the write-ahead log at `<dir>/wal` and one sled database at
+//! `<dir>/sled`, and hands back the openraft [`LogStore`], the
+//! [`StateMachineStore`] and a [`SharedState`] through which the node reads the
+//! applied state and hears of every applied entry.
+//!
+//! # The write-ahead log (`wal/`)
+//!
+//! The Raft log, the vote, the committed and the last purged log ids live in
+//! segment files `<dir>/wal/<sequence, 20 digits>.wal` of CRC-framed records
+//! (Entry, Vote, Committed, Purged, Truncate), made durable by one `fdatasync`
+//! per group of appends; a torn tail is cut at open. The format, the
+//! invariants and why group commit is safe are in `wal/mod.rs`.
 //!
 //! # Trees and their keys (byte layout in [`keys`])
 //!
 //! | tree | key | value |
 //! |---|---|---|
 //! | default | `permitd_format_version` | on-disk format version, u32 BE (also in the file `<dir>/format_version`: see `format.rs`) |
-//! | `log` | entry index, u64 BE | `Entry<TypeConfig>` |
-//! | `raft` | `vote`, `committed`, `last_purged` | vote / log ids |
 //! | `state` | `0x00` + name: `last_applied`, `membership`, `cluster` (defaults and clock), `tokens` (the API token registry, hashes only: `token_state.rs`), `snapshot_meta` | the value; the snapshot's data is a file (`snapshot.rs`) |
 //! | `state` | `0x01` + u32 BE length + key + row kind (`0` meta, `1` grant id, `2` lease id, `3` u32 BE length + clientId + requestId) | the core value |
 //!
@@ -18,16 +26,17 @@
 //!
 //! # Data flow
 //!
-//! openraft appends entries to the `log` tree (flushed before it is told), and
-//! once they commit hands them to [`StateMachineStore`]'s apply. Apply runs the
+//! openraft appends entries to the write-ahead log (told once an `fdatasync`
+//! covers them), and once they commit hands them to [`StateMachineStore`]'s apply. Apply runs the
 //! deterministic engine (`permitd_core::Semaphores`, kept in memory), collects
 //! the rows each engine call changed (`Semaphores::take_changes`) and writes them,
 //! with the last applied log id and the membership, as **one `sled::Batch` on the
 //! `state` tree**. sled applies a batch atomically, also across a crash: after a
 //! restart the tree holds every row of an apply or none, and the last applied id
 //! always names exactly the entries whose rows are there; openraft replays the
-//! rest from the log. The state tree needs no flush of its own: the log holds the
-//! entries, and every later log flush (db-wide) persists the applied rows too.
+//! rest from the log. The state tree needs no flush per apply: the log holds the
+//! entries, and sled writes the rows as its buffers fill; snapshots (before
+//! openraft purges the log behind them) and shutdown flush sled.
 //!
 //! On start-up the state is rebuilt from the `state` tree's rows
 //! (`Semaphores::from_parts`), never by replaying from index 0. A data dir that
@@ -41,9 +50,10 @@ mod apply_fuzz;
 pub mod audit;
 pub mod codec;
 pub mod command;
-pub mod durable;
+mod durable;
 mod error;
 mod format;
+pub mod fsync;
 pub mod keys;
 mod log_store;
 mod rows;
@@ -51,6 +61,7 @@ mod snapshot;
 mod snapshot_metrics;
 mod state_machine;
 pub mod token_state;
+mod wal;
 
 use std::path::PathBuf;
 
@@ -61,6 +72,10 @@ pub use log_store::LogStore;
 pub use snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use snapshot_metrics::{describe_snapshot_metrics, SNAPSHOT_BYTES, SNAPSHOT_DURATION};
 pub use state_machine::{Applied, SharedState, SnapshotBuilder, StateMachineStore};
+pub use wal::{
+    describe_wal_metrics, Presence, Wal, WalOptions, SEGMENT_MAX_BYTES, WAL_DIR, WAL_SYNCS,
+    WAL_SYNC_BATCH_ENTRIES, WAL_SYNC_DURATION,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -152,7 +167,7 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
     let dir = options.dir.as_path();
     // Durably: a data dir whose own directory entry is lost in a power cut
     // would come back empty, and the node would start a new cluster.
-    durable::create_dir_all(dir).map_err(|source| StorageError::CreateDir {
+    fsync::durable_create_dir_all(dir).map_err(|source| StorageError::CreateDir {
         dir: dir.to_owned(),
         source,
     })?;
@@ -170,9 +185,7 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
             source,
         })?;
     let db = durable::DurableDb::new(db, sled_dir);
-    format::check_or_initialise(&db, dir)?;
-    let log = db.db().open_tree("log")?;
-    let raft = db.db().open_tree("raft")?;
+    let wal = open_wal(&db, dir)?;
     let state_tree = db.db().open_tree("state")?;
     let loaded = rows::load(&state_tree, dir)?;
     tracing::info!(
@@ -183,8 +196,24 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
     );
     let state_machine = StateMachineStore::new(dir.to_owned(), db.clone(), state_tree, loaded);
     Ok(Opened {
-        log: LogStore::new(db, log, raft),
+        log: LogStore::new(wal),
         state: state_machine.shared(),
         state_machine,
     })
+}
+
+/// Checks the format version and opens the write-ahead log. A brand-new store
+/// gets its log before the marker that says "initialised" is written, so a
+/// store whose marker exists must have a log: a missing one was lost (which
+/// would make the node forget its vote), and is reported as corrupt.
+fn open_wal(db: &durable::DurableDb, dir: &std::path::Path) -> Result<Wal, StorageError> {
+    let wal_dir = dir.join(WAL_DIR);
+    if format::is_initialised(dir)? {
+        format::check_or_initialise(db, dir)?;
+        Wal::open(&wal_dir, WalOptions::new(Presence::MustExist))
+    } else {
+        let wal = Wal::open(&wal_dir, WalOptions::new(Presence::CreateIfMissing))?;
+        format::check_or_initialise(db, dir)?;
+        Ok(wal)
+    }
 }

@@ -158,7 +158,7 @@ impl SnapshotFiles {
         name: &str,
         write: impl FnOnce(&mut BufWriter<fs::File>) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
-        crate::durable::create_dir_all(&self.dir)
+        crate::fsync::durable_create_dir_all(&self.dir)
             .map_err(|error| self.io("creating the folder", error))?;
         let path = self.dir.join(name);
         let temporary = path.with_extension("tmp");

@@ -372,13 +372,42 @@ pub fn terms_with_two_leaders(dir: &std::path::Path, nodes: &[u64]) -> Vec<Strin
 }
 
 fn term_of(line: &str) -> Option<u64> {
-    let rest = &line[line.find("term")? + 4..];
+    let line = strip_ansi(line);
+    let rest = &line[line.rfind("term=")? + 5..];
     let digits: String = rest
         .trim_start_matches(|c: char| !c.is_ascii_digit())
         .chars()
         .take_while(char::is_ascii_digit)
         .collect();
     digits.parse().ok()
+}
+
+/// `text` without the terminal colour codes (`ESC [ … m`) node logs carry.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_term_is_read_from_a_coloured_log_line() {
+        let line = "\u{1b}[2m2026\u{1b}[0m INFO permitd_node::leadership: this node leads the cluster \u{1b}[3mterm\u{1b}[0m\u{1b}[2m=\u{1b}[0m17";
+        assert_eq!(super::term_of(line), Some(17));
+        assert_eq!(super::term_of("this node leads the cluster term=3"), Some(3));
+    }
 }
 
 /// Waits until every running node applied at least what the leader had

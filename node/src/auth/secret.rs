@@ -69,8 +69,8 @@ pub fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
         .parent()
         .filter(|parent| !parent.as_os_str().is_empty())
     {
-        Some(folder) => permitd_storage::durable::sync_dir(folder),
-        None => permitd_storage::durable::sync_dir(Path::new(".")),
+        Some(folder) => permitd_storage::fsync::fsync_dir(folder),
+        None => permitd_storage::fsync::fsync_dir(Path::new(".")),
     }
 }
 

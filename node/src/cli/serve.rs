@@ -192,7 +192,7 @@ fn embedded_secret(
             min,
         }),
         Err(missing) if missing.kind() == std::io::ErrorKind::NotFound => {
-            permitd_storage::durable::create_dir_all(data_dir).map_err(error)?;
+            permitd_storage::fsync::durable_create_dir_all(data_dir).map_err(error)?;
             let secret = random_hex(32).map_err(ServeError::Random)?;
             write_private_file(&path, &secret).map_err(error)?;
             tracing::info!(path = %path.display(), "generated {file} (mode 0600)");

@@ -1,0 +1,683 @@
+//! The write-ahead log: the Raft log, the vote, the committed and purged log
+//! ids, in append-only segment files of our own, made durable by group commit.
+//!
+//! # Why our own
+//!
+//! sled's flush ends in `sync_file_range` on Linux: no fsync, no file-size
+//! metadata, no device cache flush. A power cut could make a node forget an
+//! entry it acknowledged or a vote it cast, which Raft cannot survive. And each
+//! flush cost more than the append it covered. Here every acknowledgement waits
+//! for an `fdatasync`, and one `fdatasync` covers every append since the last.
+//!
+//! # On disk
+//!
+//! `<data dir>/wal/` holds segment files named by a sequence number, zero-padded
+//! so that lexical order is numeric order (`00000000000000000001.wal`,
+//! [`segment`]). A segment is a sequence of records ([`record`]):
+//!
+//! ```text
+//! len: u32 LE | crc32: u32 LE (of kind + payload) | kind: u8 | payload (len bytes)
+//! ```
+//!
+//! | kind | payload | replay |
+//! |---|---|---|
+//! | Entry | `Entry<TypeConfig>`, MessagePack | drops entries at or after its index, then is the entry at its index |
+//! | Vote | `Option<Vote>` | the vote |
+//! | Committed | `Option<LogId>` | the committed log id |
+//! | Purged | `Option<LogId>` | the purge point (only moves up); drops entries at or below it |
+//! | Truncate | u64 LE index | drops entries at or after the index |
+//!
+//! A segment starts with a Vote, a Committed and a Purged record restating the
+//! Raft state as of its creation ("the head"). The writer rolls to a new
+//! segment once the next write would take the active one past
+//! [`SEGMENT_MAX_BYTES`]; every open starts a new segment too, so recovery
+//! never appends after a cut. A record's payload is at most
+//! [`record::MAX_RECORD_PAYLOAD_BYTES`].
+//!
+//! # Invariants
+//!
+//! - **An entry, a vote or a truncation is acknowledged only once it is on
+//!   disk**: after an `fdatasync` of its segment that started after the write
+//!   (run by the sync thread, [`sync`], before any completion it holds), and an
+//!   fsync of the dir that made its segment's creation durable (run when the
+//!   segment is created, before anything is written to it).
+//! - **The segments on disk are a run of consecutive sequence numbers**: a
+//!   segment is created only once its predecessor's creation is durable, and
+//!   deleted only as a prefix. A gap means a segment was lost: corrupt.
+//! - **Acknowledged means every earlier byte is durable too**: a sync round
+//!   syncs every segment written since the last round, so a segment's records
+//!   are acknowledged only once every earlier segment is entirely on disk.
+//! - **A torn tail is cut at open** ([`recovery`]): the first record that is
+//!   short or fails its CRC ends the log; it and everything after it were never
+//!   acknowledged (by the invariant above), so cutting loses nothing promised.
+//! - **The active segment restates the whole Raft state**: its head plus its
+//!   own records give the vote, committed and purge point, so any older
+//!   segment none of whose live entries remain can be deleted.
+//! - **Only a prefix of segments is deleted**, oldest first with a dir fsync
+//!   after each unlink, so the run stays contiguous even when a crash loses an
+//!   unlink (the segment just comes back, and its entries are at or below the
+//!   purge point a later segment records, so replay skips them).
+//! - **Readers see every entry whose `append` returned**: the bytes are in the
+//!   page cache and the index points at them before `append` returns; segment
+//!   bytes are never rewritten in place, so a location stays valid until its
+//!   segment is deleted (and a reader's open handle outlives even that).
+//! - **The first failed write or fsync is final**: the log refuses every later
+//!   write, and openraft stops the node.
+//!
+//! # Why group commit is safe
+//!
+//! `append` returns once the entries are in the page cache and openraft may
+//! call it again at once; the completion that tells openraft "flushed" runs
+//! only after an `fdatasync` that began after the write. Batching only delays
+//! completions; it never runs one early. Completions run in the order their
+//! writes were made, so openraft never hears of a later flush before an earlier
+//! one. A crash before the sync loses only unacknowledged writes, which Raft
+//! allows (the leader re-sends them; a candidate re-votes).
+
+mod metrics;
+mod record;
+mod recovery;
+mod segment;
+mod sync;
+
+use std::collections::BTreeMap;
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use openraft::{Entry, LogId, Vote};
+
+pub use metrics::{describe_wal_metrics, WAL_SYNCS, WAL_SYNC_BATCH_ENTRIES, WAL_SYNC_DURATION};
+pub(crate) use sync::{Completion, SyncFailed};
+
+use crate::fsync::{durable_create_dir_all, fsync_dir};
+use crate::{NodeId, StorageError, TypeConfig};
+use segment::{io_error, Segment};
+use sync::{SyncQueue, Waiter};
+
+/// A segment is closed, and a new one started, once the next write would take
+/// it past this many bytes (a single batch larger than this gets a segment of
+/// its own).
+pub const SEGMENT_MAX_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The name of the log's dir inside the data dir.
+pub const WAL_DIR: &str = "wal";
+
+/// Whether opening may create the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// A brand-new store: create the dir and the first segment.
+    CreateIfMissing,
+    /// The store was initialised before: a missing dir or no segment at all
+    /// means the log was lost, which is reported as corrupt.
+    MustExist,
+}
+
+/// How the log is opened.
+#[derive(Debug, Clone)]
+pub struct WalOptions {
+    /// See [`SEGMENT_MAX_BYTES`]; tests use a few hundred bytes to roll often.
+    pub segment_max_bytes: u64,
+    pub presence: Presence,
+}
+
+impl WalOptions {
+    pub fn new(presence: Presence) -> Self {
+        Self {
+            segment_max_bytes: SEGMENT_MAX_BYTES,
+            presence,
+        }
+    }
+}
+
+/// The Raft state besides the entries, as the records written so far say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RaftState {
+    pub(crate) vote: Option<Vote<NodeId>>,
+    pub(crate) committed: Option<LogId<NodeId>>,
+    pub(crate) purged: Option<LogId<NodeId>>,
+}
+
+/// Where an entry's record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Location {
+    /// The segment's sequence number.
+    pub(crate) segment: u64,
+    /// Of the record's first byte (its header) in the segment.
+    pub(crate) offset: u64,
+    /// Of the whole record, header included.
+    pub(crate) len: u64,
+    pub(crate) log_id: LogId<NodeId>,
+}
+
+/// The segment being written.
+#[derive(Debug)]
+struct Active {
+    segment: Arc<Segment>,
+    /// Bytes written to it so far: the offset of the next record.
+    len: u64,
+    /// Bytes of its head records: a segment holding only its head never rolls.
+    head_len: u64,
+}
+
+/// Everything the writer and the readers share, behind [`Inner::state`].
+#[derive(Debug)]
+struct State {
+    raft: RaftState,
+    /// Every live entry, by index: consecutive, all above the purge point.
+    index: BTreeMap<u64, Location>,
+    /// Every segment on disk, by sequence; the last is the active one.
+    segments: BTreeMap<u64, Arc<Segment>>,
+    active: Active,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    segment_max_bytes: u64,
+    /// A std mutex: held for a `pwrite` into the page cache and index updates,
+    /// never across an fsync or an await; readers hold it only to copy locations.
+    state: Mutex<State>,
+    sync: Arc<SyncQueue>,
+    /// Joined on drop, after the thread synced what was pending.
+    sync_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.sync.stop();
+        let thread = self.sync_thread.get_mut().map(Option::take);
+        if let Ok(Some(thread)) = thread {
+            if thread.join().is_err() {
+                tracing::error!("the write-ahead log's sync thread panicked");
+            }
+        }
+    }
+}
+
+/// The write-ahead log; cloning shares it.
+#[derive(Debug, Clone)]
+pub struct Wal {
+    inner: Arc<Inner>,
+}
+
+/// How `append` hears that its entries are durable.
+pub(crate) type AppendDone = Completion;
+
+impl Wal {
+    /// Opens (or creates) the log in `dir`: recovers what is on disk, then
+    /// starts a new active segment and the sync thread. Blocking IO.
+    pub fn open(dir: &Path, options: WalOptions) -> Result<Self, StorageError> {
+        let existed = dir.is_dir();
+        if !existed && options.presence == Presence::MustExist {
+            return Err(lost(dir, "its dir is missing"));
+        }
+        durable_create_dir_all(dir).map_err(|source| StorageError::CreateDir {
+            dir: dir.to_owned(),
+            source,
+        })?;
+        let recovered = recovery::recover(dir)?;
+        if recovered.segments.is_empty() && options.presence == Presence::MustExist {
+            return Err(lost(dir, "its dir holds no segment"));
+        }
+        let sequence = recovered
+            .segments
+            .keys()
+            .next_back()
+            .map_or(1, |last| last + 1);
+        let active = start_segment(dir, sequence, &recovered.raft)?;
+        fsync_dir(dir).map_err(io_error("fsync", dir))?;
+        let mut segments = recovered.segments;
+        segments.insert(sequence, Arc::clone(&active.segment));
+        tracing::info!(
+            dir = %dir.display(),
+            segments = segments.len(),
+            entries = recovered.index.len(),
+            first = ?recovered.index.keys().next(),
+            last = ?recovered.index.keys().next_back(),
+            purged = ?recovered.raft.purged,
+            "write-ahead log opened"
+        );
+        let sync = SyncQueue::new(dir.to_owned());
+        let thread = sync.spawn()?;
+        let state = State {
+            raft: recovered.raft,
+            index: recovered.index,
+            segments,
+            active,
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                dir: dir.to_owned(),
+                segment_max_bytes: options.segment_max_bytes,
+                state: Mutex::new(state),
+                sync,
+                sync_thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .expect("the write-ahead log's lock is poisoned: a thread panicked holding it")
+    }
+
+    /// The vote, the committed log id and the purge point.
+    pub(crate) fn raft_state(&self) -> RaftState {
+        self.lock().raft
+    }
+
+    /// The last entry's log id, or the purge point when no entry is left.
+    pub(crate) fn last_log_id(&self) -> Option<LogId<NodeId>> {
+        let state = self.lock();
+        let last = state
+            .index
+            .last_key_value()
+            .map(|(_, location)| location.log_id);
+        last.max(state.raft.purged)
+    }
+
+    /// Sync rounds and fdatasyncs run so far (for tests and the bench).
+    pub fn sync_counts(&self) -> (u64, u64) {
+        let counts = &self.inner.sync.counts;
+        (
+            counts.rounds.load(Ordering::Relaxed),
+            counts.fdatasyncs.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Writes `entries` to the page cache and the index, and returns; `done`
+    /// runs once they are durable. Readers see them as soon as this returns.
+    pub(crate) fn append(
+        &self,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+        done: AppendDone,
+    ) -> Result<(), StorageError> {
+        let (bytes, placed) = match encode_entries(entries) {
+            Ok(encoded) => encoded,
+            Err(error) => {
+                done(Err(SyncFailed(error.to_string())));
+                return Err(error);
+            }
+        };
+        let mut state = self.lock();
+        // Entries at or below the purge point are committed and in a snapshot
+        // already: they are not stored again (openraft's suite sends some).
+        let purged = state.raft.purged.map(|purged| purged.index);
+        let skipped = placed
+            .iter()
+            .take_while(|placed| purged.is_some_and(|purged| placed.log_id.index <= purged))
+            .count();
+        let placed = &placed[skipped..];
+        let bytes = &bytes[placed
+            .first()
+            .map_or(bytes.len(), |first| first.offset as usize)..];
+        let written =
+            check_order(&state, placed).and_then(|()| self.write_records(&mut state, bytes));
+        let (sequence, base) = match written {
+            Ok(written) => written,
+            Err(error) => {
+                drop(state);
+                done(Err(SyncFailed(error.to_string())));
+                return Err(error);
+            }
+        };
+        if let Some(first) = placed.first() {
+            drop(state.index.split_off(&first.log_id.index));
+        }
+        let batch_start = placed.first().map_or(0, |first| first.offset);
+        for placed in placed {
+            let location = Location {
+                segment: sequence,
+                offset: base + placed.offset - batch_start,
+                len: placed.len,
+                log_id: placed.log_id,
+            };
+            state.index.insert(placed.log_id.index, location);
+        }
+        let waiter = Waiter {
+            entries: placed.len() as u64,
+            completion: done,
+        };
+        self.inner.sync.written(&state.active.segment, Some(waiter));
+        Ok(())
+    }
+
+    /// Writes the vote and returns once it is durable.
+    pub(crate) async fn save_vote(&self, vote: Vote<NodeId>) -> Result<(), StorageError> {
+        let mut bytes = Vec::new();
+        record::push_vote(&mut bytes, &Some(vote))?;
+        let synced = self.write_and_wait(&bytes, |state| state.raft.vote = Some(vote))?;
+        synced.await
+    }
+
+    /// Records the committed log id; it becomes durable with the next sync
+    /// (a committed id lost in a crash is learned again from the leader).
+    pub(crate) fn save_committed(
+        &self,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError> {
+        let mut bytes = Vec::new();
+        record::push_committed(&mut bytes, &committed)?;
+        let mut state = self.lock();
+        self.write_records(&mut state, &bytes)?;
+        state.raft.committed = committed;
+        self.inner.sync.written(&state.active.segment, None);
+        Ok(())
+    }
+
+    /// Drops the entries at or after `index`; returns once that is durable.
+    pub(crate) async fn truncate(&self, index: u64) -> Result<(), StorageError> {
+        let mut bytes = Vec::new();
+        record::push_truncate(&mut bytes, index)?;
+        let synced = self.write_and_wait(&bytes, |state| drop(state.index.split_off(&index)))?;
+        synced.await
+    }
+
+    /// Moves the purge point up to `log_id` (durably), drops the entries at or
+    /// below it, then deletes the old segments no live entry is in.
+    pub(crate) async fn purge(&self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
+        if self.raft_state().purged >= Some(log_id) {
+            return Ok(());
+        }
+        let mut bytes = Vec::new();
+        record::push_purged(&mut bytes, &Some(log_id))?;
+        let synced = self.write_and_wait(&bytes, |state| state.raft.purged = Some(log_id))?;
+        synced.await?;
+        let deletable = {
+            let mut state = self.lock();
+            state.index = state.index.split_off(&(log_id.index + 1));
+            take_deletable(&mut state)
+        };
+        if deletable.is_empty() {
+            return Ok(());
+        }
+        let dir = self.inner.dir.clone();
+        match tokio::task::spawn_blocking(move || delete_segments(&dir, &deletable)).await {
+            Ok(deleted) => deleted,
+            Err(error) => Err(StorageError::WalFailed(format!(
+                "segment deletion task: {error}"
+            ))),
+        }
+    }
+
+    /// Writes `bytes`, applies `update` to the state under the same lock, and
+    /// returns a future that resolves once the bytes are durable.
+    fn write_and_wait(
+        &self,
+        bytes: &[u8],
+        update: impl FnOnce(&mut State),
+    ) -> Result<impl std::future::Future<Output = Result<(), StorageError>>, StorageError> {
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let waiter = Waiter {
+            entries: 0,
+            completion: Box::new(move |result| {
+                // The receiver is gone only if the caller stopped waiting.
+                let _ = sender.send(result);
+            }),
+        };
+        let mut state = self.lock();
+        self.write_records(&mut state, bytes)?;
+        update(&mut state);
+        self.inner.sync.written(&state.active.segment, Some(waiter));
+        drop(state);
+        Ok(async move {
+            match receiver.await {
+                Ok(synced) => synced.map_err(StorageError::from),
+                Err(_) => Err(StorageError::WalFailed(
+                    "the sync thread stopped before the write was durable".to_owned(),
+                )),
+            }
+        })
+    }
+
+    /// Writes `bytes` at the end of the active segment (rolling first if they
+    /// would take it past the limit). Returns the segment and the offset.
+    /// Any failure is final for the log.
+    fn write_records(&self, state: &mut State, bytes: &[u8]) -> Result<(u64, u64), StorageError> {
+        self.inner.sync.check()?;
+        let written = self.roll_if_full(state, bytes.len() as u64).and_then(|()| {
+            let offset = state.active.len;
+            state.active.segment.write_at(bytes, offset)?;
+            Ok((state.active.segment.sequence, offset))
+        });
+        match written {
+            Ok(written) => {
+                state.active.len += bytes.len() as u64;
+                Ok(written)
+            }
+            Err(error) => {
+                self.inner.sync.fail(&error);
+                Err(error)
+            }
+        }
+    }
+
+    fn roll_if_full(&self, state: &mut State, incoming: u64) -> Result<(), StorageError> {
+        let active = &state.active;
+        if active.len == active.head_len || active.len + incoming <= self.inner.segment_max_bytes {
+            return Ok(());
+        }
+        let sequence = active.segment.sequence + 1;
+        let next = start_segment_unsynced(&self.inner.dir, sequence, &state.raft)?;
+        // Its creation is durable before anything is written to it, so that a
+        // crash can never keep a segment and lose its predecessor's creation:
+        // the segments on disk are always a run of consecutive sequence numbers
+        // (one dir fsync per segment, i.e. per 64 MiB).
+        fsync_dir(&self.inner.dir).map_err(io_error("fsync", &self.inner.dir))?;
+        self.inner.sync.written(&next.segment, None);
+        state.segments.insert(sequence, Arc::clone(&next.segment));
+        state.active = next;
+        Ok(())
+    }
+
+    /// The entries in `range`, at most `max_entries`, stopping once
+    /// `max_bytes` of records are read (at least one entry).
+    pub(crate) fn read(
+        &self,
+        range: impl RangeBounds<u64>,
+        max_entries: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let wanted = self.locate(range, max_entries, max_bytes);
+        let mut entries = Vec::with_capacity(wanted.len());
+        for run in contiguous_runs(&wanted) {
+            self.read_run(run, &mut entries)?;
+        }
+        Ok(entries)
+    }
+
+    /// The locations of the entries `read` returns, with their segments.
+    fn locate(
+        &self,
+        range: impl RangeBounds<u64>,
+        max_entries: usize,
+        max_bytes: u64,
+    ) -> Vec<(Arc<Segment>, Location)> {
+        let state = self.lock();
+        let mut wanted = Vec::new();
+        let mut bytes = 0;
+        for location in state.index.range(range).map(|(_, location)| *location) {
+            if wanted.len() >= max_entries || (bytes >= max_bytes && !wanted.is_empty()) {
+                break;
+            }
+            // The index only points into segments it holds (an invariant of
+            // `take_deletable`); a miss would be our bug, so it stops the read.
+            let Some(segment) = state.segments.get(&location.segment) else {
+                break;
+            };
+            bytes += location.len;
+            wanted.push((Arc::clone(segment), location));
+        }
+        wanted
+    }
+
+    /// Reads one run of adjacent records with one `pread`, and decodes them.
+    fn read_run(
+        &self,
+        run: &[(Arc<Segment>, Location)],
+        entries: &mut Vec<Entry<TypeConfig>>,
+    ) -> Result<(), StorageError> {
+        let (Some((segment, first)), Some((_, last))) = (run.first(), run.last()) else {
+            return Ok(());
+        };
+        let mut buffer = vec![0u8; (last.offset + last.len - first.offset) as usize];
+        segment.read_at(&mut buffer, first.offset)?;
+        for (_, location) in run {
+            let start = (location.offset - first.offset) as usize;
+            let bytes = &buffer[start..start + location.len as usize];
+            let entry =
+                record::decode_entry(bytes).map_err(|error| self.unreadable(location, &error))?;
+            if entry.log_id != location.log_id {
+                let error = format!("it holds entry {} instead", entry.log_id);
+                return Err(self.unreadable(location, &error));
+            }
+            entries.push(entry);
+        }
+        Ok(())
+    }
+
+    fn unreadable(&self, location: &Location, error: &dyn std::fmt::Display) -> StorageError {
+        StorageError::Corrupt {
+            dir: self.inner.dir.clone(),
+            detail: format!(
+                "entry {} in segment {} at offset {}: {error}",
+                location.log_id, location.segment, location.offset
+            ),
+        }
+    }
+}
+
+/// An encoded entry's place in the batch's bytes.
+#[derive(Debug)]
+struct Placed {
+    log_id: LogId<NodeId>,
+    offset: u64,
+    len: u64,
+}
+
+/// Encodes a batch of consecutive entries into one buffer of records.
+fn encode_entries(
+    entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+) -> Result<(Vec<u8>, Vec<Placed>), StorageError> {
+    let mut bytes = Vec::new();
+    let mut placed: Vec<Placed> = Vec::new();
+    for entry in entries {
+        if let Some(previous) = placed.last() {
+            if previous.log_id.index + 1 != entry.log_id.index {
+                return Err(StorageError::OutOfOrder(format!(
+                    "a batch holds entry {} then {}",
+                    previous.log_id, entry.log_id
+                )));
+            }
+        }
+        let offset = bytes.len() as u64;
+        record::push_entry(&mut bytes, &entry)?;
+        placed.push(Placed {
+            log_id: entry.log_id,
+            offset,
+            len: bytes.len() as u64 - offset,
+        });
+    }
+    Ok((bytes, placed))
+}
+
+/// A batch (its entries above the purge point) must continue the log: start
+/// at most one past the last entry (lower is an overwrite). Recovery refuses
+/// anything else as a hole. On an empty log any start is accepted, as
+/// openraft's suite expects.
+fn check_order(state: &State, placed: &[Placed]) -> Result<(), StorageError> {
+    let Some(first) = placed.first().map(|placed| placed.log_id.index) else {
+        return Ok(());
+    };
+    let last = state.index.keys().next_back().copied();
+    if last.map_or(true, |last| first <= last + 1) {
+        return Ok(());
+    }
+    Err(StorageError::OutOfOrder(format!(
+        "entry {first} cannot follow the log (its last entry is {last:?})"
+    )))
+}
+
+/// The head: the Raft state restated at the start of every segment.
+fn head_records(raft: &RaftState) -> Result<Vec<u8>, StorageError> {
+    let mut bytes = Vec::new();
+    record::push_vote(&mut bytes, &raft.vote)?;
+    record::push_committed(&mut bytes, &raft.committed)?;
+    record::push_purged(&mut bytes, &raft.purged)?;
+    Ok(bytes)
+}
+
+/// Creates segment `sequence` with its head, unsynced (the caller fsyncs the dir).
+fn start_segment_unsynced(
+    dir: &Path,
+    sequence: u64,
+    raft: &RaftState,
+) -> Result<Active, StorageError> {
+    let head = head_records(raft)?;
+    let segment = Segment::create(dir, sequence)?;
+    segment.write_at(&head, 0)?;
+    Ok(Active {
+        segment: Arc::new(segment),
+        len: head.len() as u64,
+        head_len: head.len() as u64,
+    })
+}
+
+/// Creates segment `sequence` with its head, synced (the caller fsyncs the dir).
+fn start_segment(dir: &Path, sequence: u64, raft: &RaftState) -> Result<Active, StorageError> {
+    let active = start_segment_unsynced(dir, sequence, raft)?;
+    let segment = &active.segment;
+    segment
+        .sync_data()
+        .map_err(io_error("fdatasync", &segment.path))?;
+    Ok(active)
+}
+
+/// Takes out of `state` the segments older than every live entry and than
+/// the active segment: no live entry is in them, and the active segment
+/// restates the Raft state they held.
+fn take_deletable(state: &mut State) -> Vec<Arc<Segment>> {
+    let active = state.active.segment.sequence;
+    let oldest_live = state
+        .index
+        .first_key_value()
+        .map_or(active, |(_, location)| location.segment.min(active));
+    let kept = state.segments.split_off(&oldest_live);
+    let deletable = std::mem::replace(&mut state.segments, kept);
+    deletable.into_values().collect()
+}
+
+/// Deletes `segments`, oldest first, fsyncing the dir after each unlink so
+/// that a crash can only bring back the newest of them (never leave a gap).
+fn delete_segments(dir: &Path, segments: &[Arc<Segment>]) -> Result<(), StorageError> {
+    for segment in segments {
+        std::fs::remove_file(&segment.path).map_err(io_error("delete", &segment.path))?;
+        fsync_dir(dir).map_err(io_error("fsync", dir))?;
+        tracing::debug!(segment = %segment.path.display(), "purged write-ahead log segment deleted");
+    }
+    Ok(())
+}
+
+fn lost(dir: &Path, what: &str) -> StorageError {
+    StorageError::Corrupt {
+        dir: dir.to_owned(),
+        detail: format!("the store was initialised but its write-ahead log is lost: {what}"),
+    }
+}
+
+/// Splits `wanted` into runs of records adjacent in one segment.
+fn contiguous_runs(
+    wanted: &[(Arc<Segment>, Location)],
+) -> impl Iterator<Item = &[(Arc<Segment>, Location)]> {
+    wanted.chunk_by(|(_, previous), (_, next)| {
+        previous.segment == next.segment && previous.offset + previous.len == next.offset
+    })
+}
+
+#[cfg(test)]
+mod tests;
