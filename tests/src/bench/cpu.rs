@@ -6,8 +6,10 @@
 //! (which plays every client), `utime + stime` from `/proc/<pid>/stat` (CPU
 //! time of all the process's threads, dead ones included, in clock ticks:
 //! [`clock_ticks_per_s`]), the leader's `lastLogIndex` (`/cluster/status`)
-//! and the HTTP calls the clients made. The section then names the cycles it
-//! completed in the window ([`Cost::with_cycles`]).
+//! and the HTTP calls the clients made. The section then names the cycles per
+//! second it completed in its window ([`Cost::with_cycles_per_s`]); every
+//! per-cycle figure is a rate over a rate, so the few milliseconds between
+//! the section's window and the readings' do not matter.
 //!
 //! Calls are counted by the clients where the section's own loop sends them
 //! ([`Calls::Client`]: an atomic counter bumped per call). Where a library
@@ -94,16 +96,20 @@ pub enum Calls {
     Served,
 }
 
-/// One end of a window.
+/// A count and when it was read.
+type Stamped<T> = (Instant, T);
+
+/// One end of a window. Each quantity carries its own time, since the HTTP
+/// readings take a while (and are kept out of the CPU window).
 #[derive(Debug, Clone)]
 struct Reading {
-    at: Instant,
-    /// `(node id, CPU ticks)` of every node running at the opening.
-    nodes: Vec<(u64, Option<u64>)>,
-    client: Option<u64>,
-    last_index: u64,
-    /// Calls so far: the client counter, or `(leader's, followers')` served.
-    calls: Option<(u64, u64)>,
+    /// `(node id, CPU ticks)` of every node running at the opening, and the
+    /// bench's own ticks.
+    cpu: Stamped<(Vec<(u64, Option<u64>)>, Option<u64>)>,
+    last_index: Stamped<u64>,
+    /// Calls so far: `(leader's, followers')` served, or the client counter
+    /// as the leader's share.
+    calls: Option<Stamped<(u64, u64)>>,
 }
 
 /// A measured window in progress (see the module comment).
@@ -116,40 +122,54 @@ pub struct Window {
 }
 
 impl Window {
-    /// Opens a window on `cluster` whose leader is `leader`.
+    /// Opens a window on `cluster` whose leader is `leader`: the leader's log
+    /// index first (as the sections always read it), then the served calls,
+    /// then CPU and client calls.
     pub async fn open(cluster: &Cluster, leader: u64, calls: Calls) -> Self {
         let processes: Vec<(u64, ProcessCpu)> = cluster
             .nodes
             .iter()
             .filter_map(|node| Some((node.id, ProcessCpu::of(node.pid()?))))
             .collect();
-        let last_index = last_log_index(cluster, leader).await;
+        let last_index = (Instant::now(), last_log_index(cluster, leader).await);
         let served = served_calls(cluster, leader, &calls).await;
-        let mut start = read_cpu(&processes, &calls);
-        start.last_index = last_index;
-        start.calls = start.calls.or(served);
+        let cpu = read_cpu(&processes);
+        let calls_now = client_calls(&calls).or(served);
         Self {
             leader,
             calls,
             processes,
-            start,
+            start: Reading {
+                cpu,
+                last_index,
+                calls: calls_now,
+            },
         }
     }
 
-    /// Closes the window: what it cost, its cycles still to be named.
+    /// Closes the window (CPU and client calls first, then the log index,
+    /// then the served calls): what it cost, its cycles still to be named
+    /// ([`Cost::with_cycles_per_s`]).
     pub async fn close(self, cluster: &Cluster) -> Cost {
-        let mut end = read_cpu(&self.processes, &self.calls);
-        end.last_index = last_log_index(cluster, self.leader).await;
-        end.calls = end
-            .calls
-            .or(served_calls(cluster, self.leader, &self.calls).await);
+        let cpu = read_cpu(&self.processes);
+        let calls_now = client_calls(&self.calls);
+        let last_index = (Instant::now(), last_log_index(cluster, self.leader).await);
+        let calls_now = match calls_now {
+            Some(calls) => Some(calls),
+            None => served_calls(cluster, self.leader, &self.calls).await,
+        };
+        let end = Reading {
+            cpu,
+            last_index,
+            calls: calls_now,
+        };
         let ticks = clock_ticks_per_s() as f64;
         let seconds = |from: Option<u64>, to: Option<u64>| -> Option<f64> {
             Some(to?.checked_sub(from?)? as f64 / ticks)
         };
         let mut leader_cpu_s = None;
         let mut followers_cpu_s = Vec::new();
-        for ((id, from), (_, to)) in self.start.nodes.iter().zip(&end.nodes) {
+        for ((id, from), (_, to)) in self.start.cpu.1 .0.iter().zip(&end.cpu.1 .0) {
             let used = seconds(*from, *to);
             if *id == self.leader {
                 leader_cpu_s = used;
@@ -158,23 +178,29 @@ impl Window {
             }
         }
         let calls = match (self.start.calls, end.calls) {
-            (Some((leader_from, followers_from)), Some((leader_to, followers_to))) => Some((
+            (
+                Some((from_at, (leader_from, followers_from))),
+                Some((to_at, (leader_to, followers_to))),
+            ) => Some((
+                (to_at - from_at).as_secs_f64(),
                 leader_to.saturating_sub(leader_from),
                 followers_to.saturating_sub(followers_from),
             )),
             _ => None,
         };
         Cost {
-            seconds: (end.at - self.start.at).as_secs_f64(),
-            cycles: 0,
-            entries: end.last_index.saturating_sub(self.start.last_index),
+            cpu_window_s: (end.cpu.0 - self.start.cpu.0).as_secs_f64(),
             leader_cpu_s,
             followers_cpu_s,
-            client_cpu_s: seconds(self.start.client, end.client),
-            messages: calls.map(|(leader, followers)| leader + followers),
+            client_cpu_s: seconds(self.start.cpu.1 .1, end.cpu.1 .1),
+            cycles_per_s: f64::NAN,
+            entries: end.last_index.1.saturating_sub(self.start.last_index.1),
+            entries_window_s: (end.last_index.0 - self.start.last_index.0).as_secs_f64(),
+            messages: calls.map(|(_, leader, followers)| leader + followers),
+            messages_window_s: calls.map_or(f64::NAN, |(seconds, _, _)| seconds),
             messages_via_followers: match self.calls {
                 Calls::Client(_) => None,
-                Calls::Served => calls.map(|(_, followers)| followers),
+                Calls::Served => calls.map(|(_, _, followers)| followers),
             },
             messages_source: match self.calls {
                 Calls::Client(_) => "client",
@@ -184,24 +210,29 @@ impl Window {
     }
 }
 
-fn read_cpu(processes: &[(u64, ProcessCpu)], calls: &Calls) -> Reading {
-    Reading {
-        at: Instant::now(),
-        nodes: processes
-            .iter()
-            .map(|(id, process)| (*id, process.ticks()))
-            .collect(),
-        client: ProcessCpu::this_process().ticks(),
-        last_index: 0,
-        calls: match calls {
-            Calls::Client(counter) => Some((counter.load(Ordering::Relaxed), 0)),
-            Calls::Served => None,
-        },
+fn read_cpu(processes: &[(u64, ProcessCpu)]) -> Stamped<(Vec<(u64, Option<u64>)>, Option<u64>)> {
+    let nodes = processes
+        .iter()
+        .map(|(id, process)| (*id, process.ticks()))
+        .collect();
+    let client = ProcessCpu::this_process().ticks();
+    (Instant::now(), (nodes, client))
+}
+
+/// The client counter now, for [`Calls::Client`].
+fn client_calls(calls: &Calls) -> Option<Stamped<(u64, u64)>> {
+    match calls {
+        Calls::Client(counter) => Some((Instant::now(), (counter.load(Ordering::Relaxed), 0))),
+        Calls::Served => None,
     }
 }
 
 /// `(leader's, followers')` served `/v1/semaphores` calls, for [`Calls::Served`].
-async fn served_calls(cluster: &Cluster, leader: u64, calls: &Calls) -> Option<(u64, u64)> {
+async fn served_calls(
+    cluster: &Cluster,
+    leader: u64,
+    calls: &Calls,
+) -> Option<Stamped<(u64, u64)>> {
     if matches!(calls, Calls::Client(_)) {
         return None;
     }
@@ -222,7 +253,7 @@ async fn served_calls(cluster: &Cluster, leader: u64, calls: &Calls) -> Option<(
             at_followers += served;
         }
     }
-    Some((at_leader, at_followers))
+    Some((Instant::now(), (at_leader, at_followers)))
 }
 
 /// Sum of `permitd_http_requests_total` over the public listener's
@@ -237,22 +268,27 @@ fn semaphore_calls(metrics: &str) -> u64 {
         .sum()
 }
 
-/// What one window cost.
+/// What one window cost. Every quantity is a rate over its own reading
+/// interval (CPU, log index and calls are read one after the other), and per
+/// cycle means per the section's cycles per second over its window: the
+/// intervals differ by the time of a status call, the rates do not.
 #[derive(Debug, Clone, Default)]
 pub struct Cost {
     /// Between the two CPU readings.
-    pub seconds: f64,
-    /// Permit cycles completed in the window (named by the section).
-    pub cycles: u64,
-    /// Log entries the leader appended.
-    pub entries: u64,
+    pub cpu_window_s: f64,
     /// CPU seconds used in the window; `None` when a reading failed.
     pub leader_cpu_s: Option<f64>,
     pub followers_cpu_s: Vec<(u64, Option<f64>)>,
     /// The bench process: every client.
     pub client_cpu_s: Option<f64>,
-    /// HTTP calls of the clients in the window.
+    /// Permit cycles completed per second (named by the section).
+    pub cycles_per_s: f64,
+    /// Log entries the leader appended, and over how long.
+    pub entries: u64,
+    pub entries_window_s: f64,
+    /// HTTP calls of the clients, and over how long.
     pub messages: Option<u64>,
+    pub messages_window_s: f64,
     /// `client` or `served` (see the module comment).
     pub messages_source: &'static str,
     /// Of `messages` (served), those that reached followers.
@@ -260,8 +296,8 @@ pub struct Cost {
 }
 
 impl Cost {
-    pub fn with_cycles(mut self, cycles: u64) -> Self {
-        self.cycles = cycles;
+    pub fn with_cycles_per_s(mut self, cycles_per_s: f64) -> Self {
+        self.cycles_per_s = cycles_per_s;
         self
     }
 
@@ -275,22 +311,28 @@ impl Cost {
         Some(self.leader_cpu_s? + self.followers_total_s()? + self.client_cpu_s?)
     }
 
+    /// Cores `cpu_s` kept busy on average.
+    pub fn cores(&self, cpu_s: Option<f64>) -> f64 {
+        cpu_s.map_or(f64::NAN, |used| used / self.cpu_window_s)
+    }
+
     pub fn entries_per_s(&self) -> f64 {
-        self.entries as f64 / self.seconds
+        self.entries as f64 / self.entries_window_s
     }
 
     pub fn messages_per_cycle(&self) -> Option<f64> {
-        Some(self.messages? as f64 / self.cycles as f64)
+        let per_s = self.messages? as f64 / self.messages_window_s;
+        Some(per_s / self.cycles_per_s).filter(|value| value.is_finite())
     }
 
     /// µs of `cpu_s` per cycle (`NaN` without cycles).
     pub fn us_per_cycle(&self, cpu_s: Option<f64>) -> f64 {
-        per(cpu_s, self.cycles)
+        per(self.cores(cpu_s), self.cycles_per_s)
     }
 
     /// µs of `cpu_s` per log entry (`NaN` without entries).
     pub fn us_per_entry(&self, cpu_s: Option<f64>) -> f64 {
-        per(cpu_s, self.entries)
+        per(self.cores(cpu_s), self.entries_per_s())
     }
 
     /// `L 41 · F 18+17 · C 25 · Σ 101` (µs of CPU per cycle).
@@ -309,17 +351,20 @@ impl Cost {
         )
     }
 
-    /// `2,345 entries/s · Σ 410 µs/entry (L 160) · 2.00 msgs/cycle`.
+    /// `2,345 entries/s · Σ 410 (L 160) µs/entry · 2.00 msgs/cycle`.
     pub fn entries_cell(&self) -> String {
         let messages = match (self.messages_per_cycle(), self.messages_via_followers) {
             (Some(per_cycle), Some(via)) if via > 0 => {
-                format!(" · {per_cycle:.2} msgs/cycle ({via} via followers)")
+                format!(
+                    " · {} msgs/cycle ({via} calls via followers)",
+                    ratio(per_cycle)
+                )
             }
-            (Some(per_cycle), _) => format!(" · {per_cycle:.2} msgs/cycle"),
+            (Some(per_cycle), _) => format!(" · {} msgs/cycle", ratio(per_cycle)),
             (None, _) => String::new(),
         };
         format!(
-            "{:.0} entries/s · Σ {} µs/entry (L {}){messages}",
+            "{:.0} entries/s · Σ {} (L {}) µs/entry{messages}",
             self.entries_per_s(),
             us(self.us_per_entry(self.total_s())),
             us(self.us_per_entry(self.leader_cpu_s)),
@@ -339,22 +384,34 @@ impl Cost {
                 "client": finite(per(self.client_cpu_s)),
                 "total": finite(per(self.total_s()))})
         };
-        let cores = |used: Option<f64>| used.map_or(f64::NAN, |used| used / self.seconds);
-        json!({"windowS": self.seconds, "cycles": self.cycles, "entries": self.entries,
-            "entriesPerS": self.entries_per_s(), "clockTicksPerS": clock_ticks_per_s(),
+        json!({"cpuWindowS": self.cpu_window_s, "cyclesPerS": finite(self.cycles_per_s),
+            "entries": self.entries, "entriesWindowS": self.entries_window_s,
+            "entriesPerS": finite(self.entries_per_s()), "clockTicksPerS": clock_ticks_per_s(),
             "cpuUsPerCycle": each(&|used| self.us_per_cycle(used)),
             "cpuUsPerEntry": each(&|used| self.us_per_entry(used)),
-            "cores": each(&cores),
-            "messages": self.messages, "messagesPerCycle": self.messages_per_cycle(),
+            "cores": each(&|used| self.cores(used)),
+            "messages": self.messages, "messagesWindowS": finite(self.messages_window_s),
+            "messagesPerCycle": self.messages_per_cycle(),
             "messagesSource": self.messages_source,
             "messagesViaFollowers": self.messages_via_followers})
     }
 }
 
-fn per(cpu_s: Option<f64>, count: u64) -> f64 {
-    match cpu_s {
-        Some(used) if count > 0 => used * 1e6 / count as f64,
-        _ => f64::NAN,
+/// µs per event of `cores` busy at `rate` events per second.
+fn per(cores: f64, rate: f64) -> f64 {
+    if rate > 0.0 {
+        cores * 1e6 / rate
+    } else {
+        f64::NAN
+    }
+}
+
+/// `2.00`; small values with more decimals (`0.0034`).
+fn ratio(value: f64) -> String {
+    if value >= 0.1 || value == 0.0 {
+        format!("{value:.2}")
+    } else {
+        format!("{value:.4}")
     }
 }
 

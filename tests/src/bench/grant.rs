@@ -113,7 +113,7 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &GrantRun, tag: &str) -> G
         total.errors += tally.errors;
         total.latencies_ms.extend(tally.latencies_ms);
     }
-    let cost = cost.with_cycles(total.permits);
+    let cost = cost.with_cycles_per_s(total.permits as f64 / run.measure.as_secs_f64());
     summarise(total, run, cost)
 }
 
@@ -127,7 +127,7 @@ fn summarise(mut total: ClientTally, run: &GrantRun, cost: Cost) -> GrantResult 
         messages_per_s: (total.requests + total.syncs) as f64 / seconds,
         requests_per_s: total.requests as f64 / seconds,
         syncs_per_s: total.syncs as f64 / seconds,
-        entries_per_s: cost.entries as f64 / seconds,
+        entries_per_s: cost.entries_per_s(),
         latency_ms_p50,
         latency_ms_p99,
         overhead_ms_p50: latency_ms_p50 - wait,

@@ -146,21 +146,20 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
         )));
     }
     tokio::time::sleep_until(window_start.into()).await;
-    let window = Window::open(cluster, leader, Calls::Served).await;
     let first_leased = lease_cycles.load(Ordering::Relaxed);
     let first_cycles = cycles.load(Ordering::Relaxed);
+    let window = Window::open(cluster, leader, Calls::Served).await;
     tokio::time::sleep_until(window_end.into()).await;
     let last_leased = lease_cycles.load(Ordering::Relaxed);
     let last_cycles = cycles.load(Ordering::Relaxed);
-    let cost = window
-        .close(cluster)
-        .await
-        .with_cycles(last_cycles - first_cycles);
+    let cost = window.close(cluster).await;
     for runner in runners {
         let queue = runner.await.expect("feeder");
         let _ = queue.shutdown().await;
     }
     let seconds = run.measure.as_secs_f64();
+    let cycles_per_s = (last_cycles - first_cycles) as f64 / seconds;
+    let cost = cost.with_cycles_per_s(cycles_per_s);
     let reuse_gap_ms = admitted_at.map(|admitted_at| {
         let admissions = admitted_at.lock().expect("admissions").clone();
         let returns = reuse::take_returns(key);
@@ -169,9 +168,9 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
         (quantile(&mut gaps, 0.5), quantile(&mut gaps, 0.99))
     });
     LeaseResult {
-        cycles_per_s: (last_cycles - first_cycles) as f64 / seconds,
+        cycles_per_s,
         lease_cycles_per_s: (last_leased - first_leased) as f64 / seconds,
-        entries_per_s: cost.entries as f64 / seconds,
+        entries_per_s: cost.entries_per_s(),
         reuse_gap_ms,
         cost,
     }
