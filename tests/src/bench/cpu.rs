@@ -99,13 +99,19 @@ pub enum Calls {
 /// A count and when it was read.
 type Stamped<T> = (Instant, T);
 
+/// CPU ticks of every node running at the opening (`(id, ticks)`) and of
+/// the bench process.
+#[derive(Debug, Clone)]
+struct CpuTicks {
+    nodes: Vec<(u64, Option<u64>)>,
+    client: Option<u64>,
+}
+
 /// One end of a window. Each quantity carries its own time, since the HTTP
 /// readings take a while (and are kept out of the CPU window).
 #[derive(Debug, Clone)]
 struct Reading {
-    /// `(node id, CPU ticks)` of every node running at the opening, and the
-    /// bench's own ticks.
-    cpu: Stamped<(Vec<(u64, Option<u64>)>, Option<u64>)>,
+    cpu: Stamped<CpuTicks>,
     last_index: Stamped<u64>,
     /// Calls so far: `(leader's, followers')` served, or the client counter
     /// as the leader's share.
@@ -169,7 +175,7 @@ impl Window {
         };
         let mut leader_cpu_s = None;
         let mut followers_cpu_s = Vec::new();
-        for ((id, from), (_, to)) in self.start.cpu.1 .0.iter().zip(&end.cpu.1 .0) {
+        for ((id, from), (_, to)) in self.start.cpu.1.nodes.iter().zip(&end.cpu.1.nodes) {
             let used = seconds(*from, *to);
             if *id == self.leader {
                 leader_cpu_s = used;
@@ -192,7 +198,7 @@ impl Window {
             cpu_window_s: (end.cpu.0 - self.start.cpu.0).as_secs_f64(),
             leader_cpu_s,
             followers_cpu_s,
-            client_cpu_s: seconds(self.start.cpu.1 .1, end.cpu.1 .1),
+            client_cpu_s: seconds(self.start.cpu.1.client, end.cpu.1.client),
             cycles_per_s: f64::NAN,
             entries: end.last_index.1.saturating_sub(self.start.last_index.1),
             entries_window_s: (end.last_index.0 - self.start.last_index.0).as_secs_f64(),
@@ -210,13 +216,13 @@ impl Window {
     }
 }
 
-fn read_cpu(processes: &[(u64, ProcessCpu)]) -> Stamped<(Vec<(u64, Option<u64>)>, Option<u64>)> {
+fn read_cpu(processes: &[(u64, ProcessCpu)]) -> Stamped<CpuTicks> {
     let nodes = processes
         .iter()
         .map(|(id, process)| (*id, process.ticks()))
         .collect();
     let client = ProcessCpu::this_process().ticks();
-    (Instant::now(), (nodes, client))
+    (Instant::now(), CpuTicks { nodes, client })
 }
 
 /// The client counter now, for [`Calls::Client`].

@@ -361,11 +361,15 @@ impl Report {
         let mut text = format!(
             "permitd bench, profile `{}` ({:.0} s), {} worker thread(s) in each node and in \
              the clients' process. Latencies are above roundWaitMs (client-observed), × is \
-             the ratio to the median fsync. Leader changes (outside failover): {}.\n\n\
-             CPU is µs of utime+stime per completed cycle (a granted permit, or an \
-             admission) over the measured window: L the leader, F each follower, C the \
-             clients (the bench process), Σ all; per entry: Σ and the leader's per log \
-             entry the leader appended; msgs/cycle: the clients' HTTP calls per cycle.\n\n",
+             the ratio to the median fsync.\n\n\
+             leader changes (outside failover): {} (term increases outside the failover \
+             section; expected 0).\n\n\
+             CPU µs/cycle: utime+stime over the measured window per completed cycle (a \
+             granted permit, or an admission) of L the leader, F each follower, C the \
+             clients (the bench process), Σ all of them. µs/entry: the same CPU (Σ, and L \
+             alone) per log entry the leader appended. msgs/cycle: HTTP calls of the \
+             clients per cycle (grant and messages rows: counted by the clients; lease \
+             rows: `/v1/semaphores` calls the nodes served).\n\n",
             self.profile,
             self.elapsed.as_secs_f64(),
             super::threads_per_process(),
