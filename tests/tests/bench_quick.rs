@@ -20,5 +20,12 @@ async fn quick_bench_completes_and_prints_its_table() {
         assert!(table.contains(section), "no {section} row in:\n{table}");
     }
     assert!(table.lines().filter(|line| line.starts_with("| ")).count() > 8);
+    for column in [
+        "leader changes (outside failover): ",
+        "CPU µs/cycle",
+        "µs/entry",
+    ] {
+        assert!(table.contains(column), "no {column:?} in:\n{table}");
+    }
     eprintln!("quick bench took {:?}", started.elapsed());
 }

@@ -74,7 +74,8 @@ async fn first_grant(
     killed_at: Instant,
     kill: usize,
 ) -> Option<Duration> {
-    let request = super::one_permit(format!("failover-{kill}"), Vec::new());
+    let demand_at = permitd_client::client::now_ms();
+    let request = super::one_permit(format!("failover-{kill}"), demand_at, Vec::new());
     let body = serde_json::to_vec(&request).expect("protocol values serialise");
     for attempt in 0usize.. {
         if killed_at.elapsed() > GIVE_UP_AFTER {

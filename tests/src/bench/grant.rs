@@ -7,13 +7,23 @@
 //! log entries come from the leader's `lastLogIndex`. Round overhead is the
 //! client's request latency minus `roundWaitMs`: with one client that is the
 //! round itself (queueing, proposal, replication, fsync, apply, HTTP).
+//!
+//! A client's demand carries its real creation time as `oldestAt` (set when
+//! the client starts wanting its next permit, kept until a grant answers it),
+//! so rounds serve clients in the order their demand arose. The window's cost
+//! ([`super::cpu`]) counts each granted permit as one cycle and every HTTP
+//! call the clients send.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use permitd_client::client::now_ms;
 use permitd_core::protocol::{GrantReport, PermitSync, SemaphoreRequest, SemaphoreResponse, V1};
 use serde_json::json;
 
-use super::stats::{last_log_index, ms, quantile, set_defaults};
+use super::cpu::{Calls, Cost, Window};
+use super::stats::{ms, quantile, set_defaults};
 use crate::{Cluster, ADMIN_TOKEN};
 
 /// Most requests one client sends in one run, whatever the time.
@@ -48,6 +58,8 @@ pub struct GrantResult {
     pub overhead_ms_p50: f64,
     pub overhead_ms_p99: f64,
     pub errors: u64,
+    /// CPU, entries and calls per granted permit in the window.
+    pub cost: Cost,
 }
 
 /// What one client saw inside the window.
@@ -75,6 +87,7 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &GrantRun, tag: &str) -> G
     let started = Instant::now();
     let window_start = started + run.warmup;
     let window_end = window_start + run.measure;
+    let calls = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(run.clients);
     for client in 0..run.clients {
         let endpoint = format!("{url}/v1/semaphores/{tag}-{}", client % run.keys);
@@ -83,13 +96,14 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &GrantRun, tag: &str) -> G
             endpoint,
             format!("{tag}-client-{client}"),
             run.with_syncs,
+            calls.clone(),
             (window_start, window_end),
         )));
     }
     tokio::time::sleep_until(window_start.into()).await;
-    let first_index = last_log_index(cluster, leader).await;
+    let window = Window::open(cluster, leader, Calls::Client(calls)).await;
     tokio::time::sleep_until(window_end.into()).await;
-    let last_index = last_log_index(cluster, leader).await;
+    let cost = window.close(cluster).await;
     let mut total = ClientTally::default();
     for task in tasks {
         let tally = task.await.expect("client task");
@@ -99,10 +113,11 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &GrantRun, tag: &str) -> G
         total.errors += tally.errors;
         total.latencies_ms.extend(tally.latencies_ms);
     }
-    summarise(total, run, last_index.saturating_sub(first_index))
+    let cost = cost.with_cycles_per_s(total.permits as f64 / run.measure.as_secs_f64());
+    summarise(total, run, cost)
 }
 
-fn summarise(mut total: ClientTally, run: &GrantRun, entries: u64) -> GrantResult {
+fn summarise(mut total: ClientTally, run: &GrantRun, cost: Cost) -> GrantResult {
     let seconds = run.measure.as_secs_f64();
     let latency_ms_p50 = quantile(&mut total.latencies_ms, 0.5);
     let latency_ms_p99 = quantile(&mut total.latencies_ms, 0.99);
@@ -112,12 +127,13 @@ fn summarise(mut total: ClientTally, run: &GrantRun, entries: u64) -> GrantResul
         messages_per_s: (total.requests + total.syncs) as f64 / seconds,
         requests_per_s: total.requests as f64 / seconds,
         syncs_per_s: total.syncs as f64 / seconds,
-        entries_per_s: entries as f64 / seconds,
+        entries_per_s: cost.entries_per_s(),
         latency_ms_p50,
         latency_ms_p99,
         overhead_ms_p50: latency_ms_p50 - wait,
         overhead_ms_p99: latency_ms_p99 - wait,
         errors: total.errors,
+        cost,
     }
 }
 
@@ -143,16 +159,21 @@ async fn client_loop(
     endpoint: String,
     client_id: String,
     with_syncs: bool,
+    calls: Arc<AtomicU64>,
     (window_start, window_end): (Instant, Instant),
 ) -> ClientTally {
     let mut tally = ClientTally::default();
     let mut held: Vec<GrantReport> = Vec::new();
+    // When the demand not yet granted arose (ms since the Unix epoch).
+    let mut demand_since: Option<u64> = None;
     for _ in 0..MAX_REQUESTS_PER_CLIENT {
         if Instant::now() >= window_end {
             break;
         }
-        let request = super::one_permit(client_id.clone(), std::mem::take(&mut held));
+        let oldest_at = *demand_since.get_or_insert_with(now_ms);
+        let request = super::one_permit(client_id.clone(), oldest_at, std::mem::take(&mut held));
         let sent = Instant::now();
+        calls.fetch_add(1, Ordering::Relaxed);
         let answer = send(&http, &endpoint, &request).await;
         let done = Instant::now();
         let counted = done >= window_start && done <= window_end;
@@ -170,6 +191,9 @@ async fn client_loop(
                 released: granted.permits,
             })
             .collect();
+        if !held.is_empty() {
+            demand_since = None;
+        }
         if counted {
             tally.requests += 1;
             tally.permits += held.iter().map(|report| report.claimed).sum::<u64>();
@@ -182,6 +206,7 @@ async fn client_loop(
                 grants: held.clone(),
                 leases: None,
             });
+            calls.fetch_add(1, Ordering::Relaxed);
             let synced = send(&http, &endpoint, &sync).await;
             let in_window = Instant::now() <= window_end && done >= window_start;
             match synced {

@@ -7,6 +7,9 @@
 //! and those admitted under a drawn lease permit apart, so a run shows whether
 //! leases were issued at all. Contended runs (more runners than permits) also
 //! time every admission, for the reuse gap ([`super::reuse`]).
+//!
+//! The window's cost ([`super::cpu`]) counts each admission as one cycle; the
+//! runners' HTTP calls are counted by the nodes (the queue sends them).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -18,8 +21,9 @@ use permitd_client::{
 };
 use serde_json::json;
 
+use super::cpu::{Calls, Cost, Window};
 use super::reuse;
-use super::stats::{last_log_index, quantile, set_key_config};
+use super::stats::{quantile, set_key_config};
 use crate::{Cluster, ADMIN_TOKEN};
 
 /// Items kept queued per runner, unless a run names fewer.
@@ -60,6 +64,8 @@ pub struct LeaseResult {
     pub entries_per_s: f64,
     /// Contended runs: a freed permit's idle time, p50 and p99, in ms.
     pub reuse_gap_ms: Option<(f64, f64)>,
+    /// CPU, entries and calls per admission in the window.
+    pub cost: Cost,
 }
 
 /// The application side: counts and releases every admitted item.
@@ -141,21 +147,19 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
     }
     tokio::time::sleep_until(window_start.into()).await;
     let first_leased = lease_cycles.load(Ordering::Relaxed);
-    let (first_cycles, first_index) = (
-        cycles.load(Ordering::Relaxed),
-        last_log_index(cluster, leader).await,
-    );
+    let first_cycles = cycles.load(Ordering::Relaxed);
+    let window = Window::open(cluster, leader, Calls::Served).await;
     tokio::time::sleep_until(window_end.into()).await;
     let last_leased = lease_cycles.load(Ordering::Relaxed);
-    let (last_cycles, last_index) = (
-        cycles.load(Ordering::Relaxed),
-        last_log_index(cluster, leader).await,
-    );
+    let last_cycles = cycles.load(Ordering::Relaxed);
+    let cost = window.close(cluster).await;
     for runner in runners {
         let queue = runner.await.expect("feeder");
         let _ = queue.shutdown().await;
     }
     let seconds = run.measure.as_secs_f64();
+    let cycles_per_s = (last_cycles - first_cycles) as f64 / seconds;
+    let cost = cost.with_cycles_per_s(cycles_per_s);
     let reuse_gap_ms = admitted_at.map(|admitted_at| {
         let admissions = admitted_at.lock().expect("admissions").clone();
         let returns = reuse::take_returns(key);
@@ -164,10 +168,11 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
         (quantile(&mut gaps, 0.5), quantile(&mut gaps, 0.99))
     });
     LeaseResult {
-        cycles_per_s: (last_cycles - first_cycles) as f64 / seconds,
+        cycles_per_s,
         lease_cycles_per_s: (last_leased - first_leased) as f64 / seconds,
-        entries_per_s: last_index.saturating_sub(first_index) as f64 / seconds,
+        entries_per_s: cost.entries_per_s(),
         reuse_gap_ms,
+        cost,
     }
 }
 

@@ -15,9 +15,16 @@
 //! 6. scale ([`scale`]): round overhead and leader RSS with 1 to 100,000 keys,
 //!    on a fresh cluster.
 //!
+//! Every throughput row also says what it cost ([`cpu`]): CPU µs per permit
+//! cycle of the leader, the followers, the clients (the bench process) and in
+//! total, log entries per second and CPU per entry, and HTTP calls per cycle.
+//! The header counts the leader changes outside the failover section
+//! (expected 0).
+//!
 //! Every loop is bounded in count and time; all traffic goes to 127.0.0.1.
 //! Targets are reported against, never asserted.
 
+pub mod cpu;
 pub mod failover;
 pub mod floor;
 pub mod grant;
@@ -120,9 +127,12 @@ impl Profile {
 
 /// A request for one permit of group `g`, reporting `grants`: what every bench
 /// client asks. It may be held for a second when a round has nothing for it
-/// (`waitMs`), as a client under contention would ask.
+/// (`waitMs`), as a client under contention would ask. `oldest_at_ms` is when
+/// the demand was created (ms since the Unix epoch): rounds serve the oldest
+/// demand first, so equal values would hand every tie to the lowest client id.
 pub(crate) fn one_permit(
     client_id: String,
+    oldest_at_ms: u64,
     grants: Vec<permitd_core::protocol::GrantReport>,
 ) -> permitd_core::protocol::SemaphoreRequest {
     use permitd_core::protocol::{Demand, PermitRequest, SemaphoreRequest, V1};
@@ -133,7 +143,7 @@ pub(crate) fn one_permit(
         demand: vec![Demand {
             group: "g".into(),
             count: 1,
-            oldest_at_ms: 1,
+            oldest_at_ms,
         }],
         grants,
         leases: None,
@@ -195,6 +205,10 @@ pub async fn run(profile: &Profile) -> Report {
     let started = Instant::now();
     let mut report = Report::new(profile.name);
     let mut cluster = Cluster::start(settings()).await;
+    cluster.wait_for_leader().await;
+    // Terms seen outside the failover section: (from, to) stretches.
+    let mut calm_from = cpu::max_term(&cluster).await;
+    let mut calm_terms = 0;
     if profile.runs("floor") {
         eprintln!("bench: floor");
         let floor = floor::measure(cluster.dir.path(), profile.fsync_samples);
@@ -239,9 +253,14 @@ pub async fn run(profile: &Profile) -> Report {
     }
     if profile.runs("failover") {
         eprintln!("bench: failover");
+        let before = cpu::max_term(&cluster).await;
+        calm_terms += before.saturating_sub(calm_from);
         let result = failover::run(&mut cluster, profile.failover_kills).await;
-        report.failover(&result);
+        cluster.wait_for_leader().await;
+        calm_from = cpu::max_term(&cluster).await;
+        report.failover(&result, calm_from.saturating_sub(before));
     }
+    calm_terms += cpu::max_term(&cluster).await.saturating_sub(calm_from);
     drop(cluster);
     if profile.runs("scale") {
         eprintln!("bench: scale");
@@ -250,9 +269,13 @@ pub async fn run(profile: &Profile) -> Report {
             ..settings()
         })
         .await;
+        cluster.wait_for_leader().await;
+        let from = cpu::max_term(&cluster).await;
         let points = scale::run(&cluster, &profile.scale_sizes, profile.scale_probe).await;
+        calm_terms += cpu::max_term(&cluster).await.saturating_sub(from);
         report.scale(&points);
     }
+    report.leader_changes(calm_terms);
     report.finish(started.elapsed());
     report
 }

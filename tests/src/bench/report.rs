@@ -1,5 +1,6 @@
 //! The bench's output: one markdown table (every section, each latency beside
-//! the fsync floor, each target with how far it is met or missed) and the same
+//! the fsync floor, each target with how far it is met or missed, each
+//! throughput row with its CPU, log entries and calls per cycle) and the same
 //! rows as JSON.
 
 use std::fmt::Write as _;
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::cpu::Cost;
 use super::failover::FailoverResult;
 use super::floor::FloorResult;
 use super::grant::{GrantResult, GrantRun};
@@ -42,7 +44,23 @@ struct Row {
     p99: String,
     notes: String,
     target: String,
+    /// CPU µs per cycle by process (throughput rows).
+    cpu: String,
+    /// Entries/s, CPU per entry, calls per cycle (throughput rows).
+    entries: String,
 }
+
+impl Row {
+    /// The cost columns of a throughput row.
+    fn costing(mut self, cost: &Cost) -> Self {
+        self.cpu = cost.per_cycle_cell();
+        self.entries = cost.entries_cell();
+        self
+    }
+}
+
+/// No cost columns.
+const NO_COST: &str = "—";
 
 /// The rows so far, and their JSON.
 #[derive(Debug)]
@@ -52,6 +70,8 @@ pub struct Report {
     rows: Vec<Row>,
     json: Vec<Value>,
     elapsed: Duration,
+    /// Elections outside the failover section (term increases).
+    leader_changes: Option<u64>,
 }
 
 impl Report {
@@ -62,6 +82,7 @@ impl Report {
             rows: Vec::new(),
             json: Vec::new(),
             elapsed: Duration::ZERO,
+            leader_changes: None,
         }
     }
 
@@ -85,6 +106,8 @@ impl Report {
             p99: format!("{:.3} ms", floor.fsync_ms_p99),
             notes: format!("{} samples", floor.samples),
             target: "—".into(),
+            cpu: NO_COST.into(),
+            entries: NO_COST.into(),
         });
         self.json
             .push(json!({"section": "floor", "fsyncMsP50": floor.fsync_ms_p50,
@@ -106,63 +129,75 @@ impl Report {
                 at_least(result.permits_per_s, TARGET_GRANT_PER_S)
             );
         }
-        self.rows.push(Row {
-            section: "1 grant",
-            scenario: format!(
-                "{} client{}, {} key{}, wait {} ms, limit {}",
-                run.clients,
-                if run.clients == 1 { "" } else { "s" },
-                run.keys,
-                if run.keys == 1 { "" } else { "s" },
-                run.round_wait_ms,
-                run.limit
-            ),
-            throughput: format!("{} permits/s", thousands(result.permits_per_s)),
-            p50: format!("+{}", self.latency(result.overhead_ms_p50)),
-            p99: format!("+{}", self.latency(result.overhead_ms_p99)),
-            notes: format!(
-                "{} req/s, {} entries/s{}",
-                thousands(result.requests_per_s),
-                thousands(result.entries_per_s),
-                errors(result.errors)
-            ),
-            target,
-        });
+        self.rows.push(
+            Row {
+                section: "1 grant",
+                scenario: format!(
+                    "{} client{}, {} key{}, wait {} ms, limit {}",
+                    run.clients,
+                    if run.clients == 1 { "" } else { "s" },
+                    run.keys,
+                    if run.keys == 1 { "" } else { "s" },
+                    run.round_wait_ms,
+                    run.limit
+                ),
+                throughput: format!("{} permits/s", thousands(result.permits_per_s)),
+                p50: format!("+{}", self.latency(result.overhead_ms_p50)),
+                p99: format!("+{}", self.latency(result.overhead_ms_p99)),
+                notes: format!(
+                    "{} req/s, {} entries/s{}",
+                    thousands(result.requests_per_s),
+                    thousands(result.entries_per_s),
+                    errors(result.errors)
+                ),
+                target,
+                cpu: NO_COST.into(),
+                entries: NO_COST.into(),
+            }
+            .costing(&result.cost),
+        );
         self.json.push(
             json!({"section": "grant", "clients": run.clients, "keys": run.keys,
             "roundWaitMs": run.round_wait_ms, "limit": run.limit,
             "permitsPerS": result.permits_per_s, "requestsPerS": result.requests_per_s,
             "entriesPerS": result.entries_per_s, "latencyMsP50": result.latency_ms_p50,
             "latencyMsP99": result.latency_ms_p99, "overheadMsP50": result.overhead_ms_p50,
-            "overheadMsP99": result.overhead_ms_p99, "errors": result.errors}),
+            "overheadMsP99": result.overhead_ms_p99, "errors": result.errors,
+            "cost": result.cost.to_json()}),
         );
     }
 
     pub fn messages(&mut self, run: &GrantRun, result: &GrantResult) {
-        self.rows.push(Row {
-            section: "3 messages",
-            scenario: format!(
-                "{} clients, {} keys, request + sync per grant, wait {} ms",
-                run.clients, run.keys, run.round_wait_ms
-            ),
-            throughput: format!("{} msgs/s", thousands(result.messages_per_s)),
-            p50: format!("+{}", self.latency(result.overhead_ms_p50)),
-            p99: format!("+{}", self.latency(result.overhead_ms_p99)),
-            notes: format!(
-                "{} requests/s + {} syncs/s; {} log entries/s; {} permits/s{}",
-                thousands(result.requests_per_s),
-                thousands(result.syncs_per_s),
-                thousands(result.entries_per_s),
-                thousands(result.permits_per_s),
-                errors(result.errors)
-            ),
-            target: "—".into(),
-        });
+        self.rows.push(
+            Row {
+                section: "3 messages",
+                scenario: format!(
+                    "{} clients, {} keys, request + sync per grant, wait {} ms",
+                    run.clients, run.keys, run.round_wait_ms
+                ),
+                throughput: format!("{} msgs/s", thousands(result.messages_per_s)),
+                p50: format!("+{}", self.latency(result.overhead_ms_p50)),
+                p99: format!("+{}", self.latency(result.overhead_ms_p99)),
+                notes: format!(
+                    "{} requests/s + {} syncs/s; {} log entries/s; {} permits/s{}",
+                    thousands(result.requests_per_s),
+                    thousands(result.syncs_per_s),
+                    thousands(result.entries_per_s),
+                    thousands(result.permits_per_s),
+                    errors(result.errors)
+                ),
+                target: "—".into(),
+                cpu: NO_COST.into(),
+                entries: NO_COST.into(),
+            }
+            .costing(&result.cost),
+        );
         self.json.push(
             json!({"section": "messages", "clients": run.clients, "keys": run.keys,
             "messagesPerS": result.messages_per_s, "requestsPerS": result.requests_per_s,
             "syncsPerS": result.syncs_per_s, "entriesPerS": result.entries_per_s,
-            "permitsPerS": result.permits_per_s, "errors": result.errors}),
+            "permitsPerS": result.permits_per_s, "errors": result.errors,
+            "cost": result.cost.to_json()}),
         );
     }
 
@@ -211,7 +246,10 @@ impl Report {
                     at_least(result.cycles_per_s, wanted)
                 ),
             },
-        });
+            cpu: NO_COST.into(),
+            entries: NO_COST.into(),
+        }
+        .costing(&result.cost));
         let (gap_p50, gap_p99) = result.reuse_gap_ms.unzip();
         self.json.push(
             json!({"section": "lease", "runners": run.runners, "limit": run.limit,
@@ -219,11 +257,13 @@ impl Report {
             "permitsPerLease": run.permits_per_lease, "cyclesPerS": result.cycles_per_s,
             "leaseCyclesPerS": result.lease_cycles_per_s,
             "entriesPerS": result.entries_per_s,
-            "reuseGapMsP50": gap_p50, "reuseGapMsP99": gap_p99}),
+            "reuseGapMsP50": gap_p50, "reuseGapMsP99": gap_p99,
+            "cost": result.cost.to_json()}),
         );
     }
 
-    pub fn failover(&mut self, result: &FailoverResult) {
+    /// `terms`: elections during the section (each kill makes at least one).
+    pub fn failover(&mut self, result: &FailoverResult, terms: u64) {
         self.rows.push(Row {
             section: "4 failover",
             scenario: format!(
@@ -236,7 +276,7 @@ impl Report {
             p50: format!("{:.0} ms", result.ms_p50),
             p99: format!("max {:.0} ms", result.ms_max),
             notes: format!(
-                "samples: {}",
+                "{terms} elections; samples: {}",
                 result
                     .samples_ms
                     .iter()
@@ -249,10 +289,13 @@ impl Report {
                 at_most(result.ms_p50, TARGET_FAILOVER_MS_P50),
                 at_most(result.ms_max, TARGET_FAILOVER_MS_MAX)
             ),
+            cpu: NO_COST.into(),
+            entries: NO_COST.into(),
         });
         self.json
             .push(json!({"section": "failover", "kills": result.kills,
-            "msP50": result.ms_p50, "msMax": result.ms_max, "samplesMs": result.samples_ms}));
+            "msP50": result.ms_p50, "msMax": result.ms_max, "samplesMs": result.samples_ms,
+            "elections": terms}));
     }
 
     pub fn scale(&mut self, points: &[ScalePoint]) {
@@ -290,6 +333,8 @@ impl Report {
                     thousands(super::scale::SCALE_SNAPSHOT_EVERY_LOGS as f64)
                 ),
                 target,
+                cpu: NO_COST.into(),
+                entries: NO_COST.into(),
             });
             self.json
                 .push(json!({"section": "scale", "keys": point.keys,
@@ -302,6 +347,11 @@ impl Report {
         }
     }
 
+    /// Elections outside the failover section, as term increases (expected 0).
+    pub fn leader_changes(&mut self, count: u64) {
+        self.leader_changes = Some(count);
+    }
+
     pub fn finish(&mut self, elapsed: Duration) {
         self.elapsed = elapsed;
     }
@@ -311,23 +361,44 @@ impl Report {
         let mut text = format!(
             "permitd bench, profile `{}` ({:.0} s), {} worker thread(s) in each node and in \
              the clients' process. Latencies are above roundWaitMs (client-observed), × is \
-             the ratio to the median fsync.\n\n",
+             the ratio to the median fsync.\n\n\
+             leader changes (outside failover): {} (term increases outside the failover \
+             section; expected 0).\n\n\
+             CPU µs/cycle: utime+stime over the measured window per completed cycle (a \
+             granted permit, or an admission) of L the leader, F each follower, C the \
+             clients (the bench process), Σ all of them. µs/entry: the same CPU (Σ, and L \
+             alone) per log entry the leader appended. msgs/cycle: HTTP calls of the \
+             clients per cycle (grant and messages rows: counted by the clients; lease \
+             rows: `/v1/semaphores` calls the nodes served).\n\n",
             self.profile,
             self.elapsed.as_secs_f64(),
-            super::threads_per_process()
+            super::threads_per_process(),
+            self.leader_changes
+                .map_or_else(|| "not measured".to_owned(), |count| count.to_string())
         );
         for name in ["PERMITD_BENCH_TOML", "PERMITD_BENCH_RAFT_TIMINGS"] {
             if let Ok(value) = std::env::var(name) {
                 let _ = writeln!(text, "Overridden: {name}={value:?}.\n");
             }
         }
-        text.push_str("| section | scenario | throughput | p50 | p99 | notes | target |\n");
-        text.push_str("|---|---|---|---|---|---|---|\n");
+        text.push_str(
+            "| section | scenario | throughput | p50 | p99 | notes | target \
+             | CPU µs/cycle | entries, CPU µs/entry, msgs/cycle |\n",
+        );
+        text.push_str("|---|---|---|---|---|---|---|---|---|\n");
         for row in &self.rows {
             let _ = writeln!(
                 text,
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                row.section, row.scenario, row.throughput, row.p50, row.p99, row.notes, row.target
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                row.section,
+                row.scenario,
+                row.throughput,
+                row.p50,
+                row.p99,
+                row.notes,
+                row.target,
+                row.cpu,
+                row.entries
             );
         }
         text
@@ -336,7 +407,8 @@ impl Report {
     /// The rows as JSON.
     pub fn to_json(&self) -> Value {
         json!({"profile": self.profile, "elapsedS": self.elapsed.as_secs_f64(),
-            "fsyncMsP50": self.floor_ms, "rows": self.json, "table": self.markdown()})
+            "fsyncMsP50": self.floor_ms, "leaderChangesOutsideFailover": self.leader_changes,
+            "rows": self.json, "table": self.markdown()})
     }
 
     /// Writes the JSON to `<target>/bench/bench-<profile>-<unix time>.json` and

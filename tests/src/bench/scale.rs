@@ -138,7 +138,8 @@ async fn populate(cluster: &Cluster, leader: u64, from: usize, to: usize) {
     let http = bench_http();
     let url = cluster.node(leader).url();
     let next = Arc::new(AtomicUsize::new(from));
-    let body = serde_json::to_vec(&super::one_permit("scale".into(), Vec::new()))
+    let demand_at = permitd_client::client::now_ms();
+    let body = serde_json::to_vec(&super::one_permit("scale".into(), demand_at, Vec::new()))
         .expect("protocol values serialise");
     let mut workers = Vec::new();
     for _ in 0..POPULATE_CONCURRENCY {
