@@ -400,16 +400,6 @@ fn strip_ansi(text: &str) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_term_is_read_from_a_coloured_log_line() {
-        let line = "\u{1b}[2m2026\u{1b}[0m INFO permitd_node::leadership: this node leads the cluster \u{1b}[3mterm\u{1b}[0m\u{1b}[2m=\u{1b}[0m17";
-        assert_eq!(super::term_of(line), Some(17));
-        assert_eq!(super::term_of("this node leads the cluster term=3"), Some(3));
-    }
-}
-
 /// Waits until every running node applied at least what the leader had
 /// committed when the wait began.
 pub async fn wait_caught_up(cluster: &Cluster) -> bool {
@@ -438,4 +428,17 @@ pub async fn wait_caught_up(cluster: &Cluster) -> bool {
         true
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_term_is_read_from_a_coloured_log_line() {
+        let line = "\u{1b}[2m2026\u{1b}[0m INFO permitd_node::leadership: this node leads the cluster \u{1b}[3mterm\u{1b}[0m\u{1b}[2m=\u{1b}[0m17";
+        assert_eq!(super::term_of(line), Some(17));
+        assert_eq!(
+            super::term_of("this node leads the cluster term=3"),
+            Some(3)
+        );
+    }
 }
