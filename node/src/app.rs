@@ -105,6 +105,8 @@ pub struct Node {
     pub metrics: PrometheusHandle,
     /// Recent lifecycle events and the live feed of `GET /v1/events`.
     pub events: EventLog,
+    /// Gaps between the appends received from the leader (`/raft/append`).
+    pub leader_contact: crate::stall_probe::LeaderContact,
 }
 
 impl std::fmt::Debug for Node {
@@ -193,6 +195,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     let events = EventLog::new(applied_at_start);
     crate::events::start(state.clone(), events.clone());
     crate::raft_metrics::start(raft.clone());
+    crate::stall_probe::start(&raft);
     let app = App(Arc::new(Node {
         id: settings.id,
         raft,
@@ -207,6 +210,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         defaults: Arc::new(settings.defaults.clone()),
         metrics: crate::metrics::install(),
         events,
+        leader_contact: crate::stall_probe::LeaderContact::default(),
     }));
     Ok(Started {
         app,

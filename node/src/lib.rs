@@ -48,6 +48,7 @@ pub mod rounds;
 pub mod schedule;
 pub mod shutdown;
 pub mod snapshots;
+pub mod stall_probe;
 pub mod timer;
 pub mod tls;
 

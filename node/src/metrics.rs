@@ -17,7 +17,12 @@
 //!   follower lag): see `raft_metrics.rs`;
 //! - HTTP calls by route and status, with latency: see `http_metrics.rs`;
 //! - `permitd_snapshot_bytes` (gauge) and `permitd_snapshot_build_seconds`
-//!   (histogram): the last snapshot this node built, from the storage crate.
+//!   (histogram): the last snapshot this node built, from the storage crate;
+//! - `permitd_wal_syncs_total`, `permitd_wal_sync_seconds` (histogram) and
+//!   `permitd_wal_sync_batch_entries`: the write-ahead log's group commits, from
+//!   the storage crate;
+//! - stalls (`permitd_raft_leader_contact_gap_seconds` on followers,
+//!   `permitd_runtime_tick_lateness_seconds`): see `stall_probe.rs`.
 //!
 //! # Cardinality
 //!
@@ -64,6 +69,11 @@ const SNAPSHOT_BUCKETS_SECONDS: &[f64] = &[
     0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 
+/// WAL sync round buckets, in seconds: 100 µs to 2.5 s.
+const WAL_SYNC_BUCKETS_SECONDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the process-wide recorder once and returns the handle that renders it.
@@ -82,6 +92,24 @@ pub fn install() -> PrometheusHandle {
                     builder.set_buckets_for_metric(
                         Matcher::Full(permitd_storage::SNAPSHOT_DURATION.into()),
                         SNAPSHOT_BUCKETS_SECONDS,
+                    )
+                })
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(
+                        Matcher::Full(permitd_storage::WAL_SYNC_DURATION.into()),
+                        WAL_SYNC_BUCKETS_SECONDS,
+                    )
+                })
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(
+                        Matcher::Full(crate::stall_probe::LEADER_CONTACT_GAP.into()),
+                        crate::stall_probe::LEADER_CONTACT_GAP_BUCKETS_SECONDS,
+                    )
+                })
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(
+                        Matcher::Full(crate::stall_probe::TICK_LATENESS.into()),
+                        crate::stall_probe::TICK_LATENESS_BUCKETS_SECONDS,
                     )
                 })
                 .expect("the bucket lists are not empty");
@@ -121,6 +149,7 @@ fn describe() {
     metrics::describe_gauge!(PENDING, "Requests waiting for a round on this node.");
     crate::raft_metrics::describe();
     crate::http_metrics::describe();
+    crate::stall_probe::describe();
     permitd_storage::describe_snapshot_metrics();
     permitd_storage::describe_wal_metrics();
 }

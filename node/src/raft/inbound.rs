@@ -54,6 +54,8 @@ async fn vote(State(app): State<App>, body: Bytes) -> Response {
 const DECODE_APART_BYTES: usize = 64 * 1024;
 
 async fn append(State(app): State<App>, body: Bytes) -> Response {
+    // Taken before decoding: a large body decoded apart must not delay it.
+    let arrived = std::time::Instant::now();
     let decoded = if body.len() < DECODE_APART_BYTES {
         codec::decode::<AppendEntriesRequest<TypeConfig>>(&body)
     } else {
@@ -66,7 +68,10 @@ async fn append(State(app): State<App>, body: Bytes) -> Response {
         }
     };
     match decoded {
-        Ok(request) => encoded(&app.raft.append_entries(request).await),
+        Ok(request) => {
+            app.leader_contact.append_received(&request.vote, arrived);
+            encoded(&app.raft.append_entries(request).await)
+        }
         Err(error) => undecodable(error),
     }
 }
