@@ -5,10 +5,11 @@
 //!   appends) this node received from its leader, taken as each arrives at the
 //!   `/raft/append` handler. The first append after start, and the first from a
 //!   new leader (another term or node), have no gap; appends of an older term
-//!   than the last seen are ignored. The leader sends at least one every
-//!   heartbeat interval (40 ms by default), so gaps sit at or below it; a gap
-//!   over the election timeout lets this node's election timer fire and start a
-//!   needless election.
+//!   than the last seen are ignored. Heartbeats are due every 40 ms by default,
+//!   but openraft 0.9 checks its timers every 1.5 heartbeats, so an idle
+//!   follower's gaps sit at about 60 ms; a gap past the leader lease plus the
+//!   election timeout (360–480 ms by default) lets this node's election timer
+//!   fire and start a needless election.
 //! - `permitd_runtime_tick_lateness_seconds` (histogram, on every node): a task
 //!   on the node's tokio runtime sleeps [`TICK`] in a loop and records how much
 //!   later than asked it woke. About a millisecond is normal (the timer wheel has
