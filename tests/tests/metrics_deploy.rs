@@ -34,11 +34,18 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     names
 }
 
-/// Whether the exposition has a sample line of `name`.
+/// Whether the exposition has a sample line of `name`, or of the histogram
+/// `name` (its `_bucket`, `_sum` or `_count` series).
 fn exported(exposition: &str, name: &str) -> bool {
-    exposition.lines().any(|line| {
+    let sample = |line: &str, name: &str| {
         line.strip_prefix(name)
             .is_some_and(|tail| tail.starts_with('{') || tail.starts_with(' '))
+    };
+    exposition.lines().any(|line| {
+        sample(line, name)
+            || ["_bucket", "_sum", "_count"]
+                .iter()
+                .any(|suffix| sample(line, &format!("{name}{suffix}")))
     })
 }
 
