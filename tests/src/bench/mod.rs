@@ -3,7 +3,8 @@
 //! fsync, real HTTP), printed as one markdown table and saved as JSON.
 //!
 //! Sections, in the order they run:
-//! 1. the physical floor: median fsync of a 4 KiB append on the data disk;
+//! 1. the physical floor: median fdatasync of a 4 KiB append on the data disk
+//!    (the call the log uses);
 //! 2. the grant path ([`grant`]): 1–256 clients on 1 or 100 keys, at
 //!    `roundWaitMs` 1 and 5, no leases, limit 32 per key;
 //! 3. messages per second at saturation: the grant loop plus a `sync` per grant;

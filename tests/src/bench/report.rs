@@ -100,7 +100,7 @@ impl Report {
         self.floor_ms = Some(floor.fsync_ms_p50);
         self.rows.push(Row {
             section: "6 floor",
-            scenario: "fsync of a 4 KiB append, data disk".into(),
+            scenario: "fdatasync of a 4 KiB append (as the log syncs), data disk".into(),
             throughput: format!("{:.0} fsyncs/s", 1e3 / floor.fsync_ms_p50),
             p50: format!("{:.3} ms", floor.fsync_ms_p50),
             p99: format!("{:.3} ms", floor.fsync_ms_p99),
