@@ -37,7 +37,11 @@ fi
 
 # Every binary first, so the end-to-end tests never run a stale permitctl/permitd.
 cargo build --workspace --bins --locked
-cargo test --workspace --locked
+# powerfs's model test mounts a filesystem per case: its own, smaller case count
+# (PROPTEST_CASES would override the test's 24). It also has a rare failure
+# under investigation (a remounted session answering ECONNABORTED), kept visible.
+PROPTEST_CASES="${POWERFS_PROPTEST_CASES:-24}" cargo test -p permitd-powerfs --locked
+cargo test --workspace --exclude permitd-powerfs --locked
 # schemathesis against a live three-node cluster of the permitd just built.
 tests/schemathesis/run.sh "$TARGET/debug/permitd"
 # The TypeScript client: build, type-check and test against real permitd processes.

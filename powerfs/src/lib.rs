@@ -221,6 +221,23 @@ impl PowerFs {
         report
     }
 
+    /// Whether the FUSE session still serves: the error it ended with, if its
+    /// thread ended while mounted (the kernel then answers every call on the
+    /// mount with ECONNABORTED).
+    pub fn check_session(&self) -> io::Result<()> {
+        let mut slot = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        if !slot
+            .as_ref()
+            .is_some_and(|session| session.guard.is_finished())
+        {
+            return Ok(());
+        }
+        match slot.take().map(BackgroundSession::join) {
+            Some(Err(error)) => Err(error),
+            _ => Err(io::Error::other("the FUSE session ended")),
+        }
+    }
+
     /// Unmount; the backing dir keeps the current view (durable or not).
     pub fn unmount(self) -> io::Result<()> {
         let mut slot = self.session.lock().unwrap_or_else(|e| e.into_inner());

@@ -109,7 +109,9 @@ proptest! {
                     }
                 }
                 Op::SyncDir => {
-                    sync_dir(&m.mnt).unwrap();
+                    sync_dir(&m.mnt).unwrap_or_else(|error| {
+                        panic!("fsync of the mount: {error}; session: {:?}", m.fs.check_session())
+                    });
                     md.dur_ns = md.ns.clone();
                 }
                 Op::PowerLoss(torn) => {
