@@ -62,13 +62,13 @@ fn sync_all_dirs(p: &Path) {
     }
 }
 
-#[test]
-fn sled_flush_inside_powerfs() {
-    let Some(m) = mount() else { return };
-    let db_path = m.p("db");
+/// Runs the sled child on `db_path`: waits until it opened the db, runs
+/// `before_go` (sled's files exist then), lets it insert and flush, and SIGKILLs
+/// it once it says `flushed`. Returns the child's `flushed` line.
+fn run_child_until_flushed(db_path: &Path, before_go: impl FnOnce()) -> String {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "sled_child", "--include-ignored", "--nocapture"])
-        .env(CHILD_ENV, &db_path)
+        .env(CHILD_ENV, db_path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -88,15 +88,24 @@ fn sled_flush_inside_powerfs() {
         }
     };
     wait_for("opened");
-    // sled's files exist (and sled holds its lock on `db/db`: file locks work here)
-    assert!(db_path.join("db").exists());
-    sync_all_dirs(&m.mnt);
+    before_go();
     stdin.write_all(b"go\n").unwrap();
     let flushed = wait_for("flushed");
-    eprintln!("child: {}", flushed.trim());
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    drop(stdin);
+    flushed
+}
+
+#[test]
+fn sled_flush_inside_powerfs() {
+    let Some(m) = mount() else { return };
+    let db_path = m.p("db");
+    let flushed = run_child_until_flushed(&db_path, || {
+        // sled's files exist (and sled holds its lock on `db/db`: file locks work here)
+        assert!(db_path.join("db").exists());
+        sync_all_dirs(&m.mnt);
+    });
+    eprintln!("child: {}", flushed.trim());
 
     let report = m.fs.power_loss(None).unwrap();
     eprintln!("{report}");
@@ -125,27 +134,7 @@ fn sled_flush_inside_powerfs() {
 fn sled_flush_survives_a_kill_without_power_loss() {
     let Some(m) = mount() else { return };
     let db_path = m.p("db");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sled_child", "--include-ignored", "--nocapture"])
-        .env(CHILD_ENV, &db_path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut stdin = child.stdin.take().unwrap();
-    let mut line = String::new();
-    while !line.starts_with("opened") {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0);
-    }
-    stdin.write_all(b"go\n").unwrap();
-    while !line.starts_with("flushed") {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0);
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    run_child_until_flushed(&db_path, || {});
     let db = open(&db_path);
     assert_eq!(db.get(b"key").unwrap().as_deref(), Some(&b"value"[..]));
     drop(db);
