@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::api::forward::Forwarder;
 use crate::auth::{AuthSettings, Secret};
-use crate::config::{RaftTimings, StorageSettings};
+use crate::config::RaftTimings;
 use crate::event_log::EventLog;
 use crate::leadership::{watch_leadership, Leadership};
 use crate::raft::network::Network;
@@ -39,7 +39,6 @@ pub struct NodeSettings {
     /// Local address of outgoing Raft connections (`[[node]] peer_source_ip`).
     pub peer_source_ip: Option<std::net::IpAddr>,
     pub timings: RaftTimings,
-    pub storage: StorageSettings,
     /// Written into the replicated state right after initialisation.
     pub defaults: KeyConfig,
     /// The voters `/cluster/init` creates: every node of the config file.
@@ -143,10 +142,7 @@ pub struct Started {
 pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     let api_listener = bind(&settings.api_addr).await?;
     let raft_listener = bind(&settings.raft_addr).await?;
-    let options = permitd_storage::Options {
-        dir: settings.data_dir.clone(),
-        cache_capacity_bytes: settings.storage.cache_capacity_bytes(),
-    };
+    let options = permitd_storage::Options::new(settings.data_dir.clone());
     let opened = permitd_storage::open(&options)
         .await
         .map_err(|error| StartError::Storage(error.to_string()))?;

@@ -66,8 +66,6 @@ pub struct ClusterConfig {
     pub defaults: KeyConfigUpdate,
     #[serde(default)]
     pub limits: NodeLimits,
-    #[serde(default)]
-    pub storage: StorageSettings,
     #[serde(rename = "node")]
     pub nodes: Vec<NodeConfig>,
 }
@@ -118,7 +116,7 @@ pub struct NodeConfig {
     /// the system's choice.
     #[serde(default)]
     pub peer_source_ip: Option<std::net::IpAddr>,
-    /// Where the node keeps its sled database.
+    /// Where the node keeps its log and snapshots.
     pub data_dir: PathBuf,
 }
 
@@ -244,30 +242,6 @@ impl NodeLimits {
             ));
         }
         Ok(())
-    }
-}
-
-/// How each node's store uses memory.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StorageSettings {
-    /// Bound of sled's page cache, in MiB. The state machine is held in memory
-    /// anyway; the cache only spares disk reads of pages being rewritten and of
-    /// old log entries for a lagging follower (`DEFAULT_CACHE_CAPACITY_BYTES`).
-    pub cache_capacity_mib: u64,
-}
-
-impl Default for StorageSettings {
-    fn default() -> Self {
-        Self {
-            cache_capacity_mib: permitd_storage::DEFAULT_CACHE_CAPACITY_BYTES / (1024 * 1024),
-        }
-    }
-}
-
-impl StorageSettings {
-    pub fn cache_capacity_bytes(&self) -> u64 {
-        self.cache_capacity_mib.saturating_mul(1024 * 1024)
     }
 }
 
@@ -406,9 +380,6 @@ impl ClusterConfig {
             return invalid(format!(
                 "[raft] snapshot_every_ms must be at least {MIN_SNAPSHOT_EVERY_MS}"
             ));
-        }
-        if self.storage.cache_capacity_mib == 0 {
-            return invalid("[storage] cache_capacity_mib must be at least 1".into());
         }
         if let Err(message) = self.limits.validate() {
             return invalid(message);

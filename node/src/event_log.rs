@@ -203,7 +203,7 @@ impl EventLog {
 
 /// Whether `record` belongs to a stream of `key` (every key when `None`).
 pub fn matches(key: Option<&str>, record: &KeptEvent) -> bool {
-    key.map_or(true, |key| key == record.key)
+    key.is_none_or(|key| key == record.key)
 }
 
 impl Buffer {
@@ -399,7 +399,7 @@ mod tests {
             if let Ok(subscription) = log.subscribe(key.as_deref(), Some(from)) {
                 let expected: Vec<(u64, String)> = produced
                     .iter()
-                    .filter(|(at, name)| *at >= from && key.as_ref().map_or(true, |key| key == name))
+                    .filter(|(at, name)| *at >= from && key.as_ref().is_none_or(|key| key == name))
                     .cloned()
                     .collect();
                 proptest::prop_assert_eq!(indexes(&subscription), expected);

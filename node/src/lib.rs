@@ -23,7 +23,7 @@
 //!   them fails at once with `leader_changed`, and nothing is retried for the client;
 //! - rounds of one key start at least `roundPeriodMs` apart; several may be in
 //!   flight (their outcomes are computed at apply time, in log order);
-//! - the node never touches sled: state is read through `permitd_storage::SharedState`
+//! - the node never touches the store directly: state is read through `permitd_storage::SharedState`
 //!   and changed only by log entries.
 
 pub mod api;

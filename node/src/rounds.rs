@@ -660,7 +660,7 @@ fn holdable(request: &PermitRequest) -> Option<Duration> {
 /// is answered at once.
 fn empty_handed(answer: &PermitGrant) -> bool {
     answer.grants.is_empty()
-        && answer.leases.as_ref().map_or(true, Vec::is_empty)
+        && answer.leases.as_ref().is_none_or(Vec::is_empty)
         && answer.blocked.iter().all(|blocked| {
             matches!(
                 blocked.reason,

@@ -479,7 +479,7 @@ impl<R, S> Schedule<R, S> {
     pub fn take_entry(&mut self, now: Instant) -> Option<Entry<R, S>> {
         self.forget_idle(now);
         self.wake_expired_holds(now);
-        if !self.next_due(now).is_some_and(|due| due <= now) {
+        if self.next_due(now).is_none_or(|due| due > now) {
             return None;
         }
         let mut budget = ByteBudget::new(self.settings.max_bytes_per_entry);

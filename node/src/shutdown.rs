@@ -1,7 +1,8 @@
 //! Graceful shutdown: wait for Ctrl+C or SIGTERM, then stop in an order that
 //! loses nothing acknowledged: stop accepting, fail the waiting requests (their
 //! clients retry elsewhere), let in-flight answers drain, shut Raft down (which
-//! stops the storage tasks), and flush sled.
+//! stops the storage tasks). Nothing is left to flush: every acknowledged entry
+//! is in the fsynced log.
 
 use tokio::sync::watch;
 

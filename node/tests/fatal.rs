@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use permitd_core::KeyConfig;
 use permitd_node::app::{self, NodeSettings};
-use permitd_node::config::{RaftTimings, StorageSettings};
+use permitd_node::config::RaftTimings;
 use permitd_node::edge::EdgeLimits;
 use permitd_storage::PeerNode;
 use tower::ServiceExt;
@@ -36,7 +36,6 @@ async fn a_stopped_raft_core_fails_healthz_and_ends_the_wait() {
         tls: None,
         peer_source_ip: None,
         timings: RaftTimings::default(),
-        storage: StorageSettings::default(),
         defaults: KeyConfig::default(),
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: false,

@@ -1,4 +1,4 @@
-//! Applying one entry's [`Command`] to the engine and recording the rows it changed.
+//! Applying one entry's [`Command`] to the engine and noting the keys it changed.
 //!
 //! Apply is a pure function of (state, entry): time comes from the command's
 //! `now_ms`, ids from [`IdAllocator::new`] on the entry's log index (one allocator
@@ -10,32 +10,26 @@ use permitd_core::validate::{
 };
 use permitd_core::{Event, IdAllocator, InvalidInput, KeyLimitReached, Semaphores};
 
-use crate::rows::WriteSet;
 use crate::state_machine::Applied;
-use crate::{Command, CommandResult, KeySync, StorageError};
+use crate::{Command, CommandResult, KeySync};
 
-/// Runs engine calls for one entry and records what each changed.
+/// Runs engine calls for one entry and notes what each changed.
 struct Applier<'a> {
     semaphores: &'a mut Semaphores,
     tokens: &'a mut TokenRegistry,
-    /// Read only to find the rows of keys the engine dropped.
-    tree: &'a sled::Tree,
-    write: &'a mut WriteSet,
     applied: Applied,
 }
 
 impl Applier<'_> {
-    /// Records what the last engine call changed. Called after every call, not once
-    /// per entry: a key emptied (dropped) and re-created by two calls of one entry
-    /// would otherwise forget to delete the rows the first call emptied.
-    fn persist(&mut self) -> Result<(), StorageError> {
+    /// Notes the keys the last engine call changed (and empties the engine's
+    /// change record, which would otherwise grow with every call).
+    fn note_changes(&mut self) {
         let changes = self.semaphores.take_changes();
         for (key, _) in &changes.keys {
             if !self.applied.keys.contains(key) {
                 self.applied.keys.push(key.clone());
             }
         }
-        self.write.record(self.tree, self.semaphores, changes)
     }
 
     fn push_events(&mut self, key: &str, events: Vec<Event>) {
@@ -44,21 +38,17 @@ impl Applier<'_> {
     }
 }
 
-/// Applies `command` (the entry at `log_index`), adding its rows to `write`.
-/// Returns the answer for the leader and what the node is told about the apply.
+/// Applies `command` (the entry at `log_index`). Returns the answer for the
+/// leader and what the node is told about the apply.
 pub(crate) fn apply_command(
     semaphores: &mut Semaphores,
     tokens: &mut TokenRegistry,
-    tree: &sled::Tree,
-    write: &mut WriteSet,
     log_index: u64,
     command: &Command,
-) -> Result<(CommandResult, Applied), StorageError> {
+) -> (CommandResult, Applied) {
     let mut applier = Applier {
         semaphores,
         tokens,
-        tree,
-        write,
         applied: Applied {
             log_index,
             keys: Vec::new(),
@@ -70,10 +60,10 @@ pub(crate) fn apply_command(
         Err(error) => CommandResult::from(error),
         Ok(()) => match check_room(applier.semaphores, command) {
             Err(error) => CommandResult::from(error),
-            Ok(()) => run(&mut applier, log_index, command)?,
+            Ok(()) => run(&mut applier, log_index, command),
         },
     };
-    Ok((result, applier.applied))
+    (result, applier.applied)
 }
 
 /// The leader validates at the edge; apply checks again, because the engine
@@ -144,11 +134,7 @@ fn check_room(semaphores: &Semaphores, command: &Command) -> Result<(), KeyLimit
 }
 
 /// The one match over the command enum.
-fn run(
-    applier: &mut Applier<'_>,
-    log_index: u64,
-    command: &Command,
-) -> Result<CommandResult, StorageError> {
+fn run(applier: &mut Applier<'_>, log_index: u64, command: &Command) -> CommandResult {
     let result = match command {
         Command::Round {
             now_ms,
@@ -158,7 +144,7 @@ fn run(
             let mut synced = Vec::with_capacity(syncs.len());
             for KeySync { key, sync } in syncs {
                 let outcome = applier.semaphores.sync(key, *now_ms, sync);
-                applier.persist()?;
+                applier.note_changes();
                 applier.push_events(key, outcome.events);
                 synced.push(outcome.answer);
             }
@@ -169,7 +155,7 @@ fn run(
                     applier
                         .semaphores
                         .round(&round.key, &mut ids, *now_ms, &round.requests);
-                applier.persist()?;
+                applier.note_changes();
                 applier.push_events(&round.key, outcome.events);
                 answers.push(outcome.answers);
             }
@@ -185,7 +171,7 @@ fn run(
         Command::Reclaim { now_ms, keys } => {
             for key in keys {
                 let events = applier.semaphores.reclaim(key, *now_ms);
-                applier.persist()?;
+                applier.note_changes();
                 applier.push_events(key, events);
             }
             CommandResult::Done
@@ -217,7 +203,7 @@ fn run(
             CommandResult::Done
         }
         Command::CreateToken { .. } | Command::RevokeToken { .. } => {
-            crate::token_state::apply(applier.tokens, applier.write, log_index, command)?
+            crate::token_state::apply(applier.tokens, log_index, command)
         }
         Command::ForceRelease {
             now_ms,
@@ -238,8 +224,8 @@ fn run(
         },
     };
     // Single-call commands (and a rejected one, which changed nothing) land here.
-    applier.persist()?;
-    Ok(result)
+    applier.note_changes();
+    result
 }
 
 #[cfg(test)]
@@ -250,22 +236,10 @@ mod tests {
     use super::*;
     use crate::KeyRound;
 
-    /// Applies `command` as entry `log_index` on a scratch tree.
+    /// Applies `command` as entry `log_index`.
     fn apply(semaphores: &mut Semaphores, log_index: u64, command: Command) -> CommandResult {
-        let dir = tempfile::tempdir().unwrap();
-        let tree = sled::open(dir.path()).unwrap().open_tree("state").unwrap();
-        let mut write = WriteSet::default();
         let mut tokens = TokenRegistry::default();
-        apply_command(
-            semaphores,
-            &mut tokens,
-            &tree,
-            &mut write,
-            log_index,
-            &command,
-        )
-        .unwrap()
-        .0
+        apply_command(semaphores, &mut tokens, log_index, &command).0
     }
 
     fn set_group(key: &str) -> Command {

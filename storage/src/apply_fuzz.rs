@@ -22,7 +22,6 @@ use permitd_core::Semaphores;
 use proptest::prelude::*;
 
 use crate::apply::apply_command;
-use crate::rows::WriteSet;
 use crate::{Command, CommandResult, KeyRound, KeySync};
 
 const KEY: &str = "acct-1";
@@ -73,22 +72,10 @@ fn hostile() -> impl Strategy<Value = Hostile> {
     })
 }
 
-/// Applies `command` as entry `log_index` on a scratch tree.
+/// Applies `command` as entry `log_index`.
 fn apply(semaphores: &mut Semaphores, log_index: u64, command: &Command) -> CommandResult {
-    let db = sled::Config::new().temporary(true).open().expect("sled");
-    let tree = db.open_tree("state").expect("tree");
-    let mut write = WriteSet::default();
     let mut tokens = TokenRegistry::default();
-    let (result, _) = apply_command(
-        semaphores,
-        &mut tokens,
-        &tree,
-        &mut write,
-        log_index,
-        command,
-    )
-    .expect("apply writes to a scratch tree");
-    result
+    apply_command(semaphores, &mut tokens, log_index, command).0
 }
 
 fn request(

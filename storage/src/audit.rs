@@ -1,14 +1,18 @@
-//! Checking a stopped node's data dir: is its applied state what its log says?
+//! Checking a stopped node's data dir: does its log rebuild its state?
 //!
-//! Apply is a pure function of (state, entry), so the state a store holds at
-//! `last_applied` must equal what a fresh store builds from the store's own
-//! snapshot (if it has one) plus its log entries up to `last_applied`. A store
-//! that lost part of its state tree or part of its log in a crash, or applied
-//! an entry that is no longer in its log, fails this check. The power-loss
-//! tests run it on every node's data dir after each cut.
+//! A node's applied state is its newest snapshot plus the committed log
+//! entries after it, applied again at every start. So a store is sound when
+//! - the log still holds every entry from the snapshot to the committed id
+//!   (a purge past the snapshot, or a lost piece of log, leaves a hole);
+//! - replaying them gives the same state twice: once on the store as it opens
+//!   (the snapshot it loads), once on a fresh store in `scratch` that installs
+//!   that snapshot the way a follower does. Apply is a pure function of
+//!   (state, entry), so any difference is a bug of determinism or of the
+//!   snapshot's encoding.
 //!
-//! The check opens the store, so the node must not be running (sled locks its
-//! files). It writes only to `scratch`, a folder of the caller's.
+//! The power-loss tests run it on every node's data dir after the cuts. The
+//! check takes the dir's lock, so the node must not be running. It writes only
+//! to `scratch`, a folder of the caller's.
 
 use std::path::Path;
 
@@ -20,7 +24,7 @@ use crate::{open, NodeId, Opened, Options, StorageError};
 /// What a successful check covered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Audit {
-    /// The applied state that was checked.
+    /// The applied state that was checked (the committed id, or the snapshot's).
     pub last_applied: Option<LogId<NodeId>>,
     /// The snapshot the replay started from, if the store holds one.
     pub snapshot: Option<LogId<NodeId>>,
@@ -30,8 +34,9 @@ pub struct Audit {
     pub last_log: Option<LogId<NodeId>>,
 }
 
-/// Replays `dir`'s snapshot and log into a new store in `scratch` and compares
-/// the two applied states; a difference is [`StorageError::Corrupt`].
+/// Replays `dir`'s log after its snapshot, on the store itself and on a fresh
+/// one in `scratch`, and compares the two states; a hole in the log or a
+/// difference is [`StorageError::Corrupt`].
 pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Audit, StorageError> {
     let mut stored = open(&Options::new(dir)).await?;
     let mut replay = open(&Options::new(scratch)).await?;
@@ -40,28 +45,29 @@ pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Audit, StorageEr
         detail,
     };
     let raft = |error: openraft::StorageError<NodeId>| corrupt(error.to_string());
-    let last_applied = stored.state.last_applied();
+    let snapshot_id = stored.state.last_applied();
     let log_state = stored.log.get_log_state().await.map_err(raft)?;
-    let snapshot = stored
+    let committed = stored.log.read_committed().await.map_err(raft)?;
+    if log_state.last_purged_log_id > snapshot_id {
+        return Err(corrupt(format!(
+            "the log is purged to {:?}, past the snapshot at {snapshot_id:?}",
+            log_state.last_purged_log_id
+        )));
+    }
+    if let Some(snapshot) = stored
         .state_machine
         .get_current_snapshot()
         .await
-        .map_err(raft)?;
-    let mut snapshot_id = None;
-    if let Some(snapshot) = snapshot {
-        if snapshot.meta.last_log_id > last_applied {
-            return Err(corrupt(format!(
-                "snapshot at {:?} is ahead of the applied state at {last_applied:?}",
-                snapshot.meta.last_log_id
-            )));
-        }
-        snapshot_id = snapshot.meta.last_log_id;
+        .map_err(raft)?
+    {
         replay
             .state_machine
             .install_snapshot(&snapshot.meta, snapshot.snapshot)
             .await
             .map_err(raft)?;
     }
+    // openraft does the same when the committed id was not synced yet.
+    let last_applied = committed.max(snapshot_id);
     let from = snapshot_id.map_or(1, |id| id.index + 1);
     let until = last_applied.map_or(0, |id| id.index);
     let entries = if until >= from {
@@ -81,11 +87,16 @@ pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Audit, StorageEr
             .any(|(entry, index)| entry.log_id.index != index)
     {
         return Err(corrupt(format!(
-            "the log does not hold every entry from {from} to the applied {until}: {} found",
+            "the log does not hold every entry from {from} to the committed {until}: {} found",
             entries.len()
         )));
     }
     let entries_replayed = entries.len() as u64;
+    stored
+        .state_machine
+        .apply(entries.clone())
+        .await
+        .map_err(raft)?;
     replay.state_machine.apply(entries).await.map_err(raft)?;
     compare(&stored, &replay).map_err(corrupt)?;
     Ok(Audit {

@@ -12,12 +12,8 @@ use crate::NodeId;
 /// at; none of them is a panic.
 #[derive(thiserror::Error, Debug)]
 pub enum StorageError {
-    #[error("cannot open the data dir {dir}: {source}")]
-    Open {
-        dir: PathBuf,
-        #[source]
-        source: sled::Error,
-    },
+    #[error("cannot use the data dir {dir}: {detail}")]
+    Locked { dir: PathBuf, detail: String },
     #[error("cannot create the data dir {dir}: {source}")]
     CreateDir {
         dir: PathBuf,
@@ -28,15 +24,10 @@ pub enum StorageError {
     Incompatible { dir: PathBuf, detail: String },
     #[error("the data dir {dir} holds corrupt data: {detail}")]
     Corrupt { dir: PathBuf, detail: String },
-    #[error("sled: {0}")]
-    Sled(#[from] sled::Error),
     #[error("encoding: {0}")]
     Codec(#[from] crate::codec::CodecError),
     #[error("snapshot: {0}")]
     Snapshot(String),
-    /// The blocking task that flushed sled did not finish (it panicked).
-    #[error("flush: {0}")]
-    Flush(String),
     /// A file operation of the write-ahead log failed.
     #[error("write-ahead log: cannot {action} {path}: {source}")]
     WalIo {
@@ -85,12 +76,6 @@ pub(crate) fn read_state_machine(error: impl Into<StorageError>) -> RaftError {
     error
         .into()
         .into_raft(ErrorSubject::StateMachine, ErrorVerb::Read)
-}
-
-pub(crate) fn write_state_machine(error: impl Into<StorageError>) -> RaftError {
-    error
-        .into()
-        .into_raft(ErrorSubject::StateMachine, ErrorVerb::Write)
 }
 
 pub(crate) fn read_snapshot(error: impl Into<StorageError>) -> RaftError {

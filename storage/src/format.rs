@@ -1,18 +1,15 @@
-//! The on-disk format version, kept twice: in sled and in a marker file beside it.
-//! (The marker also says the write-ahead log must exist: see `open_wal` in `lib.rs`.)
+//! The on-disk format version, in a marker file (`<dir>/format_version`).
 //!
-//! sled treats a data file it cannot read as a torn log and silently opens an
-//! empty database. A store that came back empty would forget its vote and its
-//! log, which Raft cannot survive, so the marker file (`<dir>/format_version`,
-//! written once the sled store is initialised and flushed) says "this dir holds a
-//! store": marker present but nothing in sled means the data was lost.
+//! The marker also says "this dir holds a store": it is written (durably) only
+//! after the write-ahead log was created, so a dir with a marker but no log lost
+//! its log, and would forget its vote, which Raft cannot survive (see
+//! `open_wal` in `lib.rs`).
 
 use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use crate::durable::DurableDb;
-use crate::{keys, StorageError};
+use crate::StorageError;
 
 /// The on-disk layout version this build reads and writes (the trees and keys of
 /// [`crate::keys`], the encoding of [`crate::codec`], snapshots as files).
@@ -25,7 +22,10 @@ use crate::{keys, StorageError};
 ///
 /// 3 moves the Raft log, vote, committed and last purged ids out of sled's `log`
 /// and `raft` trees into the write-ahead log (`<dir>/wal`, see `wal/mod.rs`).
-pub const STORAGE_FORMAT_VERSION: u32 = 3;
+///
+/// 4 drops sled: the applied state is the newest snapshot file plus the log
+/// entries after it, replayed at start-up (`state_machine.rs`).
+pub const STORAGE_FORMAT_VERSION: u32 = 4;
 
 const MARKER_FILE: &str = "format_version";
 
@@ -88,46 +88,11 @@ fn write_marker(dir: &Path) -> Result<(), StorageError> {
         .map_err(io)
 }
 
-/// The version row in sled, `None` when absent.
-fn read_sled_version(db: &sled::Db, dir: &Path) -> Result<Option<u32>, StorageError> {
-    let Some(bytes) = db.get(keys::FORMAT_VERSION)? else {
-        return Ok(None);
-    };
-    let bytes = <[u8; 4]>::try_from(bytes.as_ref())
-        .map_err(|_| incompatible(dir, format!("unreadable format version {bytes:?}")))?;
-    Ok(Some(u32::from_be_bytes(bytes)))
-}
-
-/// Accepts a store of our version, initialises a brand-new one, refuses the rest.
-pub(crate) fn check_or_initialise(durable: &DurableDb, dir: &Path) -> Result<(), StorageError> {
-    let db = durable.db();
-    let marker = read_marker(dir)?;
-    if let Some(version) = marker {
-        check_version(dir, version, "the marker file")?;
-    }
-    match (read_sled_version(db, dir)?, marker) {
-        (Some(version), _) => {
-            check_version(dir, version, "the database")?;
-            if marker.is_none() {
-                // A crash between initialising sled and writing the marker.
-                write_marker(dir)?;
-            }
-            Ok(())
-        }
-        (None, Some(_)) => Err(StorageError::Corrupt {
-            dir: dir.to_owned(),
-            detail: "the store was initialised but sled recovered none of its data".to_owned(),
-        }),
-        // Only a database sled has just created is initialised: a recovered one
-        // without a version belongs to someone else.
-        (None, None) if !db.was_recovered() => {
-            db.insert(keys::FORMAT_VERSION, &STORAGE_FORMAT_VERSION.to_be_bytes())?;
-            durable.flush_blocking()?;
-            write_marker(dir)
-        }
-        (None, None) => Err(incompatible(
-            dir,
-            "a sled database without a format version: not a permitd store".to_owned(),
-        )),
+/// Accepts a store of our version; initialises a brand-new one (whose log was
+/// just created) by writing the marker.
+pub(crate) fn check_or_initialise(dir: &Path) -> Result<(), StorageError> {
+    match read_marker(dir)? {
+        Some(version) => check_version(dir, version, "the marker file"),
+        None => write_marker(dir),
     }
 }

@@ -1,48 +1,35 @@
 //! permitd's Raft log (a write-ahead log of our own) and replicated state
-//! machine (over sled).
+//! machine (in memory, with snapshot files).
 //!
-//! [`open`] opens the write-ahead log at `<dir>/wal` and one sled database at
-//! `<dir>/sled`, and hands back the openraft [`LogStore`], the
-//! [`StateMachineStore`] and a [`SharedState`] through which the node reads the
-//! applied state and hears of every applied entry.
+//! [`open`] locks the data dir, opens the write-ahead log at `<dir>/wal` and
+//! loads the newest snapshot of `<dir>/snapshots`, and hands back the openraft
+//! [`LogStore`], the [`StateMachineStore`] and a [`SharedState`] through which
+//! the node reads the applied state and hears of every applied entry.
 //!
-//! # The write-ahead log (`wal/`)
+//! # On disk
 //!
-//! The Raft log, the vote, the committed and the last purged log ids live in
-//! segment files `<dir>/wal/<sequence, 20 digits>.wal` of CRC-framed records
-//! (Entry, Vote, Committed, Purged, Truncate), made durable by one `fdatasync`
-//! per group of appends; a torn tail is cut at open. The format, the
-//! invariants and why group commit is safe are in `wal/mod.rs`.
-//!
-//! # Trees and their keys (byte layout in [`keys`])
-//!
-//! | tree | key | value |
+//! | path | what | written |
 //! |---|---|---|
-//! | default | `permitd_format_version` | on-disk format version, u32 BE (also in the file `<dir>/format_version`: see `format.rs`) |
-//! | `state` | `0x00` + name: `last_applied`, `membership`, `cluster` (defaults and clock), `tokens` (the API token registry, hashes only: `token_state.rs`), `snapshot_meta` | the value; the snapshot's data is a file (`snapshot.rs`) |
-//! | `state` | `0x01` + u32 BE length + key + row kind (`0` meta, `1` grant id, `2` lease id, `3` u32 BE length + clientId + requestId) | the core value |
+//! | `<dir>/format_version` | the on-disk format version ([`STORAGE_FORMAT_VERSION`]); says "this dir holds a store" (`format.rs`) | once, after the log, durably |
+//! | `<dir>/wal/<sequence, 20 digits>.wal` | the Raft log, vote, committed and last purged ids: CRC-framed records, one `fdatasync` per group of appends, torn tail cut at open (`wal/mod.rs`) | every append |
+//! | `<dir>/snapshots/<id>.snap` | the applied state at a log id: one [`codec`] document (`snapshot.rs`) | every `snapshot_every_logs` entries, or when installed from the leader; durably before openraft purges the log behind it |
+//! | `<dir>/lock` | an advisory lock: one process per dir | at open |
 //!
 //! Every value is encoded by [`codec`] (MessagePack); the Raft RPC bodies too.
 //!
 //! # Data flow
 //!
 //! openraft appends entries to the write-ahead log (told once an `fdatasync`
-//! covers them), and once they commit hands them to [`StateMachineStore`]'s apply. Apply runs the
-//! deterministic engine (`permitd_core::Semaphores`, kept in memory), collects
-//! the rows each engine call changed (`Semaphores::take_changes`) and writes them,
-//! with the last applied log id and the membership, as **one `sled::Batch` on the
-//! `state` tree**. sled applies a batch atomically, also across a crash: after a
-//! restart the tree holds every row of an apply or none, and the last applied id
-//! always names exactly the entries whose rows are there; openraft replays the
-//! rest from the log. The state tree needs no flush per apply: the log holds the
-//! entries, and sled writes the rows as its buffers fill; snapshots (before
-//! openraft purges the log behind them) and shutdown flush sled.
+//! covers them), and once they commit hands them to [`StateMachineStore`]'s
+//! apply, which runs the deterministic engine (`permitd_core::Semaphores`) in
+//! memory and writes nothing. On start-up the state is the newest snapshot's,
+//! and openraft applies the committed entries after it again (they are in the
+//! log: a purge only follows a durable snapshot). Apply is a pure function of
+//! (state, entry), so the replay rebuilds exactly the state that was lost.
 //!
-//! On start-up the state is rebuilt from the `state` tree's rows
-//! (`Semaphores::from_parts`), never by replaying from index 0. A data dir that
-//! sled cannot open, that lacks or has a different format version, that sled
-//! recovers as empty although it was initialised, or whose rows do not decode,
-//! fails [`open`] with an error naming the dir, never with a panic.
+//! A data dir that lacks or has a different format version, whose log was
+//! lost, or whose snapshot does not decode fails [`open`] with an error naming
+//! the dir, never with a panic.
 
 mod apply;
 #[cfg(test)]
@@ -50,13 +37,11 @@ mod apply_fuzz;
 pub mod audit;
 pub mod codec;
 pub mod command;
-mod durable;
 mod error;
 mod format;
 pub mod fsync;
-pub mod keys;
+mod lock;
 mod log_store;
-mod rows;
 mod snapshot;
 mod snapshot_metrics;
 mod state_machine;
@@ -108,32 +93,17 @@ openraft::declare_raft_types!(
         SnapshotData = std::io::Cursor<Vec<u8>>,
 );
 
-/// sled's page cache when no setting says otherwise, in bytes. The state
-/// machine lives in memory (rebuilt from the `state` rows at start), so sled's
-/// cache only holds pages being written (the log's tail, the leaves of rows an
-/// apply rewrites) and old log entries read for a lagging follower; a page
-/// outside it is read back from the data files (usually the OS page cache).
-/// At 64 MiB the cache filled with the rows of idle keys (33 MiB of heap at
-/// 100,000 keys) and cost the leader about 300 B of RSS per key
-/// (docs/operations.md, "Memory"); sled's own default is 1 GiB.
-pub const DEFAULT_CACHE_CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
-
-/// Where the store lives, and how much memory sled may cache.
+/// Where the store lives.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The node's data dir; the sled database is `dir/sled`.
+    /// The node's data dir.
     pub dir: PathBuf,
-    /// Bound of sled's page cache, in bytes.
-    pub cache_capacity_bytes: u64,
 }
 
 impl Options {
-    /// A store in `dir` with the default cache bound.
+    /// A store in `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self {
-            dir: dir.into(),
-            cache_capacity_bytes: DEFAULT_CACHE_CAPACITY_BYTES,
-        }
+        Self { dir: dir.into() }
     }
 }
 
@@ -148,14 +118,14 @@ pub struct Opened {
 /// Opens (or creates) the store in `options.dir` and loads the applied state.
 pub async fn open(options: &Options) -> Result<Opened, StorageError> {
     let dir = options.dir.clone();
-    // sled's open and the state load read the whole state tree: blocking IO.
+    // Reading the log and decoding the snapshot: blocking IO.
     let task = tokio::task::spawn_blocking({
         let options = options.clone();
         move || open_blocking(&options)
     });
     match task.await {
         Ok(opened) => opened,
-        // sled may panic on some damaged files; report it as the dir's problem.
+        // A panic while reading damaged files is the dir's problem.
         Err(error) => Err(StorageError::Corrupt {
             dir,
             detail: format!("opening the store failed: {error}"),
@@ -171,33 +141,19 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
         dir: dir.to_owned(),
         source,
     })?;
-    let sled_dir = dir.join("sled");
-    let db = sled::Config::new()
-        .path(&sled_dir)
-        .cache_capacity(options.cache_capacity_bytes)
-        // Every write that must survive a crash flushes before it is
-        // acknowledged (see `log_store.rs`); sled's background flush every
-        // 500 ms would only add disk writes that compete with those.
-        .flush_every_ms(None)
-        .open()
-        .map_err(|source| StorageError::Open {
-            dir: dir.to_owned(),
-            source,
-        })?;
-    let db = durable::DurableDb::new(db, sled_dir);
-    let wal = open_wal(&db, dir)?;
-    let state_tree = db.db().open_tree("state")?;
-    let loaded = rows::load(&state_tree, dir)?;
+    let lock = lock::DirLock::acquire(dir)?;
+    let wal = open_wal(dir)?;
+    let state_machine = StateMachineStore::open(dir.to_owned(), lock)?;
+    let state = state_machine.shared();
     tracing::info!(
         dir = %dir.display(),
-        last_applied = ?loaded.last_applied,
-        keys = loaded.semaphores.keys().len(),
+        snapshot = ?state.last_applied(),
+        keys = state.read(|semaphores| semaphores.keys().len()),
         "storage opened"
     );
-    let state_machine = StateMachineStore::new(dir.to_owned(), db.clone(), state_tree, loaded);
     Ok(Opened {
         log: LogStore::new(wal),
-        state: state_machine.shared(),
+        state,
         state_machine,
     })
 }
@@ -206,14 +162,14 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
 /// gets its log before the marker that says "initialised" is written, so a
 /// store whose marker exists must have a log: a missing one was lost (which
 /// would make the node forget its vote), and is reported as corrupt.
-fn open_wal(db: &durable::DurableDb, dir: &std::path::Path) -> Result<Wal, StorageError> {
+fn open_wal(dir: &std::path::Path) -> Result<Wal, StorageError> {
     let wal_dir = dir.join(WAL_DIR);
     if format::is_initialised(dir)? {
-        format::check_or_initialise(db, dir)?;
+        format::check_or_initialise(dir)?;
         Wal::open(&wal_dir, WalOptions::new(Presence::MustExist))
     } else {
         let wal = Wal::open(&wal_dir, WalOptions::new(Presence::CreateIfMissing))?;
-        format::check_or_initialise(db, dir)?;
+        format::check_or_initialise(dir)?;
         Ok(wal)
     }
 }

@@ -7,14 +7,12 @@
 //! are rebuilt on load. The version is read on its own first, so a snapshot from
 //! another build fails with "version N" rather than with whatever field changed.
 //!
-//! The bytes live in a file of `<data dir>/snapshots/`, never in sled: a large
-//! state as one sled value would be copied through sled's log and cache on every
-//! snapshot. The `state` tree keeps only [`StoredSnapshot`] (the metadata and the
-//! file's name). Invariants:
+//! The bytes live in a file of `<data dir>/snapshots/`. Invariants:
 //! - a file is complete and on disk (written to a temporary name, synced,
-//!   renamed, directory synced) before any row names it;
-//! - only the file the row names is kept; others are removed once the row
-//!   naming a newer one is on disk.
+//!   renamed, directory synced) before openraft hears of it;
+//! - the current snapshot is the newest file; others are removed once a newer
+//!   one is on disk, and at start-up the newest complete file is current again
+//!   ([`SnapshotFiles::load_newest`]).
 
 use std::fs;
 use std::io::{BufWriter, Write};
@@ -62,8 +60,8 @@ pub(crate) struct SnapshotImage {
     pub tokens: TokenRegistry,
 }
 
-/// The `state` tree's row about the current snapshot.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// The current snapshot: its metadata and its file.
+#[derive(Debug, Clone)]
 pub(crate) struct StoredSnapshot {
     pub meta: SnapshotMeta<NodeId, PeerNode>,
     /// The file's name in the snapshot folder.
@@ -179,6 +177,56 @@ impl SnapshotFiles {
 
     pub fn read(&self, name: &str) -> Result<Vec<u8>, StorageError> {
         fs::read(self.dir.join(name)).map_err(|error| self.io(&format!("reading {name}"), error))
+    }
+
+    /// The newest complete snapshot file and its decoded state, if any. A
+    /// file that does not decode is corrupt (only complete files carry the
+    /// extension); unfinished writes are ignored. Blocking.
+    pub fn load_newest(
+        &self,
+        data_dir: &Path,
+    ) -> Result<Option<(StoredSnapshot, SnapshotImage)>, StorageError> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(self.io("listing", error)),
+        };
+        let mut newest: Option<(StoredSnapshot, SnapshotImage)> = None;
+        for entry in entries {
+            let path = entry.map_err(|error| self.io("listing", error))?.path();
+            if path.extension().and_then(|ext| ext.to_str()) != Some(SNAPSHOT_EXTENSION) {
+                continue;
+            }
+            let corrupt = |detail: String| StorageError::Corrupt {
+                dir: data_dir.to_owned(),
+                detail: format!("snapshot {}: {detail}", path.display()),
+            };
+            let bytes = fs::read(&path).map_err(|error| corrupt(error.to_string()))?;
+            let image = decode(&bytes).map_err(|error| corrupt(error.to_string()))?;
+            if newest
+                .as_ref()
+                .is_some_and(|(_, best)| best.last_applied >= image.last_applied)
+            {
+                continue;
+            }
+            let file = path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .ok_or_else(|| corrupt("a file name that is not UTF-8".to_owned()))?
+                .to_owned();
+            let stored = StoredSnapshot {
+                meta: SnapshotMeta {
+                    last_log_id: image.last_applied,
+                    last_membership: image.membership.clone(),
+                    snapshot_id: file
+                        .trim_end_matches(&format!(".{SNAPSHOT_EXTENSION}"))
+                        .to_owned(),
+                },
+                file,
+            };
+            newest = Some((stored, image));
+        }
+        Ok(newest)
     }
 
     /// Removes every file but `keep` (older snapshots, unfinished writes).

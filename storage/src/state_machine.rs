@@ -1,24 +1,27 @@
-//! The replicated state machine: the in-memory [`Semaphores`] written through to
-//! the `state` sled tree, and its snapshots.
+//! The replicated state machine: the in-memory [`Semaphores`] and token
+//! registry, and their snapshots.
+//!
+//! Nothing is written to disk per apply. What survives a crash is the Raft log
+//! (`wal/`) and the newest snapshot file (`snapshot.rs`); at start-up the state
+//! is the snapshot's, and openraft applies the committed entries after it again
+//! (`get_initial_state` in openraft's storage helper). Why not a database of
+//! applied rows: see "What is synced when" in docs/architecture.md.
 //!
 //! Invariants:
-//! - one `apply` call is one `sled::Batch` on the `state` tree: the changed rows of
-//!   every entry in it, the last applied log id and the membership land together
-//!   or not at all, so a restart never sees half an entry or rows without the id
-//!   that produced them;
-//! - the in-memory state equals what the `state` tree holds, except after a failed
-//!   write, which openraft treats as fatal (the node stops and reloads from disk);
-//! - the stored snapshot only moves forward (a slow builder never overwrites a
-//!   newer installed snapshot), and it is on disk before openraft learns of it,
-//!   together with the state it covers, because openraft purges the log behind it;
+//! - the current snapshot only moves forward (a slow builder never replaces a
+//!   newer installed snapshot), and its file is complete and durable (written,
+//!   synced, renamed, folder synced) before openraft hears of it, because
+//!   openraft purges the log behind it;
+//! - after a crash the newest complete file is the current snapshot, and the log
+//!   holds every entry after it: a purge only follows a durable snapshot;
 //! - building a snapshot holds the state lock only to clone the state (which
-//!   shares every key, see `Semaphores`): encoding
-//!   and writing the file run on a blocking thread while applies go on, so a
-//!   snapshot never stalls a round for longer than the clone.
+//!   shares every key, see `Semaphores`): encoding and writing the file run on a
+//!   blocking thread while applies go on, so a snapshot never stalls a round for
+//!   longer than the clone.
 
 use std::io::Cursor;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use openraft::storage::RaftStateMachine;
 use openraft::{
@@ -30,13 +33,10 @@ use permitd_core::{Event, Semaphores};
 use tokio::sync::broadcast;
 
 use crate::apply::apply_command;
-use crate::durable::DurableDb;
-use crate::error::{
-    read_snapshot, read_state_machine, write_snapshot, write_state_machine, RaftError,
-};
-use crate::rows::{Loaded, WriteSet};
-use crate::snapshot::{SnapshotFiles, StoredSnapshot};
-use crate::{codec, keys, snapshot, CommandResult, NodeId, PeerNode, StorageError, TypeConfig};
+use crate::error::{read_snapshot, read_state_machine, write_snapshot, RaftError};
+use crate::lock::DirLock;
+use crate::snapshot::{SnapshotFiles, SnapshotImage, StoredSnapshot};
+use crate::{snapshot, CommandResult, NodeId, PeerNode, StorageError, TypeConfig};
 
 /// Apply notices kept for subscribers that fall behind; a lagging subscriber gets
 /// `RecvError::Lagged` and should re-read the state.
@@ -56,7 +56,7 @@ pub struct Applied {
 }
 
 /// The applied state: what readers see.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct AppliedState {
     pub semaphores: Semaphores,
     /// The API tokens (hashes only), replicated like the semaphores.
@@ -65,41 +65,35 @@ pub(crate) struct AppliedState {
     pub membership: StoredMembership<NodeId, PeerNode>,
 }
 
+impl From<SnapshotImage> for AppliedState {
+    fn from(image: SnapshotImage) -> Self {
+        Self {
+            semaphores: image.semaphores,
+            tokens: image.tokens,
+            last_applied: image.last_applied,
+            membership: image.membership,
+        }
+    }
+}
+
 /// Read access to the applied state, shared with the node. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct SharedState {
-    /// A std lock, not a tokio one: it is only held for in-memory work (an apply's
-    /// engine calls and batch write, or a reader's closure) and never across an
-    /// await, so readers never wait on IO and no async lock is needed.
+    /// A std lock, not a tokio one: it is only held for in-memory work (an
+    /// apply's engine calls, or a reader's closure) and never across an await,
+    /// so readers never wait on IO and no async lock is needed.
     state: Arc<RwLock<AppliedState>>,
-    /// One notice per applied entry, sent after the entry is written.
+    /// One notice per applied entry, sent after the entry is applied.
     notices: broadcast::Sender<Arc<Applied>>,
-    /// For [`SharedState::flush`] at shutdown.
-    db: DurableDb,
 }
 
 impl SharedState {
-    fn new(loaded: Loaded, db: DurableDb) -> Self {
-        let state = AppliedState {
-            semaphores: loaded.semaphores,
-            tokens: loaded.tokens,
-            last_applied: loaded.last_applied,
-            membership: loaded.membership,
-        };
+    fn new(state: AppliedState) -> Self {
         let (notices, _) = broadcast::channel(APPLIED_CHANNEL_CAPACITY);
         Self {
             state: Arc::new(RwLock::new(state)),
             notices,
-            db,
         }
-    }
-
-    /// Makes the applied state durable (sled's buffers written, its files
-    /// synced). The log holds every entry the state may lose; this makes a
-    /// clean stop leave the applied state on disk too, so the next start
-    /// replays nothing.
-    pub async fn flush(&self) -> Result<(), StorageError> {
-        self.db.flush().await
     }
 
     /// Runs `f` on the applied semaphores. Keep `f` short: applies wait for it.
@@ -122,7 +116,7 @@ impl SharedState {
     }
 
     // A poisoned lock means an apply panicked halfway: the state in memory is not
-    // trustworthy and continuing would serve or persist it.
+    // trustworthy and continuing would serve or snapshot it.
     fn lock_read(&self) -> RwLockReadGuard<'_, AppliedState> {
         self.state.read().expect("applied state lock poisoned")
     }
@@ -139,32 +133,82 @@ impl SharedState {
     }
 }
 
-/// The openraft state machine over the `state` tree.
+/// The current snapshot and its files, shared by the state machine and its
+/// builders. The mutex serialises builders (openraft runs them in their own
+/// tasks, concurrently with applies), installs and readers: a file is removed
+/// only under it.
+#[derive(Debug, Clone)]
+struct Snapshots {
+    files: SnapshotFiles,
+    current: Arc<Mutex<Option<StoredSnapshot>>>,
+}
+
+impl Snapshots {
+    fn lock(&self) -> MutexGuard<'_, Option<StoredSnapshot>> {
+        self.current.lock().expect("snapshot lock poisoned")
+    }
+
+    /// Makes `stored` (whose file is durable) current unless a newer one is;
+    /// removes every other file. Returns the current snapshot's metadata.
+    fn make_current(&self, stored: StoredSnapshot) -> StoredSnapshot {
+        Self::make_current_locked(&self.files, &mut self.lock(), stored)
+    }
+
+    /// Writes an installed snapshot's file durably and makes it current, in one
+    /// hold of the lock: a builder finishing meanwhile must not remove the file
+    /// as "older" before it is current. Blocking.
+    fn install_file(&self, stored: StoredSnapshot, data: &[u8]) -> Result<(), StorageError> {
+        let mut current = self.lock();
+        self.files.write(&stored.file, data)?;
+        Self::make_current_locked(&self.files, &mut current, stored);
+        Ok(())
+    }
+
+    fn make_current_locked(
+        files: &SnapshotFiles,
+        current: &mut Option<StoredSnapshot>,
+        stored: StoredSnapshot,
+    ) -> StoredSnapshot {
+        match &*current {
+            Some(newer) if newer.meta.last_log_id > stored.meta.last_log_id => {}
+            _ => *current = Some(stored),
+        }
+        let current = current.clone().expect("a current snapshot was just set");
+        if let Err(error) = files.remove_all_but(&current.file) {
+            tracing::warn!(%error, "cannot remove old snapshot files");
+        }
+        current
+    }
+}
+
+/// The openraft state machine.
 #[derive(Debug)]
 pub struct StateMachineStore {
     /// Named in errors.
     dir: PathBuf,
-    /// For flushes (durability covers every tree).
-    db: DurableDb,
-    state_tree: sled::Tree,
+    /// Held while the store lives: one process per data dir.
+    _lock: DirLock,
     shared: SharedState,
-    files: SnapshotFiles,
-    /// Serialises the snapshot row and files between snapshot builders (openraft
-    /// runs them in their own tasks, concurrently with applies), installs and
-    /// readers (a file is removed only under it).
-    snapshot_lock: Arc<Mutex<()>>,
+    snapshots: Snapshots,
 }
 
 impl StateMachineStore {
-    pub(crate) fn new(dir: PathBuf, db: DurableDb, state_tree: sled::Tree, loaded: Loaded) -> Self {
-        Self {
-            files: SnapshotFiles::new(&dir),
+    /// The state machine of data dir `dir`, at its newest snapshot (or empty).
+    pub(crate) fn open(dir: PathBuf, lock: DirLock) -> Result<Self, StorageError> {
+        let files = SnapshotFiles::new(&dir);
+        let (current, state) = match files.load_newest(&dir)? {
+            Some((stored, image)) => (Some(stored), AppliedState::from(image)),
+            None => (None, AppliedState::default()),
+        };
+        Ok(Self {
             dir,
-            shared: SharedState::new(loaded, db.clone()),
-            db,
-            state_tree,
-            snapshot_lock: Arc::new(Mutex::new(())),
-        }
+            _lock: lock,
+            shared: SharedState::new(state),
+            snapshots: Snapshots {
+                files,
+                current: Arc::new(Mutex::new(current)),
+            },
+        })
     }
 
     /// A handle for readers.
@@ -172,13 +216,11 @@ impl StateMachineStore {
         self.shared.clone()
     }
 
-    /// Applies entries in memory and writes them as one batch, under the write lock
-    /// so that readers never see state that is not on its way to disk.
+    /// Applies entries in memory, under the write lock.
     fn apply_entries(
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
-    ) -> Result<(Vec<CommandResult>, Vec<Applied>), StorageError> {
-        let mut write = WriteSet::default();
+    ) -> (Vec<CommandResult>, Vec<Applied>) {
         let mut results = Vec::new();
         let mut notices = Vec::new();
         let mut state = self.shared.lock_write();
@@ -202,56 +244,48 @@ impl StateMachineStore {
                     let (result, notice) = apply_command(
                         &mut state.semaphores,
                         &mut state.tokens,
-                        &self.state_tree,
-                        &mut write,
                         entry.log_id.index,
                         &command,
-                    )?;
+                    );
                     results.push(result);
                     notices.push(notice);
                 }
             }
         }
-        if results.is_empty() {
-            return Ok((results, notices));
-        }
-        write.put(keys::LAST_APPLIED, &state.last_applied)?;
-        write.put(keys::MEMBERSHIP, &state.membership)?;
-        self.state_tree.apply_batch(write.into_batch())?;
-        Ok((results, notices))
+        (results, notices)
     }
 
     fn read_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
-        let Some(stored) = read_stored_snapshot(&self.state_tree)? else {
+        let current = self.snapshots.lock();
+        let Some(stored) = &*current else {
             return Ok(None);
         };
-        let data = self
-            .files
-            .read(&stored.file)
-            .map_err(|error| StorageError::Corrupt {
-                dir: self.dir.clone(),
-                detail: format!("the current snapshot's file: {error}"),
-            })?;
+        let data =
+            self.snapshots
+                .files
+                .read(&stored.file)
+                .map_err(|error| StorageError::Corrupt {
+                    dir: self.dir.clone(),
+                    detail: format!("the current snapshot's file: {error}"),
+                })?;
         Ok(Some(Snapshot {
-            meta: stored.meta,
+            meta: stored.meta.clone(),
             snapshot: Box::new(Cursor::new(data)),
         }))
     }
 
-    /// Replaces the whole state by the snapshot's: the file, then the rows (one
-    /// batch), then memory. Decoding and preparing the rows run on a blocking
-    /// thread.
+    /// Replaces the whole state by the snapshot's: the file (durably), then
+    /// memory. Decoding and writing run on a blocking thread.
     async fn install(
         &self,
         meta: &SnapshotMeta<NodeId, PeerNode>,
         data: Vec<u8>,
     ) -> Result<(), StorageError> {
         let prepare = {
-            let (meta, tree, files) = (meta.clone(), self.state_tree.clone(), self.files.clone());
-            move || prepare_install(&meta, &tree, &files, &data)
+            let (meta, snapshots) = (meta.clone(), self.snapshots.clone());
+            move || prepare_install(&meta, &snapshots, &data)
         };
-        let (image, write, file) = tokio::task::spawn_blocking(prepare)
+        let image = tokio::task::spawn_blocking(prepare)
             .await
             .map_err(|error| StorageError::Snapshot(format!("install task: {error}")))??;
         let notice = Applied {
@@ -265,39 +299,19 @@ impl StateMachineStore {
             events: Vec::new(),
             installed_snapshot: true,
         };
-        {
-            let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
-            let mut state = self.shared.lock_write();
-            self.state_tree.apply_batch(write.into_batch())?;
-            *state = AppliedState {
-                semaphores: image.semaphores,
-                tokens: image.tokens,
-                last_applied: image.last_applied,
-                membership: image.membership,
-            };
-        }
-        self.db.flush().await?;
-        self.remove_old_files(&file);
+        *self.shared.lock_write() = AppliedState::from(image);
         self.shared.publish(vec![notice]);
         Ok(())
     }
-
-    fn remove_old_files(&self, keep: &str) {
-        let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
-        if let Err(error) = self.files.remove_all_but(keep) {
-            tracing::warn!(%error, "cannot remove old snapshot files");
-        }
-    }
 }
 
-/// Decodes an installed snapshot, writes its file and prepares the batch that
-/// replaces every row. Blocking.
+/// Decodes an installed snapshot and makes its file, durably, the current
+/// one. Blocking.
 fn prepare_install(
     meta: &SnapshotMeta<NodeId, PeerNode>,
-    tree: &sled::Tree,
-    files: &SnapshotFiles,
+    snapshots: &Snapshots,
     data: &[u8],
-) -> Result<(snapshot::SnapshotImage, WriteSet, String), StorageError> {
+) -> Result<SnapshotImage, StorageError> {
     let image = snapshot::decode(data)?;
     if image.last_applied != meta.last_log_id || image.membership != meta.last_membership {
         return Err(StorageError::Snapshot(format!(
@@ -305,27 +319,12 @@ fn prepare_install(
             meta.snapshot_id, image.last_applied, meta.last_log_id
         )));
     }
-    let file = SnapshotFiles::name_of(&meta.snapshot_id);
-    files.write(&file, data)?;
-    let mut write = WriteSet::default();
-    write.delete_all(tree)?;
-    write.record_all(&image.semaphores)?;
-    write.put(crate::token_state::TOKENS, &image.tokens)?;
-    write.put(keys::LAST_APPLIED, &image.last_applied)?;
-    write.put(keys::MEMBERSHIP, &image.membership)?;
     let stored = StoredSnapshot {
         meta: meta.clone(),
-        file: file.clone(),
+        file: SnapshotFiles::name_of(&meta.snapshot_id),
     };
-    write.put(keys::SNAPSHOT_META, &stored)?;
-    Ok((image, write, file))
-}
-
-fn read_stored_snapshot(tree: &sled::Tree) -> Result<Option<StoredSnapshot>, StorageError> {
-    match tree.get(keys::SNAPSHOT_META)? {
-        Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
-        None => Ok(None),
-    }
+    snapshots.install_file(stored, data)?;
+    Ok(image)
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
@@ -343,18 +342,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let (results, notices) = self.apply_entries(entries).map_err(write_state_machine)?;
+        let (results, notices) = self.apply_entries(entries);
         self.shared.publish(notices);
         Ok(results)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         SnapshotBuilder {
-            db: self.db.clone(),
-            state_tree: self.state_tree.clone(),
             shared: self.shared.clone(),
-            files: self.files.clone(),
-            snapshot_lock: self.snapshot_lock.clone(),
+            snapshots: self.snapshots.clone(),
         }
     }
 
@@ -381,11 +377,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 /// Builds a snapshot from a copy of the applied state taken under the read lock.
 #[derive(Debug)]
 pub struct SnapshotBuilder {
-    db: DurableDb,
-    state_tree: sled::Tree,
     shared: SharedState,
-    files: SnapshotFiles,
-    snapshot_lock: Arc<Mutex<()>>,
+    snapshots: Snapshots,
 }
 
 impl SnapshotBuilder {
@@ -408,8 +401,9 @@ impl SnapshotBuilder {
         };
         let file = SnapshotFiles::name_of(&meta.snapshot_id);
         let write_file = {
-            let (files, file) = (self.files.clone(), file.clone());
+            let (files, file) = (self.snapshots.files.clone(), file.clone());
             move || {
+                // Durable before openraft hears of it: it purges the log behind it.
                 files.write_with(&file, |out| {
                     snapshot::encode_into(out, &last_applied, &membership, &semaphores, &tokens)
                 })?;
@@ -422,41 +416,18 @@ impl SnapshotBuilder {
         let data = tokio::task::spawn_blocking(write_file)
             .await
             .map_err(|error| StorageError::Snapshot(format!("snapshot task: {error}")))??;
-        let stored = self.store(&meta, &file)?;
-        // openraft purges the log behind the snapshot: the snapshot and the state
-        // it covers must be durable first.
-        self.db.flush().await?;
-        let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
-        if let Err(error) = self.files.remove_all_but(&stored) {
-            tracing::warn!(%error, "cannot remove old snapshot files");
+        let current = self.snapshots.make_current(StoredSnapshot {
+            meta: meta.clone(),
+            file,
+        });
+        if current.meta.snapshot_id != meta.snapshot_id {
+            tracing::info!(snapshot = %meta.snapshot_id, newer = %current.meta.snapshot_id, "snapshot built, a newer one was installed meanwhile");
         }
         tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "snapshot built");
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
         })
-    }
-
-    /// Names `file` as the current snapshot unless a newer one (installed
-    /// meanwhile) is stored; returns the file that is current afterwards.
-    fn store(
-        &self,
-        meta: &SnapshotMeta<NodeId, PeerNode>,
-        file: &str,
-    ) -> Result<String, StorageError> {
-        let _snapshot = self.snapshot_lock.lock().expect("snapshot lock poisoned");
-        if let Some(stored) = read_stored_snapshot(&self.state_tree)? {
-            if stored.meta.last_log_id > meta.last_log_id {
-                return Ok(stored.file);
-            }
-        }
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            file: file.to_owned(),
-        };
-        self.state_tree
-            .insert(keys::SNAPSHOT_META, codec::encode(&stored)?)?;
-        Ok(stored.file)
     }
 }
 

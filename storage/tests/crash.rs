@@ -1,7 +1,9 @@
 //! Crash safety: a child process appends and applies entries and prints each
 //! index once openraft's flush callback fired; it is SIGKILLed at random moments.
-//! After every kill the store must hold every acknowledged entry, and its applied
-//! state must be exactly what replaying its log up to the last applied id builds.
+//! The child also builds a snapshot now and then. After every kill the store
+//! must hold every acknowledged entry, and the state it restarts with (its
+//! snapshot plus the committed entries after it, as openraft replays them) must
+//! be exactly what replaying its whole log up to the committed id builds.
 //!
 //! The test re-runs its own binary as the child (selected by [`CHILD_DIR_ENV`]).
 
@@ -13,9 +15,9 @@ use std::process::{Command as Process, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{normal, open_dir, state_bytes, Rng, Workload};
+use common::{normal, open_dir, restart, state_bytes, Rng, Workload};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{EntryPayload, RaftLogReader};
+use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 
 /// Set in the child's environment: the data dir to write to.
 const CHILD_DIR_ENV: &str = "PERMITD_STORAGE_CRASH_CHILD_DIR";
@@ -23,6 +25,8 @@ const TEST_NAME: &str = "acknowledged_entries_survive_sigkill";
 const KILLS: usize = 8;
 /// The child stops by itself after this many entries per run (it is killed first).
 const MAX_ENTRIES_PER_RUN: u64 = 20_000;
+/// The child builds a snapshot each time its log passes a multiple of this.
+const SNAPSHOT_EVERY: u64 = 300;
 /// How long the parent waits for the child to get going before aiming a kill.
 const CHILD_START_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -82,11 +86,11 @@ fn run_and_kill(dir: &Path, kill_after_ms: u64) -> Option<u64> {
     highest.max(acks.try_iter().max())
 }
 
-/// Reopens the store: every acknowledged entry is there, the log has no hole and
-/// the applied state equals a fresh replay of the log up to the last applied id.
+/// Restarts the store: every acknowledged entry is there, the log has no hole
+/// and the restarted state equals a fresh replay of the log up to the applied id.
 fn check_store(dir: &Path, acknowledged: u64) {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let mut store = open_dir(dir).await;
+        let mut store = restart(dir).await;
         let log = store.log.try_get_log_entries(..).await.unwrap();
         let indexes: Vec<u64> = log.iter().map(|entry| entry.log_id.index).collect();
         assert_eq!(
@@ -124,22 +128,20 @@ fn check_store(dir: &Path, acknowledged: u64) {
     });
 }
 
-/// The child: catches up on entries logged but not applied (as openraft would),
-/// then appends and applies new ones, printing each index once it is durable.
+/// The child: restarts the store (openraft applies the committed entries again),
+/// applies what was logged but not committed, then appends, applies and
+/// commits new ones, printing each index once it is durable, with a snapshot
+/// every [`SNAPSHOT_EVERY`] entries.
 fn child(dir: &Path) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let mut store = open_dir(dir).await;
-        let last_log = store
-            .log
-            .get_log_state()
-            .await
-            .unwrap()
-            .last_log_id
-            .map_or(0, |id| id.index);
+        let mut store = restart(dir).await;
+        let last_log = store.log.get_log_state().await.unwrap().last_log_id;
         let applied = store.state.last_applied().map_or(0, |id| id.index);
         let pending = store.log.try_get_log_entries(applied + 1..).await.unwrap();
         store.state_machine.apply(pending).await.unwrap();
+        store.log.save_committed(last_log).await.unwrap();
+        let last_log = last_log.map_or(0, |id| id.index);
 
         let mut workload = Workload::new(last_log + 1);
         let mut rng = Rng::new(last_log + 7);
@@ -157,6 +159,15 @@ fn child(dir: &Path) {
                     unreachable!()
                 };
                 workload.observe(command, result);
+            }
+            store
+                .log
+                .save_committed(batch.last().map(|entry| entry.log_id))
+                .await
+                .unwrap();
+            if index / SNAPSHOT_EVERY != (index + batch_len) / SNAPSHOT_EVERY {
+                let mut builder = store.state_machine.get_snapshot_builder().await;
+                builder.build_snapshot().await.unwrap();
             }
             index += batch_len;
         }

@@ -1,12 +1,13 @@
-//! Recovery: a reopened store holds exactly the state a fresh replay of its log
-//! builds; snapshots carry the state across stores; damaged data dirs fail to open
-//! with an error naming the dir.
+//! Recovery: a restarted store (its snapshot, then openraft's replay of the
+//! committed entries after it) holds exactly the state it held before; snapshots
+//! carry the state across stores; damaged data dirs fail to open with an error
+//! naming the dir.
 
 mod common;
 
 use std::collections::BTreeSet;
 
-use common::{blank, log_id, normal, open_dir, raw_sled, state_bytes, Rng, Workload};
+use common::{blank, log_id, normal, open_dir, restart, state_bytes, Rng, Workload};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{Entry, EntryPayload, Membership, RaftLogReader, RaftSnapshotBuilder};
 use permitd_core::protocol::{Demand, GrantReport, PermitRequest, V1};
@@ -52,11 +53,13 @@ async fn run_workload(
         results.extend(batch_results);
         index += batch_len;
     }
+    let committed = entries.last().map(|entry| entry.log_id);
+    opened.log.save_committed(committed).await.unwrap();
     (entries, results)
 }
 
 #[tokio::test]
-async fn reopened_store_equals_a_fresh_replay_of_its_log() {
+async fn a_restarted_store_replays_its_log_to_the_same_state() {
     let dir = tempfile::tempdir().unwrap();
     let mut first = open_dir(dir.path()).await;
     let (entries, results) = run_workload(&mut first, 7).await;
@@ -72,7 +75,7 @@ async fn reopened_store_equals_a_fresh_replay_of_its_log() {
     );
     drop(first);
 
-    let mut reopened = open_dir(dir.path()).await;
+    let mut reopened = restart(dir.path()).await;
     assert_eq!(reopened.state.last_applied(), Some(log_id(1, ENTRIES)));
     assert_eq!(
         reopened.state_machine.applied_state().await.unwrap(),
@@ -161,22 +164,11 @@ async fn apply_announces_touched_keys_and_events() {
     assert_eq!(opened.state.last_applied(), Some(log_id(1, 1)));
 }
 
-/// The error opening `dir` gives, past any lock a just-dropped store still holds
-/// (see `common::open_dir`).
+/// The error opening `dir` gives.
 async fn open_error(dir: &std::path::Path) -> StorageError {
-    let options = Options::new(dir.to_owned());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match open(&options).await {
-            Ok(_) => panic!("{} opened", dir.display()),
-            Err(error)
-                if error.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            Err(error) => return error,
-        }
+    match open(&Options::new(dir.to_owned())).await {
+        Ok(_) => panic!("{} opened", dir.display()),
+        Err(error) => error,
     }
 }
 
@@ -196,32 +188,82 @@ fn assert_names_dir(error: &StorageError, dir: &std::path::Path) {
     assert!(message.contains(&dir.display().to_string()), "{message}");
 }
 
-#[tokio::test]
-async fn garbage_files_fail_to_open_with_the_dir_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let sled_dir = dir.path().join("sled");
-    std::fs::create_dir_all(sled_dir.join("blobs")).unwrap();
-    std::fs::write(
-        sled_dir.join("conf"),
-        b"this is not a sled config\n\0\x01\x02",
-    )
-    .unwrap();
-    std::fs::write(sled_dir.join("db"), vec![0xA5; 64 * 1024]).unwrap();
-    let error = open_error(dir.path()).await;
-    assert_names_dir(&error, dir.path());
+/// Builds a snapshot of a workload's state and stops the store; returns the
+/// snapshot file's path.
+async fn store_with_a_snapshot(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut opened = open_dir(dir).await;
+    run_workload(&mut opened, 9).await;
+    let mut builder = opened.state_machine.get_snapshot_builder().await;
+    builder.build_snapshot().await.unwrap();
+    drop(opened);
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("snapshots"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files.pop().unwrap()
 }
 
 #[tokio::test]
-async fn a_store_whose_data_file_is_overwritten_fails_to_open() {
+async fn a_store_whose_snapshot_is_overwritten_fails_to_open() {
     let dir = tempfile::tempdir().unwrap();
-    let mut opened = open_dir(dir.path()).await;
-    run_workload(&mut opened, 9).await;
-    drop(opened);
+    let file = store_with_a_snapshot(dir.path()).await;
     let mut rng = Rng::new(9);
     let garbage: Vec<u8> = (0..256 * 1024).map(|_| rng.next() as u8).collect();
-    std::fs::write(dir.path().join("sled").join("db"), garbage).unwrap();
+    std::fs::write(file, garbage).unwrap();
     let error = open_error(dir.path()).await;
     assert_refused_as(&error, "corrupt", dir.path());
+}
+
+#[tokio::test]
+async fn a_truncated_snapshot_is_reported_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = store_with_a_snapshot(dir.path()).await;
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
+    let error = open_error(dir.path()).await;
+    assert_refused_as(&error, "corrupt", dir.path());
+}
+
+#[tokio::test]
+async fn the_newest_snapshot_is_loaded_and_unfinished_writes_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = store_with_a_snapshot(dir.path()).await;
+    let expected = state_bytes(&open_dir(dir.path()).await);
+    // A crash between writing a newer file and removing the older one leaves
+    // both; one cut while writing leaves a temporary file.
+    let older = dir.path().join("snapshots").join("older.snap");
+    let mut empty = open_dir(tempfile::tempdir().unwrap().path()).await;
+    let mut builder = empty.state_machine.get_snapshot_builder().await;
+    let snapshot = builder.build_snapshot().await.unwrap();
+    std::fs::write(&older, snapshot.snapshot.into_inner()).unwrap();
+    std::fs::write(file.with_extension("tmp"), b"half a snap").unwrap();
+    drop(empty);
+    let reopened = open_dir(dir.path()).await;
+    assert_eq!(state_bytes(&reopened), expected);
+    assert_eq!(reopened.state.last_applied(), Some(log_id(1, ENTRIES)));
+}
+
+#[tokio::test]
+async fn a_second_open_of_a_dir_is_refused_while_the_first_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = open_dir(dir.path()).await;
+    let error = open_error(dir.path()).await;
+    assert!(matches!(error, StorageError::Locked { .. }), "{error}");
+    assert_names_dir(&error, dir.path());
+    drop(first);
+    open_dir(dir.path()).await;
+}
+
+#[tokio::test]
+async fn a_store_whose_log_vanished_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opened = open_dir(dir.path()).await;
+    run_workload(&mut opened, 4).await;
+    drop(opened);
+    std::fs::remove_dir_all(dir.path().join("wal")).unwrap();
+    let error = open_error(dir.path()).await;
+    assert_names_dir(&error, dir.path());
 }
 
 #[tokio::test]
@@ -235,73 +277,18 @@ async fn a_file_in_place_of_the_dir_fails_to_open() {
 }
 
 #[tokio::test]
-async fn another_format_version_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    drop(open_dir(dir.path()).await);
-    {
-        let db = raw_sled(dir.path());
-        db.insert(permitd_storage::keys::FORMAT_VERSION, &99u32.to_be_bytes())
-            .unwrap();
-        db.flush().unwrap();
-    }
-    let error = open_error(dir.path()).await;
-    assert!(
-        matches!(error, StorageError::Incompatible { .. }),
-        "{error}"
-    );
-    assert!(error.to_string().contains("format version 99"), "{error}");
-    assert_names_dir(&error, dir.path());
-}
-
-#[tokio::test]
 async fn another_format_version_in_the_marker_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(open_dir(dir.path()).await);
-    // Version 1 is the JSON format of earlier builds: refused, never migrated.
-    std::fs::write(dir.path().join("format_version"), "1\n").unwrap();
+    // Version 3 kept the state in sled: refused, never migrated.
+    std::fs::write(dir.path().join("format_version"), "3\n").unwrap();
     let error = open_error(dir.path()).await;
     let message = error.to_string();
-    assert!(message.contains("format version 1"), "{error}");
+    assert!(message.contains("format version 3"), "{error}");
     assert!(message.contains("does not migrate"), "{error}");
     std::fs::write(dir.path().join("format_version"), "\x00garbage").unwrap();
     let error = open_error(dir.path()).await;
     assert_refused_as(&error, "incompatible", dir.path());
-}
-
-#[tokio::test]
-async fn a_foreign_sled_database_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let db = raw_sled(dir.path());
-        db.open_tree("somebody_else")
-            .unwrap()
-            .insert(b"k", b"v")
-            .unwrap();
-        db.flush().unwrap();
-    }
-    let error = open_error(dir.path()).await;
-    assert_refused_as(&error, "incompatible", dir.path());
-}
-
-#[tokio::test]
-async fn an_undecodable_state_row_is_reported_as_corrupt() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut opened = open_dir(dir.path()).await;
-    run_workload(&mut opened, 5).await;
-    drop(opened);
-    {
-        let db = raw_sled(dir.path());
-        let state = db.open_tree("state").unwrap();
-        let (row, _) = state
-            .scan_prefix([permitd_storage::keys::TAG_KEY])
-            .next()
-            .unwrap()
-            .unwrap();
-        state.insert(row, b"{not json".to_vec()).unwrap();
-        db.flush().unwrap();
-    }
-    let error = open_error(dir.path()).await;
-    assert_refused_as(&error, "corrupt", dir.path());
 }
 
 #[tokio::test]
@@ -363,18 +350,15 @@ fn round(now_ms: u64, keys: Vec<Vec<PermitRequest>>) -> Command {
     }
 }
 
-/// The engine drops a key that holds nothing and forgets its pending changes; a
-/// later call of the same entry re-creates it. The dropped key's rows must still
-/// be deleted.
+/// The engine drops a key that holds nothing; a later call of the same entry
+/// re-creates it. A restart (replay) must reach the same state.
 #[tokio::test]
-async fn a_key_emptied_and_refilled_by_one_entry_leaves_no_stale_rows() {
+async fn a_key_emptied_and_refilled_by_one_entry_replays_alike() {
     let dir = tempfile::tempdir().unwrap();
     let mut opened = open_dir(dir.path()).await;
-    let results = opened
-        .state_machine
-        .apply([normal(1, round(10_000, vec![vec![request(2, vec![])]]))])
-        .await
-        .unwrap();
+    let first = normal(1, round(10_000, vec![vec![request(2, vec![])]]));
+    opened.log.blocking_append([first.clone()]).await.unwrap();
+    let results = opened.state_machine.apply([first]).await.unwrap();
     let CommandResult::Round { answers, .. } = &results[0] else {
         panic!("{results:?}")
     };
@@ -384,15 +368,16 @@ async fn a_key_emptied_and_refilled_by_one_entry_leaves_no_stale_rows() {
         claimed: 2,
         released: 2,
     };
-    let refill = round(
-        11_000,
-        vec![vec![request(0, vec![release])], vec![request(1, vec![])]],
+    let refill = normal(
+        2,
+        round(
+            11_000,
+            vec![vec![request(0, vec![release])], vec![request(1, vec![])]],
+        ),
     );
-    opened
-        .state_machine
-        .apply([normal(2, refill)])
-        .await
-        .unwrap();
+    opened.log.blocking_append([refill.clone()]).await.unwrap();
+    opened.state_machine.apply([refill]).await.unwrap();
+    opened.log.save_committed(Some(log_id(1, 2))).await.unwrap();
     let grants = opened
         .state
         .read(|semaphores| semaphores.key("k").unwrap().grants().len());
@@ -400,6 +385,9 @@ async fn a_key_emptied_and_refilled_by_one_entry_leaves_no_stale_rows() {
     let expected = String::from_utf8(state_bytes(&opened)).unwrap();
     drop(opened);
 
-    let reopened = open_dir(dir.path()).await;
-    assert_eq!(String::from_utf8(state_bytes(&reopened)).unwrap(), expected);
+    let restarted = restart(dir.path()).await;
+    assert_eq!(
+        String::from_utf8(state_bytes(&restarted)).unwrap(),
+        expected
+    );
 }

@@ -81,7 +81,7 @@ impl Jobs {
         tokio::time::sleep(Duration::from_millis(item.body)).await;
         self.observer.end(&item.key, &item.id);
         let number: u64 = item.id.rsplit('-').next().unwrap().parse().unwrap();
-        if number % self.release_every == 0 {
+        if number.is_multiple_of(self.release_every) {
             if let Some(queue) = self.queue.lock().unwrap().upgrade() {
                 queue.release(&item.id).unwrap();
             }

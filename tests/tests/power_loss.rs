@@ -60,10 +60,10 @@ async fn cut_and_restart(cluster: &mut Cluster, cut: Cut, seed: u64) -> Vec<u64>
         }
         Cut::Everyone => cluster.nodes.iter().map(|node| node.id).collect(),
     };
-    let torn = (seed % 2 == 0).then_some(seed);
+    let torn = seed.is_multiple_of(2).then_some(seed);
     let reports = cluster.power_loss(&victims, torn);
     eprintln!("power loss {cut:?} on {victims:?}: {reports:?}");
-    if victims.len() == 1 && seed % 3 != 0 {
+    if victims.len() == 1 && !seed.is_multiple_of(3) {
         // Mostly, the survivors elect (or keep) a leader before the victim is
         // back: a quick restart would let a cut leader resume its own term.
         let next = cluster.wait_for_leader().await;

@@ -198,7 +198,7 @@ proptest! {
                 state
             );
             prop_assert!(
-                state.map_or(true, |state| state.grants().is_empty() && state.leases().is_empty()),
+                state.is_none_or(|state| state.grants().is_empty() && state.leases().is_empty()),
                 "{} still keeps grants or leases after everything settled: {:?}",
                 key,
                 state

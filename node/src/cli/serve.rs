@@ -19,8 +19,8 @@ use permitd_core::KeyConfig;
 use crate::app::{self, NodeSettings, StartError, Started};
 use crate::auth::{random_hex, write_private_file, AuthSettings, Secret};
 use crate::config::{
-    ClusterConfig, ConfigError, RaftTimings, StorageSettings, ADMIN_TOKEN_ENV,
-    MIN_ADMIN_TOKEN_BYTES, MIN_SECRET_BYTES,
+    ClusterConfig, ConfigError, RaftTimings, ADMIN_TOKEN_ENV, MIN_ADMIN_TOKEN_BYTES,
+    MIN_SECRET_BYTES,
 };
 use crate::edge::{self, EdgeLimits};
 use crate::propose::ProposeError;
@@ -118,7 +118,6 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         tls: config.tls.as_ref().map(Tls::load).transpose()?,
         peer_source_ip: node.peer_source_ip,
         timings: config.raft.clone(),
-        storage: config.storage.clone(),
         defaults: config.key_defaults(),
         initial_members: members,
         initialize_at_start: false,
@@ -155,7 +154,6 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         tls: None,
         peer_source_ip: None,
         timings: RaftTimings::default(),
-        storage: StorageSettings::default(),
         defaults: KeyConfig::default(),
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: true,
@@ -263,9 +261,6 @@ async fn serve_until_signal(
     }
     stop_raft.trigger();
     let _ = tokio::time::timeout(stop_timeout, raft_task).await;
-    if let Err(error) = app.state.flush().await {
-        tracing::error!(%error, "flushing the store failed");
-    }
     tracing::info!("stopped");
     if api_result.is_err() {
         tracing::warn!("open API connections did not finish in time");

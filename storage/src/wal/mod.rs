@@ -595,7 +595,7 @@ fn check_order(state: &State, placed: &[Placed]) -> Result<(), StorageError> {
         return Ok(());
     };
     let last = state.index.keys().next_back().copied();
-    if last.map_or(true, |last| first <= last + 1) {
+    if last.is_none_or(|last| first <= last + 1) {
         return Ok(());
     }
     Err(StorageError::OutOfOrder(format!(

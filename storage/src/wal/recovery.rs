@@ -323,7 +323,7 @@ fn check_consecutive(
     let purged = raft.purged.map(|purged| purged.index);
     let mut previous: Option<u64> = None;
     for (&at, location) in index {
-        let follows = previous.map_or(purged.map_or(true, |purged| at > purged), |previous| {
+        let follows = previous.map_or(purged.is_none_or(|purged| at > purged), |previous| {
             previous + 1 == at
         });
         if !follows || location.log_id.index != at {

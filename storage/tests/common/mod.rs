@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader};
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
 use permitd_core::protocol::{
     Demand, GrantReport, LeaseReport, PermitGrant, PermitRequest, PermitSync, V1,
@@ -36,40 +37,31 @@ pub fn blank(index: u64) -> Entry<TypeConfig> {
     }
 }
 
-/// Opens the store in `dir`. Right after an in-process drop, sled's background
-/// flusher may still hold the directory's file lock for a moment (a restarted
-/// process never sees this: the lock goes with the old process), so a lock
-/// conflict is retried briefly; any other error fails at once.
+/// Opens the store in `dir` as it is on disk: the newest snapshot's state.
 pub async fn open_dir(dir: &Path) -> Opened {
-    let options = Options::new(dir.to_owned());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match open(&options).await {
-            Ok(opened) => return opened,
-            Err(error)
-                if error.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            Err(error) => panic!("open {}: {error}", dir.display()),
-        }
-    }
+    open(&Options::new(dir.to_owned()))
+        .await
+        .unwrap_or_else(|error| panic!("open {}: {error}", dir.display()))
 }
 
-/// The raw sled database under a store's dir, for tests that damage it; waits
-/// out the lock a just-dropped store may still hold.
-pub fn raw_sled(dir: &Path) -> sled::Db {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match sled::open(dir.join("sled")) {
-            Ok(db) => return db,
-            Err(_) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            Err(error) => panic!("raw sled at {}: {error}", dir.display()),
-        }
+/// Opens the store in `dir` the way a starting node does: openraft's start-up
+/// (`StorageHelper::get_initial_state`) applies the committed entries after the
+/// snapshot again. Done by hand here because openraft's version also loads the
+/// log ids from index 0, where the real cluster's first entry is, and these
+/// tests' logs start at 1.
+pub async fn restart(dir: &Path) -> Opened {
+    let mut opened = open_dir(dir).await;
+    let committed = opened.log.read_committed().await.unwrap();
+    let applied = opened.state.last_applied();
+    if committed > applied {
+        // These tests' logs start at 1 (a real cluster's at 0).
+        let from = applied.map_or(1, |id| id.index + 1);
+        let until = committed.map_or(0, |id| id.index);
+        let entries = opened.log.try_get_log_entries(from..=until).await.unwrap();
+        assert_eq!(entries.len() as u64, until + 1 - from, "a hole in the log");
+        opened.state_machine.apply(entries).await.unwrap();
     }
+    opened
 }
 
 /// The byte-exact canonical state, for comparing replicas.

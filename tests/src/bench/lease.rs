@@ -87,7 +87,7 @@ impl Admission<u8> for Releaser {
             admitted_at
                 .lock()
                 .expect("admissions")
-                .extend(std::iter::repeat(now).take(items.len()));
+                .extend(std::iter::repeat_n(now, items.len()));
         }
         let mut leased = 0;
         for item in &items {

@@ -45,7 +45,7 @@ pub fn take_returns(key: &str) -> Vec<Instant> {
         if of != key {
             return true;
         }
-        returns.extend(std::iter::repeat(*at).take(*permits as usize));
+        returns.extend(std::iter::repeat_n(*at, *permits as usize));
         false
     });
     returns.sort_unstable();

@@ -108,7 +108,7 @@ impl Schedule {
         let mut rng = ReplayRng::new(random_state);
         let mut required: Vec<FaultKind> = FaultKind::ALL
             .iter()
-            .flat_map(|kind| std::iter::repeat(*kind).take(self::required(*kind)))
+            .flat_map(|kind| std::iter::repeat_n(*kind, self::required(*kind)))
             .collect();
         required.shuffle(&mut rng);
         required.reverse(); // popped from the end
@@ -354,7 +354,7 @@ impl Nemesis {
             if let Some(status) = self.cluster.status(node.id).await {
                 let term = status["term"].as_u64().unwrap_or(0);
                 if status["leader"].as_u64() == Some(node.id)
-                    && best.map_or(true, |(_, best_term)| term > best_term)
+                    && best.is_none_or(|(_, best_term)| term > best_term)
                 {
                     best = Some((node.id, term));
                 }

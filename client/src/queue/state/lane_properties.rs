@@ -246,7 +246,7 @@ impl Driver {
                 && self
                     .report_retry_at_ms
                     .get(&index)
-                    .map_or(true, |at| self.now_ms >= *at);
+                    .is_none_or(|at| self.now_ms >= *at);
             prop_assert!(
                 !report_free || !state.reports_due(key, self.now_ms),
                 "a report of {key} waits with its lane free"

@@ -263,7 +263,7 @@ impl<T: Clone> QueueState<T> {
             let free = self
                 .runtime
                 .get(&key)
-                .map_or(true, |runtime| runtime.report_in_flight.is_none());
+                .is_none_or(|runtime| runtime.report_in_flight.is_none());
             if free && self.reports_due(&key, now_ms) {
                 outgoing.push(self.take_sync(&key));
             }
@@ -296,14 +296,14 @@ impl<T: Clone> QueueState<T> {
     }
 
     fn report_lane_free(&self, key: &str, now_ms: u64) -> bool {
-        self.runtime.get(key).map_or(true, |runtime| {
+        self.runtime.get(key).is_none_or(|runtime| {
             runtime.report_in_flight.is_none() && now_ms >= runtime.report_retry_at_ms
         })
     }
 
     /// Whether a request may leave now (see the module's rules for the lane).
     fn demand_due(&self, key: &str, now_ms: u64) -> bool {
-        let lane_free = self.runtime.get(key).map_or(true, |runtime| {
+        let lane_free = self.runtime.get(key).is_none_or(|runtime| {
             !runtime.demand_in_flight && now_ms >= runtime.demand_retry_at_ms
         });
         let lease_claims = self.keys.get(key).is_some_and(|record| {
