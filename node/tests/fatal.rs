@@ -1,5 +1,5 @@
 //! A node whose Raft core stopped is unhealthy, and the watch that ends `serve`
-//! fires: a real node (sled in a temp dir, openraft) in this process.
+//! fires: a real node (its store in a temp dir, openraft) in this process.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

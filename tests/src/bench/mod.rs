@@ -1,5 +1,5 @@
 //! `bench`: throughput, latency, failover and scale of a real three-node
-//! cluster on loopback (the `permitd` binary the harness finds, real sled with
+//! cluster on loopback (the `permitd` binary the harness finds, real WAL with
 //! fsync, real HTTP), printed as one markdown table and saved as JSON.
 //!
 //! Sections, in the order they run:
