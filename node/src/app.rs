@@ -18,6 +18,7 @@ use crate::auth::{AuthSettings, Secret};
 use crate::config::RaftTimings;
 use crate::event_log::EventLog;
 use crate::leadership::{watch_leadership, Leadership};
+use crate::raft::election_guard::ElectionGuard;
 use crate::raft::network::Network;
 use crate::raft::Raft;
 use crate::rounds::Rounds;
@@ -105,7 +106,9 @@ pub struct Node {
     /// Recent lifecycle events and the live feed of `GET /v1/events`.
     pub events: EventLog,
     /// Gaps between the appends received from the leader (`/raft/append`).
-    pub leader_contact: crate::stall_probe::LeaderContact,
+    pub leader_contact: Arc<crate::stall_probe::LeaderContact>,
+    /// Answers pre-votes; its task decides when this node may stand.
+    pub election_guard: Arc<ElectionGuard>,
 }
 
 impl std::fmt::Debug for Node {
@@ -160,7 +163,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     let raft = Raft::new(
         settings.id,
         Arc::new(raft_config(settings.id, timings)?),
-        network,
+        network.clone(),
         opened.log,
         opened.state_machine,
     )
@@ -192,6 +195,17 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     crate::events::start(state.clone(), events.clone());
     crate::raft_metrics::start(raft.clone());
     crate::stall_probe::start(&raft);
+    let leader_contact = Arc::new(crate::stall_probe::LeaderContact::default());
+    let election_guard = Arc::new(ElectionGuard::new(
+        settings.id,
+        leader_contact.clone(),
+        (
+            Duration::from_millis(timings.heartbeat_interval_ms),
+            Duration::from_millis(timings.election_timeout_min_ms),
+            Duration::from_millis(timings.election_timeout_max_ms),
+        ),
+    ));
+    election_guard.clone().start(raft.clone(), network);
     let app = App(Arc::new(Node {
         id: settings.id,
         raft,
@@ -206,7 +220,8 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         defaults: Arc::new(settings.defaults.clone()),
         metrics: crate::metrics::install(),
         events,
-        leader_contact: crate::stall_probe::LeaderContact::default(),
+        leader_contact,
+        election_guard,
     }));
     Ok(Started {
         app,
@@ -228,6 +243,10 @@ fn raft_config(id: NodeId, timings: &RaftTimings) -> Result<openraft::Config, St
         // openraft's 200 ms default is too short for a chunk plus the install
         // of the last one on a busy node.
         install_snapshot_timeout: timings.rpc_timeout_ms,
+        // The election guard turns elections on after a pre-vote
+        // (`raft/election_guard.rs`); a new cluster's first election comes
+        // from `initialize`, which needs no timer.
+        enable_elect: false,
         ..Default::default()
     };
     config

@@ -150,6 +150,7 @@ fn describe() {
     crate::raft_metrics::describe();
     crate::http_metrics::describe();
     crate::stall_probe::describe();
+    crate::raft::election_guard::describe();
     permitd_storage::describe_snapshot_metrics();
     permitd_storage::describe_wal_metrics();
 }

@@ -95,6 +95,15 @@ impl ContactGaps {
 pub struct LeaderContact(Mutex<ContactGaps>);
 
 impl LeaderContact {
+    /// When the last append from the current leader arrived.
+    pub fn last_contact(&self) -> Option<Instant> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .last
+            .map(|(_, at)| at)
+    }
+
     /// Records the gap before an append that arrived `at` with the leader's `vote`.
     pub fn append_received(&self, vote: &Vote<NodeId>, at: Instant) {
         let gap = self

@@ -1,4 +1,5 @@
-//! Inbound Raft RPCs: `/raft/vote`, `/raft/append`, `/raft/snapshot`.
+//! Inbound Raft RPCs: `/raft/vote`, `/raft/append`, `/raft/snapshot`, and the
+//! election guard's `/raft/prevote` (`election_guard.rs`).
 //!
 //! Bodies are in the storage codec ([`super::wire`]). Each answers the local
 //! Raft's `Result`, error included, so the caller can tell a remote Raft error
@@ -14,6 +15,7 @@ use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use permitd_storage::{codec, NodeId, TypeConfig};
 use serde::Serialize;
 
+use super::election_guard::PreVoteRequest;
 use super::wire::SnapshotChunk;
 use crate::app::App;
 
@@ -21,6 +23,7 @@ use crate::app::App;
 pub fn router() -> Router<App> {
     Router::new()
         .route("/raft/vote", post(vote))
+        .route("/raft/prevote", post(prevote))
         .route("/raft/append", post(append))
         .route("/raft/snapshot", post(snapshot))
 }
@@ -45,6 +48,16 @@ fn encoded(answer: &impl Serialize) -> Response {
 async fn vote(State(app): State<App>, body: Bytes) -> Response {
     match codec::decode::<VoteRequest<NodeId>>(&body) {
         Ok(request) => encoded(&app.raft.vote(request).await),
+        Err(error) => undecodable(error),
+    }
+}
+
+async fn prevote(State(app): State<App>, body: Bytes) -> Response {
+    match codec::decode::<PreVoteRequest>(&body) {
+        Ok(request) => {
+            let answer = app.election_guard.answer(&app.raft, &request);
+            encoded(&Ok::<_, openraft::error::Infallible>(answer))
+        }
         Err(error) => undecodable(error),
     }
 }

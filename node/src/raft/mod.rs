@@ -6,6 +6,7 @@
 //! reaches the caller as a [`openraft::error::RemoteError`], distinct from a peer
 //! that cannot be reached or a connection that broke.
 
+pub mod election_guard;
 pub mod inbound;
 pub mod network;
 pub mod wire;

@@ -105,6 +105,21 @@ impl Network {
     }
 }
 
+impl Network {
+    /// Calls a peer's `/raft/{path}` outside openraft (the election guard's
+    /// pre-vote), with the same secret, TLS and codec as openraft's calls.
+    pub async fn call<Resp: DeserializeOwned>(
+        &self,
+        target: NodeId,
+        target_node: &PeerNode,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> RpcResult<Resp, openraft::error::Infallible> {
+        post(self, target, target_node, path, body, timeout).await
+    }
+}
+
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Connection;
 
