@@ -169,7 +169,18 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     )
     .await
     .map_err(|error| StartError::Raft(error.to_string()))?;
-    let leadership = watch_leadership(&raft);
+    let leader_contact = Arc::new(crate::stall_probe::LeaderContact::default());
+    let election_guard = Arc::new(ElectionGuard::new(
+        settings.id,
+        leader_contact.clone(),
+        (
+            Duration::from_millis(timings.heartbeat_interval_ms),
+            Duration::from_millis(timings.election_timeout_min_ms),
+            Duration::from_millis(timings.election_timeout_max_ms),
+        ),
+    ));
+    election_guard.clone().start(raft.clone(), network);
+    let leadership = watch_leadership(&raft, election_guard.leader_silent());
     let state = opened.state;
     let rounds = Rounds::start(
         raft.clone(),
@@ -195,17 +206,6 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     crate::events::start(state.clone(), events.clone());
     crate::raft_metrics::start(raft.clone());
     crate::stall_probe::start(&raft);
-    let leader_contact = Arc::new(crate::stall_probe::LeaderContact::default());
-    let election_guard = Arc::new(ElectionGuard::new(
-        settings.id,
-        leader_contact.clone(),
-        (
-            Duration::from_millis(timings.heartbeat_interval_ms),
-            Duration::from_millis(timings.election_timeout_min_ms),
-            Duration::from_millis(timings.election_timeout_max_ms),
-        ),
-    ));
-    election_guard.clone().start(raft.clone(), network);
     let app = App(Arc::new(Node {
         id: settings.id,
         raft,

@@ -25,16 +25,24 @@ impl Leadership {
     }
 }
 
-/// Follows `raft`'s metrics; the receiver changes only when the leadership does.
-pub fn watch_leadership(raft: &Raft) -> watch::Receiver<Leadership> {
+/// Follows `raft`'s metrics and the election guard's word on whether the
+/// leader went silent (then no leader is named: openraft keeps naming a leader
+/// it has not heard until this node stands for election, which the guard holds
+/// back); the receiver changes only when the leadership does.
+pub fn watch_leadership(
+    raft: &Raft,
+    mut leader_silent: watch::Receiver<bool>,
+) -> watch::Receiver<Leadership> {
     let mut metrics = raft.metrics();
     let (sender, receiver) = watch::channel(Leadership::default());
     tokio::spawn(async move {
         loop {
             let current = {
                 let metrics = metrics.borrow_and_update();
+                let silent = *leader_silent.borrow_and_update();
+                let is_leader = metrics.state == ServerState::Leader;
                 Leadership {
-                    leader: metrics.current_leader,
+                    leader: metrics.current_leader.filter(|_| is_leader || !silent),
                     term: metrics.current_term,
                     is_leader: metrics.state == ServerState::Leader
                         && metrics.current_leader == Some(metrics.id),
@@ -53,7 +61,12 @@ pub fn watch_leadership(raft: &Raft) -> watch::Receiver<Leadership> {
                 *seen = current;
                 changed
             });
-            if metrics.changed().await.is_err() {
+            let changed = tokio::select! {
+                changed = metrics.changed() => changed.is_ok(),
+                // The guard lives as long as Raft; if it is gone, metrics decide.
+                _ = leader_silent.changed() => true,
+            };
+            if !changed {
                 // Raft shut down: nobody leads any more from here.
                 sender.send_replace(Leadership::default());
                 return;

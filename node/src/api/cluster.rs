@@ -51,7 +51,9 @@ pub fn current_status(app: &App) -> ClusterStatus {
         .collect();
     ClusterStatus {
         id: app.id,
-        leader: metrics.current_leader,
+        // The node's view (`leadership.rs`): no leader once the one openraft
+        // names has been silent past the lease, as `/readyz` says.
+        leader: app.leadership.borrow().leader,
         term: metrics.current_term,
         last_log_index: metrics.last_log_index,
         last_applied: metrics.last_applied.map(|log_id| log_id.index),

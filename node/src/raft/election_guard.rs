@@ -26,6 +26,13 @@
 //!    `election_timeout_max`, then the guard asks again;
 //! 4. a single-voter cluster elects freely.
 //!
+//! A follower that cannot reach a majority keeps its term (it never wins a
+//! pre-vote) and so keeps naming its old leader in openraft's metrics; the
+//! guard says when that leader has been silent for longer than the leader lease
+//! plus the minimum election timeout ([`ElectionGuard::leader_silent`]), and the
+//! node's view of the leadership (`leadership.rs`) then names no leader, as it
+//! did when such a node stood for election.
+//!
 //! A failover is not slowed: openraft stands only after the leader lease plus
 //! its election timeout (360–480 ms by default), and the pre-vote is done by
 //! 120 ms of silence plus one round trip.
@@ -37,6 +44,7 @@ use std::time::{Duration, Instant};
 use openraft::{LogId, ServerState};
 use permitd_storage::{codec, NodeId, PeerNode};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use super::network::Network;
 use super::Raft;
@@ -89,6 +97,9 @@ pub struct ElectionGuard {
     /// Milliseconds since `started` at which the guard last woke from a stall.
     woke_at_ms: AtomicU64,
     started: Instant,
+    /// True while this node follows a leader it has not heard for longer than
+    /// the leader lease plus the minimum election timeout.
+    leader_silent: watch::Sender<bool>,
 }
 
 impl ElectionGuard {
@@ -105,7 +116,13 @@ impl ElectionGuard {
             heartbeat,
             woke_at_ms: AtomicU64::new(0),
             started: Instant::now(),
+            leader_silent: watch::channel(false).0,
         }
+    }
+
+    /// Changes when this node's leader goes silent or is heard again.
+    pub fn leader_silent(&self) -> watch::Receiver<bool> {
+        self.leader_silent.subscribe()
     }
 
     /// How long this node has heard no leader, counted from its start or its
@@ -152,6 +169,12 @@ impl ElectionGuard {
                 if now.saturating_duration_since(asked) > GUARD_TICK + self.heartbeat {
                     self.stalled(now);
                 }
+                let silent = self.silent_for(now) >= self.timeout_max + self.timeout_min;
+                self.leader_silent.send_if_modified(|seen| {
+                    let changed = *seen != silent;
+                    *seen = silent;
+                    changed
+                });
                 let next = self.decide(&raft, &network, now, elect_until).await;
                 if next.is_some() != elect_until.is_some() {
                     raft.runtime_config().elect(next.is_some());
