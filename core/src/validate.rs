@@ -351,6 +351,18 @@ mod tests {
         assert_eq!(error.field(), Some("leases"));
     }
 
+    /// serde_json's default float parser may land one ULP off; the workspace
+    /// turns on `float_roundtrip` so that a ratio just past the maximum, as
+    /// JSON text, is past it after parsing too (schemathesis sent this one).
+    #[test]
+    fn a_ratio_one_ulp_past_the_maximum_is_refused() {
+        let past: Amount = serde_json::from_str(r#"{"ratio": 1000.0000000000001}"#).unwrap();
+        assert!(matches!(past, Amount::Ratio { ratio } if ratio > MAX_PROVISIONING_RATIO));
+        assert!(amount("f", &past).is_err());
+        let at_max: Amount = serde_json::from_str(r#"{"ratio": 1000.0}"#).unwrap();
+        assert!(amount("f", &at_max).is_ok());
+    }
+
     #[test]
     fn key_configuration_limits() {
         let mut config = KeyConfig {
