@@ -86,6 +86,24 @@ pub fn grants(request: &PreVoteRequest, voter: &VoterView, timeout_min: Duration
     !voter.is_leader && leader_gone && request.last_log_id >= voter.last_log_id
 }
 
+/// What the guard last decided.
+#[derive(Debug, Clone, Copy, Default)]
+struct Decision {
+    /// Elections may run until then (`None`: off).
+    elect_until: Option<Instant>,
+    /// After a denied pre-vote: the next one not before then.
+    ask_after: Option<Instant>,
+}
+
+impl Decision {
+    fn elect_until(until: Instant) -> Self {
+        Self {
+            elect_until: Some(until),
+            ask_after: None,
+        }
+    }
+}
+
 /// The node's guard: its timings and what it heard.
 #[derive(Debug)]
 pub struct ElectionGuard {
@@ -157,7 +175,7 @@ impl ElectionGuard {
     /// Runs the guard until Raft shuts down.
     pub fn start(self: Arc<Self>, raft: Raft, network: Network) {
         tokio::spawn(async move {
-            let mut elect_until: Option<Instant> = None;
+            let mut decision = Decision::default();
             raft.runtime_config().elect(false);
             loop {
                 let asked = Instant::now();
@@ -175,11 +193,11 @@ impl ElectionGuard {
                     *seen = silent;
                     changed
                 });
-                let next = self.decide(&raft, &network, now, elect_until).await;
-                if next.is_some() != elect_until.is_some() {
-                    raft.runtime_config().elect(next.is_some());
+                let next = self.decide(&raft, &network, now, decision).await;
+                if next.elect_until.is_some() != decision.elect_until.is_some() {
+                    raft.runtime_config().elect(next.elect_until.is_some());
                 }
-                elect_until = next;
+                decision = next;
             }
         });
     }
@@ -194,28 +212,30 @@ impl ElectionGuard {
         tracing::warn!("this node was stalled; it gives the leader an election timeout to reach it before it may stand");
     }
 
-    /// Until when elections may run (`None`: off), given the last decision.
+    /// The next decision, given the last one.
     async fn decide(
         &self,
         raft: &Raft,
         network: &Network,
         now: Instant,
-        elect_until: Option<Instant>,
-    ) -> Option<Instant> {
+        last: Decision,
+    ) -> Decision {
         let metrics = raft.metrics().borrow().clone();
         let membership = metrics.membership_config.membership().clone();
         let voters: Vec<NodeId> = membership.voter_ids().collect();
         if !voters.contains(&self.id) || metrics.state == ServerState::Leader {
-            return None;
+            return Decision::default();
         }
         if voters.len() == 1 {
-            return Some(now + self.timeout_max);
+            return Decision::elect_until(now + self.timeout_max);
         }
         if self.silent_for(now) < self.timeout_min {
-            return None;
+            return Decision::default();
         }
-        if elect_until.is_some_and(|until| now < until) {
-            return elect_until;
+        if last.elect_until.is_some_and(|until| now < until)
+            || last.ask_after.is_some_and(|after| now < after)
+        {
+            return last;
         }
         let peers: Vec<(NodeId, PeerNode)> = voters
             .iter()
@@ -234,9 +254,23 @@ impl ElectionGuard {
         let won = granted * 2 > voters.len();
         let outcome = if won { "granted" } else { "denied" };
         metrics::counter!(PREVOTES, "outcome" => outcome).increment(1);
-        tracing::info!(granted, voters = voters.len(), outcome, "pre-vote");
-        // A denied node asks again after another election timeout.
-        won.then(|| Instant::now() + self.timeout_max)
+        let done = Instant::now();
+        if won {
+            tracing::info!(
+                granted,
+                voters = voters.len(),
+                "pre-vote granted: this node may stand for election"
+            );
+            Decision::elect_until(done + self.timeout_max)
+        } else {
+            // A node cut off from the others asks again only after another
+            // minimum election timeout, not every tick.
+            tracing::debug!(granted, voters = voters.len(), "pre-vote denied");
+            Decision {
+                elect_until: None,
+                ask_after: Some(done + self.timeout_min),
+            }
+        }
     }
 
     /// Asks every peer at once; how many granted within the minimum election
