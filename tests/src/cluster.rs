@@ -22,7 +22,7 @@ pub struct Settings {
     pub auth: bool,
     /// Serve HTTPS with generated certificates, mTLS between peers.
     pub tls: bool,
-    /// Node `i` sends its Raft RPCs from `127.0.0.(i+1)` ([`peer_source_ip`]),
+    /// Node `i` sends its Raft RPCs from `127.0.0.(i+1)` ([`crate::peer_source_ip`]),
     /// so a proxy can tell senders apart without reading the (TLS) traffic.
     pub distinct_source_ips: bool,
     /// More lines of the `[raft]` table, in TOML.
@@ -32,8 +32,8 @@ pub struct Settings {
     /// snapshots within seconds.
     pub snapshot_every_logs: u64,
     /// `(heartbeat_interval_ms, election_timeout_min_ms, election_timeout_max_ms)`
-    /// instead of the harness's fast [`HEARTBEAT_INTERVAL_MS`],
-    /// [`ELECTION_TIMEOUT_MIN_MS`] and [`ELECTION_TIMEOUT_MAX_MS`].
+    /// instead of the harness's fast [`crate::HEARTBEAT_INTERVAL_MS`],
+    /// [`crate::ELECTION_TIMEOUT_MIN_MS`] and [`crate::ELECTION_TIMEOUT_MAX_MS`].
     pub raft_timings_ms: Option<(u64, u64, u64)>,
     /// `--worker-threads` of every node; `None` leaves permitd's default.
     pub worker_threads: Option<u16>,
@@ -246,7 +246,7 @@ impl Cluster {
 
     /// Waits until every running node has applied all that `leader` had
     /// applied when called: whatever the leader committed before has taken
-    /// effect everywhere. Fails the test after [`START_TIMEOUT`].
+    /// effect everywhere. Fails the test after 30 s.
     pub async fn wait_applied_everywhere(&self, leader: u64) {
         let target = self
             .last_applied(leader)

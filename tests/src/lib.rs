@@ -27,6 +27,14 @@
 //! token or none). [`Settings::tls`] generates a CA and node certificates
 //! ([`certs`]) and turns on `[tls]` with mTLS on the Raft port; node URLs are
 //! then `https://` and the harness's HTTP client trusts only that CA.
+//!
+//! # Modules
+//!
+//! [`process`] finds the binaries, hands out ports and runs one node's process;
+//! [`cluster`] is the [`Cluster`]; [`config_file`] writes its `cluster.toml`;
+//! [`http`] holds the HTTP client and JSON helpers; [`wait`] waits on
+//! conditions ([`eventually`], [`wait_for_pending`]), never for fixed times.
+//! Every public name is also here at the root.
 
 use std::time::Duration;
 
@@ -49,7 +57,7 @@ pub use config_file::{
 };
 pub use http::{granted, request, Answer};
 pub use process::{child_commands, free_port, permitctl_bin, permitd_bin, Node};
-pub use wait::{eventually, wait_for_pending, wait_until};
+pub use wait::{eventually, wait_for_pending};
 
 /// The peer secret every test cluster uses (opens `/raft/*` only).
 pub const SECRET: &str = "permitd-test-secret-0123456789";

@@ -23,19 +23,6 @@ where
     false
 }
 
-/// Polls `check` until it holds, failing the test after `timeout` with
-/// `what` was awaited.
-pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    assert!(
-        eventually(timeout, check).await,
-        "{what}: not within {timeout:?}"
-    );
-}
-
 /// Waits until node `id`'s `permitd_pending_requests` gauge (requests parked
 /// for a round, or held, on that node) reads `expected`.
 pub async fn wait_for_pending(cluster: &Cluster, id: u64, expected: u64) {
