@@ -30,7 +30,7 @@ pub(crate) fn http_client(
     builder.build().expect("http client")
 }
 
-/// One HTTP answer.
+/// One HTTP answer (an event stream's: its status and headers, body `null`).
 #[derive(Debug)]
 pub struct Answer {
     pub status: u16,
@@ -63,7 +63,15 @@ impl Answer {
         let leader = header(headers::LEADER).and_then(|value| value.parse().ok());
         let retry_after = header("retry-after");
         let status = answer.status().as_u16();
-        let body = answer.json().await.unwrap_or(Value::Null);
+        // An event stream never ends: its status is the answer, its body unread
+        // (dropping the answer closes the stream).
+        let streaming =
+            header("content-type").is_some_and(|value| value.starts_with("text/event-stream"));
+        let body = if streaming {
+            Value::Null
+        } else {
+            answer.json().await.unwrap_or(Value::Null)
+        };
         Self {
             status,
             body,
