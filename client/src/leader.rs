@@ -266,7 +266,7 @@ impl LeaderTracker {
         self.leader = self.position(endpoint).or(self.leader);
     }
 
-    /// `endpoint` failed (connection error, timeout, 503). `hint` is the leader
+    /// `endpoint` failed (connection error, timeout, 502/503/504). `hint` is the leader
     /// the failing node named, if it named one. The next pick moves on.
     pub fn failed(&mut self, endpoint: &Endpoint, hint: Option<&LeaderHint>) {
         let failed = self.position(endpoint);

@@ -4,10 +4,11 @@
 //! Three ways in:
 //! - [`SemaphoreClient`] ([`client`]): every v1 call (request, sync, usage, key and
 //!   group configuration, key listing, cluster status) against a list of nodes.
-//!   It remembers the leader ([`leader`]), retries 503/429 answers and connection
-//!   failures with capped, jittered exponential backoff ([`backoff`]) inside a
-//!   per-call deadline, always sends a `requestId` so a retried request gets the
-//!   original answer, and honours each key's `nextRequestAt`.
+//!   It remembers the leader ([`leader`]), retries 429, 502, 503 and 504 answers,
+//!   connection failures and timed-out attempts with capped, jittered
+//!   exponential backoff ([`backoff`]) inside a per-call deadline, always sends
+//!   a `requestId` so a retried request gets the original answer, and honours
+//!   each key's `nextRequestAt`.
 //! - [`SemaphoreClient::acquire`] and [`SemaphoreClient::with_permit`]
 //!   ([`permit`]): one piece of work under a permit; the guard
 //!   ([`permit::Permit`], not to be confused with the queue's [`Permit`], which

@@ -85,7 +85,8 @@ pub const MAX_COMMIT_TIMEOUT_MS: u64 = 60_000;
 pub const MAX_KEYS: usize = 1_000_000;
 
 /// Lifecycle events each node keeps in memory for `GET /v1/events` to resume
-/// from; a `from` older than the oldest kept answers 410 `too_far_behind`.
+/// from; a `from` older than the oldest kept answers 410 `too_far_behind`
+/// once older events were dropped.
 pub const EVENT_BUFFER_EVENTS: usize = 10_000;
 /// Event streams (`GET /v1/events`) one node serves at once (429
 /// `too_many_subscribers` beyond).

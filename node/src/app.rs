@@ -201,9 +201,13 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         leadership.clone(),
         settings.defaults.clone(),
     );
+    // Listen before reading where the state stands: openraft may be applying
+    // (replaying) entries in its own task, and an entry's notice is sent after
+    // its state, so none applied after the read is missed.
+    let applied = state.subscribe();
     let applied_at_start = state.last_applied().map_or(0, |log_id| log_id.index);
     let events = EventLog::new(applied_at_start);
-    crate::events::start(state.clone(), events.clone());
+    crate::events::start(state.clone(), events.clone(), applied);
     crate::raft_metrics::start(raft.clone());
     crate::stall_probe::start(&raft);
     let app = App(Arc::new(Node {

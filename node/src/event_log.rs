@@ -17,6 +17,11 @@
 //! replaces the state (its entries' events never ran here), and when the node
 //! missed apply notices; at start it is the first index after the applied state
 //! loaded from disk (earlier events were applied by a previous process).
+//!
+//! While `complete_from` is still 1 the log holds every event since the cluster
+//! began (index 0 is openraft's initial membership entry, which has none), so a
+//! `from` older than that streams from the first event held rather than being
+//! refused: nothing before it is gone.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -155,7 +160,9 @@ impl EventLog {
     }
 
     /// Starts a stream of the events with index ≥ `from` (of `key` only, when
-    /// given); `from: None` means only events applied from now on.
+    /// given); `from: None` means only events applied from now on. A `from`
+    /// older than the complete run is refused unless the run reaches back to
+    /// the cluster's start ([`Buffer::holds_whole_history`]).
     pub fn subscribe(
         &self,
         key: Option<&str>,
@@ -171,7 +178,7 @@ impl EventLog {
             None => Vec::new(),
             // Which entries were missed is known only once the next one arrives.
             Some(_) if buffer.gap => return Err(SubscribeError::MissedEntries),
-            Some(from) if from < buffer.complete_from => {
+            Some(from) if from < buffer.complete_from && !buffer.holds_whole_history() => {
                 return Err(SubscribeError::TooFarBehind {
                     oldest: buffer.complete_from,
                 })
@@ -216,6 +223,13 @@ impl Buffer {
             }
         }
         self.records.push_back(record);
+    }
+
+    /// Whether every event since the cluster began is kept: the node applied
+    /// every entry from index 1 itself and dropped none of their events (the
+    /// first entry, index 0, is the initial membership and has no events).
+    fn holds_whole_history(&self) -> bool {
+        self.complete_from <= 1
     }
 
     fn restart_at(&mut self, complete_from: u64) {
@@ -303,6 +317,49 @@ mod tests {
             SubscribeError::TooFarBehind { oldest: 12 }
         );
         assert_eq!(indexes(&log.subscribe(None, Some(12)).unwrap()).len(), 2);
+    }
+
+    #[test]
+    fn from_zero_streams_everything_while_the_whole_history_is_kept() {
+        let log = EventLog::with_capacity(0, 3, 4);
+        assert!(
+            indexes(&log.subscribe(None, Some(0)).unwrap()).is_empty(),
+            "a fresh node has nothing yet, but nothing is gone"
+        );
+        log.push(&round_entry(1, &["a"]));
+        log.push(&round_entry(2, &["a", "b"]));
+        let all = [
+            (1, "a".to_owned()),
+            (2, "a".to_owned()),
+            (2, "b".to_owned()),
+        ];
+        assert_eq!(indexes(&log.subscribe(None, Some(0)).unwrap()), all);
+        assert_eq!(indexes(&log.subscribe(None, Some(1)).unwrap()), all);
+        // Index 1's event is dropped: now events really are gone.
+        log.push(&round_entry(3, &["a"]));
+        assert_eq!(
+            log.subscribe(None, Some(0)).unwrap_err(),
+            SubscribeError::TooFarBehind { oldest: 2 }
+        );
+    }
+
+    #[test]
+    fn from_zero_is_too_far_behind_after_a_restart_or_a_snapshot() {
+        // Started on state applied by a previous process: its events are gone.
+        let restarted = EventLog::with_capacity(5, 100, 4);
+        assert_eq!(
+            restarted.subscribe(None, Some(0)).unwrap_err(),
+            SubscribeError::TooFarBehind { oldest: 6 }
+        );
+        let log = EventLog::with_capacity(0, 100, 4);
+        log.push(&round_entry(1, &["a"]));
+        let mut snapshot = round_entry(9, &[]);
+        snapshot.installed_snapshot = true;
+        log.push(&snapshot);
+        assert_eq!(
+            log.subscribe(None, Some(0)).unwrap_err(),
+            SubscribeError::TooFarBehind { oldest: 10 }
+        );
     }
 
     #[test]

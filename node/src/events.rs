@@ -12,9 +12,9 @@ use tokio::sync::broadcast;
 use crate::event_log::EventLog;
 use crate::metrics::UsageGauges;
 
-/// Starts the task; it ends when the state machine's broadcast closes.
-pub fn start(state: SharedState, log: EventLog) {
-    let applied = state.subscribe();
+/// Starts the task on `applied` (the state machine's notices, subscribed before
+/// `log` was made); it ends when the broadcast closes.
+pub fn start(state: SharedState, log: EventLog, applied: broadcast::Receiver<Arc<Applied>>) {
     tokio::spawn(run(state, log, applied));
 }
 

@@ -57,6 +57,7 @@ async fn concurrent_holders_stay_under_the_limit_and_release_on_drop() {
             let permit = client.acquire("acct-1", "wf", 1).await.expect("permit");
             let now = running.fetch_add(1, Ordering::SeqCst) + 1;
             most.fetch_max(now, Ordering::SeqCst);
+            // The work done under the permit (a duration, not a wait).
             tokio::time::sleep(Duration::from_millis(20 + worker * 5)).await;
             running.fetch_sub(1, Ordering::SeqCst);
             // Odd workers release explicitly, even ones by dropping the guard.
@@ -87,10 +88,13 @@ async fn counts_gather_grants_and_fences_grow() {
         let client = client.clone();
         tokio::spawn(async move { client.acquire(&key, "wf", 4).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The waiter's round has run: it was granted the 2 that were free.
+    let gathered = eventually(Duration::from_secs(10), || async {
+        cluster.usage(1, "acct-2").await["granted"] == 4
+    })
+    .await;
     assert!(!waiting.is_finished(), "4 cannot be had while 2 are held");
-    let usage = cluster.usage(1, "acct-2").await;
-    assert_eq!(usage["granted"], 4, "the waiter holds the 2 that were free");
+    assert!(gathered, "the waiter holds the 2 that were free");
     let first_fence = first.fence();
     first.release().await.expect("release");
     let second = waiting.await.expect("task").expect("second");

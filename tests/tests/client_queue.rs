@@ -313,6 +313,8 @@ async fn a_restarted_runner_loses_no_job_and_leaks_no_permit() {
     }
     // Crash: the handle and its loop go away mid-flight, without final reports.
     drop(queue);
+    // The fault itself: the runner stays down for a while before it restarts
+    // (a restart too soon on a still-locked file is retried by start_queue).
     tokio::time::sleep(Duration::from_millis(300)).await;
     let queue = start_queue(&client, config, &jobs).await;
     wait_until_ended(&observer, 60).await;

@@ -1,7 +1,8 @@
 //! `GET /v1/events` and `permitctl events` against a real three-node cluster:
 //! a follower streams the rounds and grants of permits taken through the
-//! leader; another node resumes from a log index; a restarted node answers
-//! `too_far_behind` for events applied before it started; streams are bounded.
+//! leader; another node resumes from a log index; `from=0` on a fresh cluster
+//! streams from the first event; a restarted node answers `too_far_behind` for
+//! events applied before it started; streams are bounded.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -117,6 +118,9 @@ async fn followers_stream_rounds_and_streams_resume_from_an_index() {
         .await;
     assert_eq!(behind.status, 410, "{}", behind.body);
     assert_eq!(behind.code(), "too_far_behind");
+    let from_zero = cluster.get(other, "/v1/events?from=0").await;
+    assert_eq!(from_zero.status, 410, "events are gone: {}", from_zero.body);
+    assert_eq!(from_zero.code(), "too_far_behind");
     let ctl = Command::new(permitctl_bin())
         .args(["--endpoints", &cluster.node(other).url()])
         .args(["--token", ADMIN_TOKEN])
@@ -138,14 +142,58 @@ async fn followers_stream_rounds_and_streams_resume_from_an_index() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_zero_on_a_fresh_cluster_streams_from_the_first_event() {
+    let cluster = Cluster::start(Settings::default()).await;
+    let leader = cluster.wait_for_leader().await;
+    cluster.take(leader, "ev-0", "c1", 2).await;
+    cluster.take(leader, "ev-0", "c2", 3).await;
+    for node in &cluster.nodes {
+        // Every node applied every entry since the cluster began and dropped
+        // nothing: asking from the beginning is not too far behind.
+        let mut stream = client_of(&cluster, node.id)
+            .events(None, Some(0))
+            .await
+            .unwrap_or_else(|error| panic!("node {}: from=0 refused: {error}", node.id));
+        // Everything up to the second round, in log order, the first included.
+        let mut seen = Vec::new();
+        tokio::time::timeout(EVENT_WAIT, async {
+            loop {
+                let message = stream.next().await.expect("stream").expect("open stream");
+                let record: Value = serde_json::from_str(&message.data).expect("JSON record");
+                let id = message.id.expect("every event carries its log index");
+                let granted = (record["key"] == "ev-0" && record["type"] == "round")
+                    .then(|| record["granted"].as_u64())
+                    .flatten();
+                seen.push((id, granted));
+                if granted == Some(3) {
+                    return;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("node {}: the rounds from 0: {seen:?}", node.id));
+        assert!(
+            seen.windows(2).all(|pair| pair[0].0 <= pair[1].0),
+            "{seen:?}"
+        );
+        assert!(
+            seen.iter().any(|(_, granted)| *granted == Some(2)),
+            "node {}: the first round is streamed too: {seen:?}",
+            node.id
+        );
+        let with_key = client_of(&cluster, node.id)
+            .events(Some("ev-0"), Some(0))
+            .await
+            .expect("a key's stream from 0 opens");
+        drop(with_key);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_queries_and_too_many_streams_are_refused() {
     let cluster = Cluster::start(Settings::default()).await;
     let node = cluster.wait_for_leader().await;
-    for (query, code) in [
-        ("from=abc", "bad_request"),
-        ("unknown=1", "bad_request"),
-        ("from=0", "too_far_behind"),
-    ] {
+    for (query, code) in [("from=abc", "bad_request"), ("unknown=1", "bad_request")] {
         let answer = cluster.get(node, &format!("/v1/events?{query}")).await;
         assert_eq!(answer.code(), code, "{query}: {}", answer.body);
     }

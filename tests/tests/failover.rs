@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use permitd_tests::{eventually, granted, request, Cluster, Settings};
+use permitd_tests::{eventually, granted, request, wait_for_pending, Cluster, Settings};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,7 +53,8 @@ async fn killing_the_leader_fails_waiting_requests_and_loses_no_grant() {
             )
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Forwarded by the follower and parked on the leader.
+    wait_for_pending(&cluster, leader, 1).await;
     cluster.kill(leader);
     let (answer, waited) = waiting.await.unwrap();
     let (status, retry_after) = answer.expect("the follower answers");
@@ -149,7 +150,7 @@ async fn a_leader_that_loses_leadership_fails_its_waiting_requests_with_leader_c
             (status, retry_after, body)
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_for_pending(&cluster, leader, 1).await;
     let pid = Pid::from_raw(cluster.node(leader).pid().expect("running") as i32);
     kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
     // The others elect a new leader while this one is frozen.

@@ -5,7 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use permitd_tests::{Cluster, Settings};
+use permitd_tests::wait::PENDING_REQUESTS;
+use permitd_tests::{wait_for_pending, Cluster, Settings};
 use serde_json::{json, Value};
 
 const KEY: &str = "/v1/semaphores/held";
@@ -70,6 +71,18 @@ async fn answered_with_a_permit(
     answered
 }
 
+/// After rounds that could have answered `held` have been answered: the leader
+/// still holds it (a held request counts as pending) and it has no answer.
+async fn still_held(
+    cluster: &Cluster,
+    leader: u64,
+    held: &tokio::task::JoinHandle<(u16, Value, Instant)>,
+) {
+    let pending = cluster.metric(leader, PENDING_REQUESTS).await;
+    assert_eq!(pending, Some(1.0), "b is held on the leader");
+    assert!(!held.is_finished(), "b was answered with nothing");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_request_is_answered_with_the_permit_once_it_is_released() {
     let (cluster, leader, grant_id) = key_taken_by_a(1).await;
@@ -80,13 +93,14 @@ async fn a_held_request_is_answered_with_the_permit_once_it_is_released() {
     assert_eq!(at_once.body["blocked"][0]["reason"], "limit");
 
     let held = send_later(&cluster, leader, request("b", Some(10_000)));
+    // b has reached the leader before the rounds below.
+    wait_for_pending(&cluster, leader, 1).await;
     // Many rounds pass (every message to the key makes one): b is not answered.
     for _ in 0..5 {
         let other = cluster.post(leader, KEY, &request("c", None)).await;
         assert_eq!(other.body["grants"], json!([]), "{:?}", other.body);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!held.is_finished(), "b was answered with nothing");
+    still_held(&cluster, leader, &held).await;
 
     let released = Instant::now();
     let sync = json!({"type": "sync", "v": 1, "clientId": "a",
@@ -111,8 +125,11 @@ async fn a_raised_limit_wakes_held_requests_and_an_expired_wait_answers_empty() 
     );
 
     let held = send_later(&cluster, leader, request("b", Some(10_000)));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!held.is_finished(), "b was answered with nothing");
+    wait_for_pending(&cluster, leader, 1).await;
+    // A round that includes b, or runs after b's own, has been answered.
+    let other = cluster.post(leader, KEY, &request("c", None)).await;
+    assert_eq!(other.body["grants"], json!([]), "{:?}", other.body);
+    still_held(&cluster, leader, &held).await;
     let config = json!({"limit": 2, "roundWaitMs": 1, "roundPeriodMs": 1});
     let answer = cluster.put(leader, &format!("{KEY}/config"), &config).await;
     assert_eq!(answer.status, 200, "{:?}", answer.body);

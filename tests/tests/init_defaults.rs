@@ -39,6 +39,27 @@ async fn every_node_has_limit(cluster: &Cluster, limit: u64) -> bool {
     .await
 }
 
+/// Waits until `leader` has decided about the defaults and every running node
+/// applied what it then wrote. Its defaults task decides right after its first
+/// linearizable read (its term's first entry applied) and would propose at
+/// once; two writes of ours answered through it come after that read and
+/// give its proposal, if any, the time to be appended before them.
+async fn leader_settled(cluster: &Cluster, leader: u64) {
+    for n in 0..2 {
+        let path = format!("/v1/semaphores/settled-{leader}-{n}/config");
+        let written = eventually(Duration::from_secs(20), || async {
+            cluster
+                .put(leader, &path, &json!({"limit": 1}))
+                .await
+                .status
+                == 200
+        })
+        .await;
+        assert!(written, "leader {leader} takes writes");
+    }
+    cluster.wait_applied_everywhere(leader).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defaults_are_written_after_an_init_whose_write_failed() {
     let mut cluster = Cluster::spawn(settings());
@@ -98,15 +119,15 @@ async fn defaults_set_by_an_operator_survive_restarts_and_leader_changes() {
     cluster.wait_healthy().await;
     let leader = cluster.wait_for_leader().await;
     // A new leader that wrongly took the defaults as missing would write the
-    // file's limit again; give it the time to do so.
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // file's limit again; wait until it has had its chance.
+    leader_settled(&cluster, leader).await;
     assert!(
         every_node_has_limit(&cluster, 9).await,
         "the operator's limit stays"
     );
     cluster.kill(leader);
-    cluster.wait_for_leader().await;
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let new_leader = cluster.wait_for_leader().await;
+    leader_settled(&cluster, new_leader).await;
     for id in [1, 2, 3].into_iter().filter(|&id| id != leader) {
         assert_eq!(default_limit(&cluster, id).await, Some(9));
     }

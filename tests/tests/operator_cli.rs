@@ -101,8 +101,8 @@ async fn holders_show_grants_and_waiting_demand_and_release_frees_a_dead_client(
     assert_eq!(granted_by(alive).await, 3);
 
     let waiter = spawn_request(&cluster, follower, "held", "waiter", 5);
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
     // Asked through a follower: forwarded to the leader, who parks the demand.
+    permitd_tests::wait_for_pending(&cluster, leader, 1).await;
     let holders = cluster.get(follower, "/v1/semaphores/held/holders").await;
     assert_eq!(holders.status, 200, "{}", holders.body);
     let clients = &holders.body["clients"];
@@ -207,6 +207,7 @@ async fn run_runner(
     urls: Vec<String>,
     limit: u64,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    progress: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> RunnerReport {
     let http = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(10))
@@ -235,6 +236,7 @@ async fn run_runner(
             continue;
         };
         report.rounds += 1;
+        progress.store(report.rounds, std::sync::atomic::Ordering::Relaxed);
         if let Ok(usage) = http
             .get(format!("{url}/v1/semaphores/r/usage"))
             .bearer_auth(permitd_tests::ADMIN_TOKEN)
@@ -290,7 +292,8 @@ async fn members_replace_a_dead_node_while_a_runner_keeps_working() {
         .map(|node| node.url())
         .collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let runner = tokio::spawn(run_runner(survivors, 6, stop.clone()));
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let runner = tokio::spawn(run_runner(survivors, 6, stop.clone(), progress.clone()));
 
     let listed = cluster.permitctl(&["--json", "members", "list"]);
     assert!(listed.success, "{listed:?}");
@@ -330,8 +333,18 @@ async fn members_replace_a_dead_node_while_a_runner_keeps_working() {
         "{again:?}"
     );
 
-    // The new voter serves, and the runner kept going throughout.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // The new voter serves, and the runner kept going throughout: it gets
+    // permits after the membership changes too.
+    let rounds_before = progress.load(std::sync::atomic::Ordering::Relaxed);
+    let kept_going = permitd_tests::eventually(std::time::Duration::from_secs(20), || async {
+        let rounds = progress.load(std::sync::atomic::Ordering::Relaxed);
+        rounds > rounds_before && rounds >= 3
+    })
+    .await;
+    assert!(kept_going, "the runner works after the change");
+    cluster
+        .wait_applied_everywhere(cluster.wait_for_leader().await)
+        .await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let report = runner.await.expect("runner");
     assert!(report.violations.is_empty(), "{report:?}");

@@ -2,39 +2,12 @@
 //! `[limits] max_pending_per_key`, a request gets 429 `too_many_pending` with
 //! `Retry-After`, and the ones already parked are not disturbed. So is all the
 //! leader holds: beyond `[limits] max_parked_messages`, 503 `overloaded`.
-
-use std::time::{Duration, Instant};
-
-use permitd_tests::{Cluster, Settings};
+use permitd_tests::{wait_for_pending, Cluster, Settings};
 use serde_json::{json, Value};
 
 fn request(client: &str) -> Value {
     json!({"type": "request", "v": 1, "clientId": client,
            "demand": [{"group": "g", "count": 1, "oldestAt": 1}]})
-}
-
-/// Waits until the node's `permitd_pending_requests` gauge reads `expected`.
-async fn wait_for_pending(cluster: &Cluster, id: u64, expected: u64) {
-    let url = format!("{}/metrics", cluster.node(id).url());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = match cluster.http.get(&url).send().await {
-            Ok(response) => response.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
-        let pending = text
-            .lines()
-            .find_map(|line| line.strip_prefix("permitd_pending_requests "))
-            .and_then(|value| value.trim().parse::<f64>().ok());
-        if pending == Some(expected as f64) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pending never reached {expected}: {pending:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

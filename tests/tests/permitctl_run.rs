@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use permitd_tests::{eventually, permitctl_bin, Cluster, Settings};
+use permitd_tests::{child_commands, eventually, permitctl_bin, Cluster, Settings};
 
 const RUNNERS: usize = 20;
 const LIMIT: u64 = 3;
@@ -131,8 +131,12 @@ async fn statuses_pass_through_signals_are_forwarded_and_timeouts_skip_the_comma
     assert_eq!(waited.code(), Some(75), "EX_TEMPFAIL on timeout");
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(!Path::new(&witness).exists(), "the command never ran");
-    // Give `sleep` time to be started after the grant was claimed.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // `sleep` has been started (exec'd) under the claimed grant.
+    let started = eventually(Duration::from_secs(10), || async {
+        child_commands(held.id()).iter().any(|name| name == "sleep")
+    })
+    .await;
+    assert!(started, "permitctl started its command");
     let pid = nix::unistd::Pid::from_raw(held.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
     let status = held.wait().expect("ends");

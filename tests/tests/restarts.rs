@@ -114,13 +114,19 @@ async fn a_restarted_follower_rejoins_without_an_election() {
     // Each restart lands at another point of the leader's retry pause.
     for restart in 0..3 {
         cluster.kill(follower);
-        // Long enough for the leader's calls to the dead node to fail and back off.
+        // The fault itself: how long the node stays dead, long enough for the
+        // leader's calls to it to fail and back off, and different each time.
         tokio::time::sleep(Duration::from_millis(1_200 + 170 * restart)).await;
         let term = cluster.status(leader).await.expect("leader status")["term"].clone();
+        // Committed while the follower is down (the other two are a quorum).
+        let marker = format!("/v1/semaphores/rejoin-{restart}/config");
+        let written = cluster.put(leader, &marker, &json!({"limit": 1})).await;
+        assert_eq!(written.status, 200, "{}", written.body);
         cluster.restart(follower);
-        // Well past the restarted node's first election timeout (lease + timeout).
-        let window = 3 * permitd_tests::ELECTION_TIMEOUT_MAX_MS;
-        tokio::time::sleep(Duration::from_millis(window + 500)).await;
+        // The follower applied what was committed while it was down: it heard
+        // from the leader, so any election it stood for on its stale log (the
+        // term would have moved for good) happened before this.
+        cluster.wait_applied_everywhere(leader).await;
         let status = cluster.status(follower).await.expect("follower status");
         assert_eq!(status["leader"], leader, "restart {restart}: {status}");
         assert_eq!(

@@ -8,7 +8,7 @@
 //! `EventSource` sends when it reconnects) means `from = N + 1`.
 //!
 //! Refusals before the stream starts are ordinary JSON errors: 400 for a bad
-//! query, 410 `too_far_behind` when `from` is older than the node keeps, 429
+//! query, 410 `too_far_behind` when events from `from` on are gone, 429
 //! `too_many_subscribers`. A stream that falls more than the buffer behind while
 //! running ends with one `stream_error` message carrying `too_far_behind`; the
 //! subscriber resumes from the last id it saw, or re-reads the state.
@@ -46,7 +46,7 @@ const LAST_EVENT_ID: &str = "last-event-id";
     ),
     responses(
         (status = 200, description = "Server-Sent Events: per event `event:` its type, `id:` its entry's log index, `data:` one event record as JSON (docs/protocol.md, \"Event stream\"). The stream stays open.", content_type = "text/event-stream", body = String),
-        (status = 410, description = "`too_far_behind`: `from` is older than the events this node keeps.", body = ErrorAnswer),
+        (status = 410, description = "`too_far_behind`: events from `from` on are no longer all kept on this node (a `from` before the first event is fine while the node keeps every event since the cluster began).", body = ErrorAnswer),
         (status = 429, description = "`too_many_subscribers`: this node serves its maximum of streams.", body = ErrorAnswer),
     ),
 )]

@@ -1,0 +1,462 @@
+//! [`Cluster`]: real `permitd` processes in a temporary directory, started,
+//! stopped, killed and called over HTTP.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::config_file::{cluster_toml, SNAPSHOT_EVERY_LOGS};
+use crate::http::{granted, http_client, request, Answer};
+use crate::process::{clone_node, free_port, Node};
+use crate::{certs, disks, ADMIN_TOKEN, POLL, START_TIMEOUT};
+
+/// Cluster-wide settings of a test cluster.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub nodes: usize,
+    /// The `[defaults]` table, in TOML.
+    pub defaults: String,
+    /// More tables for the cluster file (e.g. `[limits]`), in TOML.
+    pub extra_toml: String,
+    /// `[auth] enabled`; the admin token is [`ADMIN_TOKEN`] either way.
+    pub auth: bool,
+    /// Serve HTTPS with generated certificates, mTLS between peers.
+    pub tls: bool,
+    /// Node `i` sends its Raft RPCs from `127.0.0.(i+1)` ([`crate::peer_source_ip`]),
+    /// so a proxy can tell senders apart without reading the (TLS) traffic.
+    pub distinct_source_ips: bool,
+    /// More lines of the `[raft]` table, in TOML.
+    pub raft_toml: String,
+    /// `[raft] snapshot_every_logs`: [`SNAPSHOT_EVERY_LOGS`] by default, ten
+    /// times more often than the shipped `cluster.toml`, so that tests cross
+    /// snapshots within seconds.
+    pub snapshot_every_logs: u64,
+    /// `(heartbeat_interval_ms, election_timeout_min_ms, election_timeout_max_ms)`
+    /// instead of the harness's fast [`crate::HEARTBEAT_INTERVAL_MS`],
+    /// [`crate::ELECTION_TIMEOUT_MIN_MS`] and [`crate::ELECTION_TIMEOUT_MAX_MS`].
+    pub raft_timings_ms: Option<(u64, u64, u64)>,
+    /// `--worker-threads` of every node; `None` leaves permitd's default.
+    pub worker_threads: Option<u16>,
+    /// Each node's data dir on a `powerfs` mount that can lose power
+    /// ([`disks`]; [`Cluster::power_loss`]).
+    pub power_loss_disks: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            defaults: "limit = 100\nroundWaitMs = 20\nroundPeriodMs = 20\ngrantTimeoutMs = 60000\n"
+                .into(),
+            extra_toml: String::new(),
+            auth: true,
+            tls: false,
+            distinct_source_ips: false,
+            raft_toml: String::new(),
+            snapshot_every_logs: SNAPSHOT_EVERY_LOGS,
+            raft_timings_ms: None,
+            worker_threads: None,
+            power_loss_disks: false,
+        }
+    }
+}
+
+/// A cluster of real `permitd` processes in a temporary directory.
+#[derive(Debug)]
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub nodes: Vec<Node>,
+    /// Sends the admin token unless a request names its own `Authorization`.
+    pub http: reqwest::Client,
+    /// Sends no token at all.
+    pub bare_http: reqwest::Client,
+    /// The generated certificates of a TLS cluster.
+    pub certs: Option<certs::TestCerts>,
+    settings: Settings,
+    /// The nodes' `powerfs` mounts, with [`Settings::power_loss_disks`].
+    disks: Option<disks::Disks>,
+}
+
+impl Cluster {
+    /// Starts `settings.nodes` nodes, initialises them and waits for a leader.
+    pub async fn start(settings: Settings) -> Self {
+        let cluster = Self::spawn(settings);
+        cluster.wait_healthy().await;
+        let init = cluster.post_admin(1, "/cluster/init", &json!({})).await;
+        assert_eq!(init.0, 200, "init failed: {}", init.1);
+        cluster.wait_for_leader().await;
+        cluster
+    }
+
+    /// Like [`Cluster::start`], but node `id` advertises `advertise(id, raft_addr)`
+    /// (when `Some`) as its Raft address in the membership, e.g. a proxy in front
+    /// of its real Raft listener at `raft_addr`.
+    pub async fn start_advertising(
+        settings: Settings,
+        advertise: impl FnMut(u64, &str) -> Option<String>,
+    ) -> Self {
+        let cluster = Self::spawn_advertising(settings, advertise);
+        cluster.wait_healthy().await;
+        let init = cluster.post_admin(1, "/cluster/init", &json!({})).await;
+        assert_eq!(init.0, 200, "init failed: {}", init.1);
+        cluster.wait_for_leader().await;
+        cluster
+    }
+
+    /// Writes the cluster file and starts every node, uninitialised.
+    pub fn spawn(settings: Settings) -> Self {
+        Self::spawn_advertising(settings, |_, _| None)
+    }
+
+    /// [`Cluster::spawn`] with advertised Raft addresses (see
+    /// [`Cluster::start_advertising`]).
+    pub fn spawn_advertising(
+        settings: Settings,
+        mut advertise: impl FnMut(u64, &str) -> Option<String>,
+    ) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("permitd-e2e-")
+            .disable_cleanup(std::env::var_os("PERMITD_KEEP_DIRS").is_some())
+            .tempdir()
+            .expect("temp dir");
+        let config = dir.path().join("cluster.toml");
+        let certs = settings
+            .tls
+            .then(|| certs::generate(&dir.path().join("tls")));
+        let scheme = if settings.tls { "https" } else { "http" };
+        let mut nodes: Vec<Node> = (1..=settings.nodes as u64)
+            .map(|id| {
+                let raft_addr = format!("127.0.0.1:{}", free_port());
+                Node {
+                    id,
+                    api_addr: format!("127.0.0.1:{}", free_port()),
+                    advertise_raft_addr: advertise(id, &raft_addr),
+                    raft_addr,
+                    scheme,
+                    config: config.clone(),
+                    worker_threads: settings.worker_threads,
+                    child: None,
+                }
+            })
+            .collect();
+        std::fs::write(&config, cluster_toml(&nodes, &settings, certs.as_ref())).expect("config");
+        let disks = settings
+            .power_loss_disks
+            .then(|| disks::Disks::mount(dir.path(), nodes.iter().map(|node| node.id)));
+        for node in &mut nodes {
+            node.spawn(dir.path());
+        }
+        let http = http_client(certs.as_ref(), Some(ADMIN_TOKEN));
+        let bare_http = http_client(certs.as_ref(), None);
+        Self {
+            dir,
+            nodes,
+            http,
+            bare_http,
+            certs,
+            settings,
+            disks,
+        }
+    }
+
+    pub fn node(&self, id: u64) -> &Node {
+        self.nodes
+            .iter()
+            .find(|node| node.id == id)
+            .expect("known node")
+    }
+
+    fn node_mut(&mut self, id: u64) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|node| node.id == id)
+            .expect("known node")
+    }
+
+    /// Waits until every running node answers `/healthz`.
+    pub async fn wait_healthy(&self) {
+        for node in self.nodes.iter().filter(|node| node.is_running()) {
+            let deadline = Instant::now() + START_TIMEOUT;
+            loop {
+                let url = format!("{}/healthz", node.url());
+                if let Ok(answer) = self.http.get(&url).send().await {
+                    if answer.status().is_success() {
+                        break;
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {} never became healthy",
+                    node.id
+                );
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+
+    /// Waits until every running node names the same leader, and returns it.
+    pub async fn wait_for_leader(&self) -> u64 {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let mut leaders = Vec::new();
+            for node in self.nodes.iter().filter(|node| node.is_running()) {
+                let status = self.status(node.id).await;
+                leaders.push(status.as_ref().and_then(|s| s["leader"].as_u64()));
+            }
+            if let Some(Some(leader)) = leaders.first() {
+                let agreed = leaders.iter().all(|seen| *seen == Some(*leader));
+                let running = self.nodes.iter().any(|n| n.id == *leader && n.is_running());
+                if agreed && running {
+                    return *leader;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader agreed: {leaders:?}");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// A running node that is not `leader`.
+    pub fn follower_of(&self, leader: u64) -> u64 {
+        self.nodes
+            .iter()
+            .find(|node| node.id != leader && node.is_running())
+            .expect("a running follower")
+            .id
+    }
+
+    /// `/cluster/status` of a node, or `None` if it does not answer.
+    pub async fn status(&self, id: u64) -> Option<Value> {
+        let url = format!("{}/cluster/status", self.node(id).url());
+        let answer = self
+            .http
+            .get(url)
+            .bearer_auth(ADMIN_TOKEN)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        answer.json().await.ok()
+    }
+
+    /// `lastApplied` of node `id`'s `/cluster/status`, or `None` if it does not
+    /// answer or has applied nothing.
+    pub async fn last_applied(&self, id: u64) -> Option<u64> {
+        self.status(id).await?["lastApplied"].as_u64()
+    }
+
+    /// Waits until every running node has applied all that `leader` had
+    /// applied when called: whatever the leader committed before has taken
+    /// effect everywhere. Fails the test after 30 s.
+    pub async fn wait_applied_everywhere(&self, leader: u64) {
+        let target = self
+            .last_applied(leader)
+            .await
+            .expect("the leader answers its status");
+        let deadline = Instant::now() + START_TIMEOUT;
+        for node in self.nodes.iter().filter(|node| node.is_running()) {
+            loop {
+                let applied = self.last_applied(node.id).await;
+                if applied >= Some(target) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {} applied {applied:?}, not yet {target}",
+                    node.id
+                );
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+
+    /// The value of the metric `name` (a series without labels) on node `id`,
+    /// or `None` if the node does not answer or has no such series.
+    pub async fn metric(&self, id: u64, name: &str) -> Option<f64> {
+        let url = format!("{}/metrics", self.node(id).url());
+        let text = self.http.get(url).send().await.ok()?.text().await.ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+    }
+
+    /// SIGKILL: the node dies without any shutdown.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut child) = self.node_mut(id).child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait: the node's graceful shutdown.
+    pub fn stop(&mut self, id: u64) {
+        if let Some(mut child) = self.node_mut(id).child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    break;
+                }
+                std::thread::sleep(POLL);
+            }
+            let status = child.wait().expect("node exits");
+            assert!(status.success(), "node {id} stopped with {status}");
+        }
+    }
+
+    /// Cuts the power of nodes `ids` at once: SIGKILL, then each disk drops
+    /// what its node had not made durable (`torn`: a seed that keeps a torn
+    /// prefix of one unsynced write). Restart them with [`Cluster::restart`].
+    pub fn power_loss(
+        &mut self,
+        ids: &[u64],
+        torn: Option<u64>,
+    ) -> Vec<permitd_powerfs::LossReport> {
+        for id in ids {
+            self.kill(*id);
+        }
+        let disks = self
+            .disks
+            .as_ref()
+            .expect("a cluster started with Settings::power_loss_disks");
+        ids.iter()
+            .map(|id| disks.power_loss(*id, torn.map(|seed| seed ^ id)))
+            .collect()
+    }
+
+    /// Starts a stopped node again on its data.
+    pub fn restart(&mut self, id: u64) {
+        let dir = self.dir.path().to_owned();
+        let node = self.node_mut(id);
+        assert!(node.child.is_none(), "node {id} is running");
+        node.spawn(&dir);
+    }
+
+    /// Writes a cluster file for `nodes` plus a new node, and starts the new node
+    /// (uninitialised: it waits to be added). Returns its id.
+    pub fn spawn_extra_node(&mut self) -> u64 {
+        let id = self.nodes.len() as u64 + 1;
+        let config = self.dir.path().join(format!("cluster-{id}.toml"));
+        let mut node = Node {
+            id,
+            api_addr: format!("127.0.0.1:{}", free_port()),
+            raft_addr: format!("127.0.0.1:{}", free_port()),
+            advertise_raft_addr: None,
+            scheme: self.nodes[0].scheme,
+            config: config.clone(),
+            worker_threads: self.settings.worker_threads,
+            child: None,
+        };
+        let mut all: Vec<Node> = self.nodes.iter().map(clone_node).collect();
+        all.push(clone_node(&node));
+        std::fs::write(
+            &config,
+            cluster_toml(&all, &self.settings, self.certs.as_ref()),
+        )
+        .expect("config");
+        node.spawn(self.dir.path());
+        self.nodes.push(node);
+        id
+    }
+
+    /// A JSON call to a node's public API with the admin token.
+    pub async fn call(
+        &self,
+        id: u64,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Answer {
+        self.call_as(Some(ADMIN_TOKEN), id, method, path, body)
+            .await
+    }
+
+    /// A JSON call with `token` as bearer token, or none.
+    pub async fn call_as(
+        &self,
+        token: Option<&str>,
+        id: u64,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Answer {
+        let url = format!("{}{path}", self.node(id).url());
+        let mut request = self.bare_http.request(method, url);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        Answer::from(request.send().await).await
+    }
+
+    pub async fn post(&self, id: u64, path: &str, body: &Value) -> Answer {
+        self.call(id, reqwest::Method::POST, path, Some(body)).await
+    }
+
+    /// Takes `count` permits of group `g` on `key` for `client` through node
+    /// `id`, and asserts they were granted.
+    pub async fn take(&self, id: u64, key: &str, client: &str, count: u64) {
+        let path = format!("/v1/semaphores/{key}");
+        let answer = self
+            .post(id, &path, &request(client, &[("g", count, 1)]))
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(granted(&answer.body), count, "{}", answer.body);
+    }
+
+    pub async fn put(&self, id: u64, path: &str, body: &Value) -> Answer {
+        self.call(id, reqwest::Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn get(&self, id: u64, path: &str) -> Answer {
+        self.call(id, reqwest::Method::GET, path, None).await
+    }
+
+    /// A `/cluster/*` call with the admin token: `(status, body)`.
+    pub async fn post_admin(&self, id: u64, path: &str, body: &Value) -> (u16, Value) {
+        let url = format!("{}{path}", self.node(id).url());
+        let answer = self
+            .http
+            .post(url)
+            .bearer_auth(ADMIN_TOKEN)
+            .json(body)
+            .send()
+            .await
+            .expect("node answers");
+        let status = answer.status().as_u16();
+        (status, answer.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `GET /v1/semaphores/{key}/usage` through node `id`, which must succeed.
+    /// A 503 (an election under way, as after a node restart) is retried for a
+    /// while, as every client does; any other failure fails the test.
+    pub async fn usage(&self, id: u64, key: &str) -> Value {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let answer = self.get(id, &format!("/v1/semaphores/{key}/usage")).await;
+            if answer.status == 503 && Instant::now() < deadline {
+                assert!(answer.retry_after.is_some(), "503 without Retry-After");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            assert_eq!(answer.status, 200, "usage via node {id}: {}", answer.body);
+            return answer.body;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        // Unmounted before the temp dir is removed, never through the mount.
+        drop(self.disks.take());
+    }
+}
