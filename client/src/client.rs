@@ -19,9 +19,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use permitd_core::batch::{BatchItem, BatchRequest, BatchResponse};
 use permitd_core::contract::{headers, paths, ClusterStatus, ErrorAnswer};
 use permitd_core::protocol::{
     PermitGrant, PermitRequest, PermitSync, PermitSyncResult, SemaphoreRequest, SemaphoreResponse,
+    V1,
 };
 use permitd_core::tokens::{CreatedToken, TokenInfo, TokenList, TokenSpec};
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
@@ -55,6 +57,9 @@ pub const MAX_NEXT_REQUEST_AHEAD_MS: u64 = 60_000;
 const MAX_PROBED_RETRIES: u32 = 5;
 /// Longest error body kept in an error message, in bytes.
 const MAX_ERROR_BODY_BYTES: usize = 512;
+
+/// One batch item's answer, or the error its own call would have had.
+pub type ItemResult = Result<SemaphoreResponse, ClientError>;
 
 /// How a [`SemaphoreClient`] reaches the cluster.
 #[derive(Clone)]
@@ -235,6 +240,51 @@ impl SemaphoreClient {
             SemaphoreResponse::Synced(result) => Ok(result),
             SemaphoreResponse::Grant(_) => Err(self.unexpected(key, "a grant answer to a sync")),
         }
+    }
+
+    /// Sends many `request`s and `sync`s, for many keys, in one call
+    /// (`POST /v1/batch`, at most `MAX_BATCH_ITEMS` items and `MAX_BATCH_KEYS`
+    /// keys), and returns each item's own answer or error, in order: an item's
+    /// error ([`ClientError::Rejected`], with the status its own call would have
+    /// had) never fails its neighbours. `request` items get a `requestId` when
+    /// they have none, so a retried call replays them. The call is answered
+    /// when its slowest item is (a `request` when its key's round runs); unlike
+    /// [`Self::request`] it does not wait for a key's `nextRequestAt` first.
+    pub async fn batch(&self, mut items: Vec<BatchItem>) -> Result<Vec<ItemResult>, ClientError> {
+        for item in &mut items {
+            if let SemaphoreRequest::Request(request) = &mut item.message {
+                request
+                    .request_id
+                    .get_or_insert_with(|| uuid::Uuid::new_v4().to_string());
+            }
+        }
+        let path = paths::segments(paths::BATCH, &[]);
+        let body = BatchRequest { v: V1, items };
+        let answer: BatchResponse = self.call(Method::POST, &path, Some(&body)).await?;
+        if answer.items.len() != body.items.len() {
+            return Err(ClientError::UnexpectedAnswer {
+                url: paths::BATCH.to_owned(),
+                reason: format!(
+                    "{} answers to {} items",
+                    answer.items.len(),
+                    body.items.len()
+                ),
+            });
+        }
+        let results = body.items.iter().zip(answer.items).map(|(item, answer)| {
+            let status = answer.status;
+            let result = answer.into_result().map_err(|error| ClientError::Rejected {
+                status,
+                code: error.code,
+                message: error.message,
+                field: error.field,
+            });
+            if let Ok(SemaphoreResponse::Grant(grant)) = &result {
+                self.remember_next_request_at(&item.key, grant.next_request_at_ms);
+            }
+            result
+        });
+        Ok(results.collect())
     }
 
     /// The key's linearizable usage.

@@ -26,6 +26,7 @@
 //! - ids and fences come from the log index, never from a random source.
 
 pub mod answers;
+pub mod batch;
 pub mod config;
 pub mod contract;
 pub mod events;

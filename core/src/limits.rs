@@ -55,6 +55,12 @@ pub const MAX_REMEMBERED_ANSWERS_PER_KEY: usize = 1_024;
 
 /// Largest HTTP request body, in bytes (413 beyond).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Items one `POST /v1/batch` carries (the body is bounded by `MAX_BODY_BYTES`
+/// as any other). A client's poll across its keys and lanes fits in one call.
+pub const MAX_BATCH_ITEMS: usize = 256;
+/// Distinct keys one batch names: each may hold the call until its round, so
+/// this bounds the rounds one call waits on.
+pub const MAX_BATCH_KEYS: usize = 128;
 /// Requests waiting for one key's round on the leader (429 beyond).
 pub const MAX_PENDING_REQUESTS_PER_KEY: usize = 10_000;
 /// Log entries of rounds and syncs the leader may have proposed and not yet

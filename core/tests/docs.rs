@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use permitd_core::batch::{BatchItem, BatchItemAnswer, BatchRequest, BatchResponse};
 use permitd_core::config::{Amount, GroupConfig, KeyConfig, LeasePolicy, Provisioning};
 use permitd_core::contract::{
     headers, paths, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage,
@@ -193,7 +194,23 @@ fn every_shape() -> Vec<Value> {
     };
     let mut error = ErrorAnswer::new(ErrorCode::BadRequest, "m");
     error.error.field = Some("clientId".into());
+    let batch = BatchRequest {
+        v: V1,
+        items: vec![BatchItem {
+            key: "k".into(),
+            message: SemaphoreRequest::Sync(sync.clone()),
+        }],
+    };
+    let batch_answer = BatchResponse {
+        v: V1,
+        items: vec![
+            BatchItemAnswer::answered(SemaphoreResponse::Synced(synced.clone())),
+            BatchItemAnswer::failed(ErrorAnswer::new(ErrorCode::Forbidden, "not yours")),
+        ],
+    };
     vec![
+        json(batch),
+        json(batch_answer),
         json(SemaphoreRequest::Request(request)),
         json(SemaphoreRequest::Sync(sync)),
         json(SemaphoreResponse::Grant(answer)),

@@ -6,6 +6,9 @@
 pub const SEMAPHORES: &str = "/v1/semaphores";
 /// `POST`: a `request` or `sync` message ([`crate::protocol::SemaphoreRequest`]).
 pub const SEMAPHORE: &str = "/v1/semaphores/{key}";
+/// `POST`: many `request`/`sync` messages, for many keys, in one call
+/// ([`crate::batch::BatchRequest`]).
+pub const BATCH: &str = "/v1/batch";
 /// `GET`: the key's linearizable usage ([`crate::Usage`]).
 pub const USAGE: &str = "/v1/semaphores/{key}/usage";
 /// `GET` the key's effective configuration, `PUT` a replacement.
@@ -58,9 +61,10 @@ pub const READYZ: &str = "/readyz";
 pub const OPENAPI: &str = "/openapi.json";
 
 /// Every route above, for documentation and for checks that each is described.
-pub const ALL: [&str; 22] = [
+pub const ALL: [&str; 23] = [
     SEMAPHORES,
     SEMAPHORE,
+    BATCH,
     USAGE,
     KEY_CONFIG,
     GROUP,

@@ -89,7 +89,8 @@ impl ApiError {
         }
     }
 
-    fn body(&self) -> ErrorAnswer {
+    /// The answer's body, also what a batch item carries as its error.
+    pub(crate) fn body(&self) -> ErrorAnswer {
         match self {
             Self::Invalid(error) => ErrorAnswer::from(error),
             other => ErrorAnswer::new(other.code(), other.to_string()),

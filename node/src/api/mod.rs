@@ -10,6 +10,7 @@
 //! Unknown routes and methods answer the JSON error shape.
 
 pub mod backup;
+pub mod batch;
 pub mod cluster;
 pub mod error;
 pub mod events;
@@ -45,6 +46,7 @@ pub fn public_router(app: App) -> Router {
     let v1 = Router::new()
         .route(paths::SEMAPHORES, get(semaphores::list))
         .route(paths::SEMAPHORE, post(semaphores::post))
+        .route(paths::BATCH, post(batch::post))
         .route(paths::USAGE, get(semaphores::usage))
         .route(paths::HOLDERS, get(holders::get))
         .route(

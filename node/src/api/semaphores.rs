@@ -16,7 +16,7 @@ use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
 use permitd_core::validate::{
     parse_request, validate_group, validate_group_config, validate_key, validate_key_config,
 };
-use permitd_core::Usage;
+use permitd_core::{InvalidInput, Usage};
 use permitd_storage::{Command, CommandResult, Refused};
 
 use super::error::ApiError;
@@ -48,19 +48,30 @@ pub async fn post(
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<SemaphoreResponse>, ApiError> {
     validate_key(&key)?;
-    let message = parse_off_the_runtime(body.clone()).await?;
-    check_room_for(&app, &key)?;
-    let bytes = body.len();
-    match message {
+    let message = parse_off_the_runtime(body.clone(), parse_request).await?;
+    let answer = deliver(&app, &key, message, body.len()).await?;
+    Ok(Json(answer))
+}
+
+/// Hands one checked message to the rounds driver and waits for its answer:
+/// a `request` for the key's round, a `sync` for the next entry. `bytes` is the
+/// message as received, what it weighs in an entry. The one path of both
+/// `POST /v1/semaphores/{key}` and every item of `POST /v1/batch`.
+pub(crate) async fn deliver(
+    app: &App,
+    key: &str,
+    message: SemaphoreRequest,
+    bytes: usize,
+) -> Result<SemaphoreResponse, ApiError> {
+    check_room_for(app, key)?;
+    Ok(match message {
         SemaphoreRequest::Request(request) => {
-            let answer = app.rounds.request(&key, request, bytes).await?;
-            Ok(Json(SemaphoreResponse::Grant(answer)))
+            SemaphoreResponse::Grant(app.rounds.request(key, request, bytes).await?)
         }
         SemaphoreRequest::Sync(sync) => {
-            let answer = app.rounds.sync(&key, sync, bytes).await?;
-            Ok(Json(SemaphoreResponse::Synced(answer)))
+            SemaphoreResponse::Synced(app.rounds.sync(key, sync, bytes).await?)
         }
-    }
+    })
 }
 
 /// Bodies from this size are parsed on a blocking thread, one at a time:
@@ -72,16 +83,19 @@ const PARSE_APART_BYTES: usize = 64 * 1024;
 /// Large bodies being parsed: one at a time.
 static LARGE_PARSES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
-/// Parses and validates a message body, large ones on a blocking thread.
-async fn parse_off_the_runtime(body: Bytes) -> Result<SemaphoreRequest, ApiError> {
+/// Parses and validates a body with `parse`, large ones on a blocking thread.
+pub(crate) async fn parse_off_the_runtime<T: Send + 'static>(
+    body: Bytes,
+    parse: fn(&[u8]) -> Result<T, InvalidInput>,
+) -> Result<T, ApiError> {
     if body.len() < PARSE_APART_BYTES {
-        return Ok(parse_request(&body)?);
+        return Ok(parse(&body)?);
     }
     let _turn = LARGE_PARSES
         .acquire()
         .await
         .map_err(|error| ApiError::Internal(error.to_string()))?;
-    tokio::task::spawn_blocking(move || parse_request(&body))
+    tokio::task::spawn_blocking(move || parse(&body))
         .await
         .map_err(|error| ApiError::Internal(error.to_string()))?
         .map_err(ApiError::from)

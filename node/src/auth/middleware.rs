@@ -4,7 +4,8 @@
 //! It runs inside the forwarding layer, so on a follower a call is forwarded
 //! with its own `Authorization` and the leader, whose registry has every applied
 //! revocation, decides. A refusal is answered before the handler runs: nothing
-//! is proposed, nothing changes.
+//! is proposed, nothing changes. A batch's items are decided one by one in its
+//! handler, by the [`ItemGate`] left here in the request's extensions.
 
 use std::collections::BTreeMap;
 
@@ -18,14 +19,15 @@ use permitd_core::limits::MAX_BODY_BYTES;
 use permitd_core::tokens::Role;
 use serde::Deserialize;
 
-use super::roles::{action_of, decide, Action};
+use super::roles::{action_of, decide, Action, ItemGate};
 use super::{authenticate, bearer_token, Principal};
 use crate::api::error::ApiError;
 use crate::app::App;
 
 /// Middleware for every public route but `/healthz`, `/readyz` and `/openapi.json`.
-pub async fn require_token(State(app): State<App>, request: Request, next: Next) -> Response {
+pub async fn require_token(State(app): State<App>, mut request: Request, next: Next) -> Response {
     if !app.auth.enabled {
+        request.extensions_mut().insert(ItemGate::Open);
         return next.run(request).await;
     }
     let matched = request
@@ -53,10 +55,14 @@ pub async fn require_token(State(app): State<App>, request: Request, next: Next)
     let token = match principal {
         None => return ApiError::Unauthorized("a valid bearer token is required").into_response(),
         Some(Principal::Anyone | Principal::Admin) => {
-            return next.run(Request::from_parts(parts, body)).await
+            parts.extensions.insert(ItemGate::Open);
+            return next.run(Request::from_parts(parts, body)).await;
         }
         Some(Principal::Token(token)) => token,
     };
+    if action == Action::Batch {
+        parts.extensions.insert(ItemGate::Token(token.clone()));
+    }
     // Only a runner's post needs its clientId read from the body.
     let mut body = body;
     if let (Role::Runner, Action::Post { client_id, .. }) = (token.spec.role, &mut action) {

@@ -4,6 +4,7 @@
 //! | action | runner | reader | admin |
 //! |---|---|---|---|
 //! | `POST /v1/semaphores/{key}` (request, sync) | keys + clientId | – | yes |
+//! | `POST /v1/batch` (each item as the post above, on its own) | keys + clientId | – | yes |
 //! | `GET /v1/semaphores/{key}/usage` | keys | yes | yes |
 //! | `GET /v1/events?key=` (a runner must name a key) | keys | yes | yes |
 //! | `GET /v1/semaphores/{key}/config`, `GET /v1/semaphores` | – | yes | yes |
@@ -28,6 +29,9 @@ pub enum Action {
         key: Option<String>,
         client_id: Option<String>,
     },
+    /// A batch of posts: the call needs a role that may post; each item is then
+    /// decided as its own [`Action::Post`] ([`ItemGate`]).
+    Batch,
     Usage {
         key: Option<String>,
     },
@@ -74,6 +78,7 @@ pub fn action_of(method: &Method, matched_path: &str, key: Option<String>) -> Op
             key,
             client_id: None,
         },
+        ("POST", paths::BATCH) => Action::Batch,
         ("GET", paths::USAGE) => Action::Usage { key },
         ("GET", paths::EVENTS) => Action::Events { key },
         ("GET", paths::KEY_CONFIG) => Action::ReadConfig,
@@ -104,6 +109,7 @@ pub fn decide(token: &TokenRecord, action: &Action) -> Result<(), Refusal> {
                 _ => Err(Refusal::ClientId),
             }
         }
+        (Role::Runner, Action::Batch) => Ok(()),
         (Role::Runner, Action::Usage { key } | Action::Events { key }) => key_allowed(key),
         (
             Role::Reader,
@@ -115,6 +121,32 @@ pub fn decide(token: &TokenRecord, action: &Action) -> Result<(), Refusal> {
             | Action::Holders,
         ) => Ok(()),
         _ => Err(Refusal::Role),
+    }
+}
+
+/// What a batch's items may do, as its caller was authenticated: every item is
+/// a post of its own, decided by [`decide`] with the item's key and clientId.
+#[derive(Debug, Clone)]
+pub enum ItemGate {
+    /// Auth is off, or the caller is an admin: every item may post.
+    Open,
+    /// A token's patterns decide item by item.
+    Token(TokenRecord),
+}
+
+impl ItemGate {
+    /// Whether one item, on `key` for `client_id`, may post.
+    pub fn decide(&self, key: &str, client_id: &str) -> Result<(), Refusal> {
+        match self {
+            Self::Open => Ok(()),
+            Self::Token(token) => decide(
+                token,
+                &Action::Post {
+                    key: Some(key.to_owned()),
+                    client_id: Some(client_id.to_owned()),
+                },
+            ),
+        }
     }
 }
 
@@ -182,6 +214,24 @@ mod tests {
         assert_eq!(decide(&reader, &Action::WriteConfig), Err(Refusal::Role));
         let admin = token(Role::Admin);
         assert_eq!(decide(&admin, &Action::Cluster), Ok(()));
+    }
+
+    #[test]
+    fn a_batch_needs_a_posting_role_and_each_item_is_decided_alone() {
+        assert_eq!(
+            action_of(&Method::POST, paths::BATCH, None),
+            Some(Action::Batch)
+        );
+        assert_eq!(decide(&token(Role::Runner), &Action::Batch), Ok(()));
+        assert_eq!(
+            decide(&token(Role::Reader), &Action::Batch),
+            Err(Refusal::Role)
+        );
+        let runner = ItemGate::Token(token(Role::Runner));
+        assert_eq!(runner.decide("acct-1", "eu-1"), Ok(()));
+        assert_eq!(runner.decide("other", "eu-1"), Err(Refusal::Key));
+        assert_eq!(runner.decide("acct-1", "us-1"), Err(Refusal::ClientId));
+        assert_eq!(ItemGate::Open.decide("other", "us-1"), Ok(()));
     }
 
     #[test]

@@ -60,6 +60,8 @@ const PROPERTIES: &[(&str, &str, Rule)] = &[
         "leases",
         Rule::Items(MAX_LEASE_REPORTS, None),
     ),
+    ("BatchRequest", "items", Rule::Items(MAX_BATCH_ITEMS, None)),
+    ("BatchItem", "key", KEY_PATTERN),
     ("PermitSync", "clientId", Rule::Name(MAX_CLIENT_ID_BYTES)),
     ("PermitSync", "grants", Rule::Items(MAX_GRANT_REPORTS, None)),
     ("PermitSync", "leases", Rule::Items(MAX_LEASE_REPORTS, None)),

@@ -47,6 +47,7 @@ const BEARER: &str = "bearer";
     paths(
         super::semaphores::list,
         super::semaphores::post,
+        super::batch::post,
         super::semaphores::usage,
         super::semaphores::get_config,
         super::semaphores::put_config,
