@@ -14,7 +14,8 @@
 //!    anything leaves the process; a failed write or flush stops the queue for
 //!    good (it fails closed: [`QueueError::StoreFailed`]);
 //! 3. hand admitted items to `admit` (a spawned task) and send the messages
-//!    (one spawned task per key, at most one in flight per key);
+//!    (at most one in flight per key and lane; the poll's reports, across its
+//!    keys, in one `POST /v1/batch` call, each key's demand alone: [`send_all`]);
 //! 4. wait for an answer, an enqueue or release, or the next timer, and feed it
 //!    to the state.
 //!
@@ -34,6 +35,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use permitd_core::batch::BatchItem;
+use permitd_core::limits::MAX_BATCH_KEYS;
 use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -47,7 +50,7 @@ pub use state::{
 };
 
 use crate::client::{now_ms, SemaphoreClient};
-use crate::error::{ClientError, QueueError};
+use crate::error::QueueError;
 use state::{Lane, Outgoing, QueueState};
 use store::QueueStore;
 
@@ -135,9 +138,10 @@ struct Shared<T> {
     failure: Mutex<Option<String>>,
 }
 
-/// What comes back to the loop from its spawned tasks.
+/// What comes back to the loop from its spawned tasks. A failure carries only
+/// its text: the loop logs it and retries the lane.
 enum Event {
-    Answer(String, Result<SemaphoreResponse, (Lane, ClientError)>),
+    Answer(String, Result<SemaphoreResponse, (Lane, String)>),
     Finished(Vec<String>),
 }
 
@@ -380,9 +384,7 @@ where
             let admission = admission.clone();
             tokio::spawn(async move { admission.admit(admits).await });
         }
-        for outgoing in messages {
-            spawn_send(&client, outgoing, events_tx.clone());
-        }
+        send_all(&client, messages, &events_tx);
         if draining.is_none() && !finished_in_flight && Instant::now() >= finished_due {
             finished_due = Instant::now() + config.finished_interval;
             let ids = shared.lock().admitted_ids(MAX_FINISHED_BATCH);
@@ -439,18 +441,101 @@ fn apply_event<T: Clone + Serialize>(shared: &Shared<T>, event: Event) {
     }
 }
 
-fn spawn_send(client: &SemaphoreClient, outgoing: Outgoing, events: mpsc::UnboundedSender<Event>) {
+/// Sends one poll's messages as [`plan_calls`] groups them.
+fn send_all(client: &SemaphoreClient, messages: Vec<Outgoing>, events: &Events) {
+    let Calls { alone, batches } = plan_calls(messages);
+    for outgoing in alone {
+        spawn_send(client, outgoing, events.clone());
+    }
+    for batch in batches {
+        spawn_report_batch(client, batch, events.clone());
+    }
+}
+
+/// One poll's messages, grouped into calls.
+#[derive(Debug, PartialEq, Eq)]
+struct Calls {
+    /// Each sent alone: every key's demand, and a lone report.
+    alone: Vec<Outgoing>,
+    /// Reports (syncs) of several keys, each group one `POST /v1/batch`.
+    batches: Vec<Vec<Outgoing>>,
+}
+
+/// Groups a poll's messages: its reports, across all keys, in one batch call;
+/// each key's demand in a call of its own.
+///
+/// Reports are answered with the next entry, so sharing a call delays none of
+/// them. A batch is answered when its slowest item is, so demand for several
+/// keys in one call would tie every key's grant to the slowest round (and a
+/// held request waits up to its `waitMs`): demand goes alone. A key has at most
+/// one report in flight, so a poll's reports name distinct keys, and chunks of
+/// `MAX_BATCH_KEYS` stay inside both batch limits.
+fn plan_calls(messages: Vec<Outgoing>) -> Calls {
+    let (reports, mut alone): (Vec<Outgoing>, Vec<Outgoing>) = messages
+        .into_iter()
+        .partition(|outgoing| Lane::of(&outgoing.message) == Lane::Report);
+    if reports.len() == 1 {
+        alone.extend(reports);
+        return Calls {
+            alone,
+            batches: Vec::new(),
+        };
+    }
+    let batches = reports
+        .chunks(MAX_BATCH_KEYS)
+        .map(<[Outgoing]>::to_vec)
+        .collect();
+    Calls { alone, batches }
+}
+
+type Events = mpsc::UnboundedSender<Event>;
+
+/// Marks the permits a message returns as they leave (the bench times reuse
+/// from here).
+fn trace_releases(outgoing: &Outgoing) {
+    if outgoing.releases > 0 {
+        let (key, releases) = (&outgoing.key, outgoing.releases);
+        tracing::trace!(target: RELEASES_SENT_TARGET, %key, releases, "releases sent");
+    }
+}
+
+fn spawn_report_batch(client: &SemaphoreClient, reports: Vec<Outgoing>, events: Events) {
     let client = client.clone();
     tokio::spawn(async move {
-        let Outgoing {
-            key,
-            message,
-            releases,
-        } = outgoing;
-        let lane = Lane::of(&message);
-        if releases > 0 {
-            tracing::trace!(target: RELEASES_SENT_TARGET, %key, releases, "releases sent");
+        reports.iter().for_each(trace_releases);
+        let (keys, items): (Vec<String>, Vec<BatchItem>) = reports
+            .into_iter()
+            .map(|outgoing| {
+                let item = BatchItem {
+                    key: outgoing.key.clone(),
+                    message: outgoing.message,
+                };
+                (outgoing.key, item)
+            })
+            .unzip();
+        match client.batch(items).await {
+            Ok(results) => {
+                for (key, result) in keys.into_iter().zip(results) {
+                    let result = result.map_err(|error| (Lane::Report, error.to_string()));
+                    let _ = events.send(Event::Answer(key, result));
+                }
+            }
+            Err(error) => {
+                let error = error.to_string();
+                for key in keys {
+                    let _ = events.send(Event::Answer(key, Err((Lane::Report, error.clone()))));
+                }
+            }
         }
+    });
+}
+
+fn spawn_send(client: &SemaphoreClient, outgoing: Outgoing, events: Events) {
+    let client = client.clone();
+    tokio::spawn(async move {
+        trace_releases(&outgoing);
+        let Outgoing { key, message, .. } = outgoing;
+        let lane = Lane::of(&message);
         let answer = match message {
             SemaphoreRequest::Request(request) => client
                 .request(&key, request)
@@ -460,6 +545,77 @@ fn spawn_send(client: &SemaphoreClient, outgoing: Outgoing, events: mpsc::Unboun
                 client.sync(&key, sync).await.map(SemaphoreResponse::Synced)
             }
         };
-        let _ = events.send(Event::Answer(key, answer.map_err(|error| (lane, error))));
+        let answer = answer.map_err(|error| (lane, error.to_string()));
+        let _ = events.send(Event::Answer(key, answer));
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use permitd_core::protocol::{PermitRequest, PermitSync, V1};
+
+    use super::*;
+
+    fn outgoing(key: &str, report: bool) -> Outgoing {
+        let message = if report {
+            SemaphoreRequest::Sync(PermitSync {
+                v: V1,
+                client_id: "c".into(),
+                grants: vec![],
+                leases: None,
+            })
+        } else {
+            SemaphoreRequest::Request(PermitRequest {
+                v: V1,
+                client_id: "c".into(),
+                request_id: None,
+                demand: vec![],
+                grants: vec![],
+                leases: None,
+                wait_ms: None,
+            })
+        };
+        Outgoing {
+            key: key.into(),
+            message,
+            releases: 0,
+        }
+    }
+
+    #[test]
+    fn reports_of_a_poll_share_one_call_and_demand_goes_alone() {
+        let calls = plan_calls(vec![
+            outgoing("a", false),
+            outgoing("a", true),
+            outgoing("b", true),
+            outgoing("c", false),
+            outgoing("c", true),
+        ]);
+        assert_eq!(calls.alone, [outgoing("a", false), outgoing("c", false)]);
+        assert_eq!(
+            calls.batches,
+            [vec![
+                outgoing("a", true),
+                outgoing("b", true),
+                outgoing("c", true)
+            ]]
+        );
+    }
+
+    #[test]
+    fn a_lone_report_is_a_plain_sync() {
+        let calls = plan_calls(vec![outgoing("a", true), outgoing("b", false)]);
+        assert_eq!(calls.alone, [outgoing("b", false), outgoing("a", true)]);
+        assert!(calls.batches.is_empty());
+        assert_eq!(plan_calls(vec![]).alone, []);
+    }
+
+    #[test]
+    fn more_reports_than_a_batch_takes_are_split() {
+        let reports = (0..MAX_BATCH_KEYS * 2 + 1)
+            .map(|n| outgoing(&format!("k{n}"), true))
+            .collect();
+        let sizes: Vec<usize> = plan_calls(reports).batches.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [MAX_BATCH_KEYS, MAX_BATCH_KEYS, 1]);
+    }
 }
