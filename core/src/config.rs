@@ -38,8 +38,11 @@ impl Default for KeyConfig {
     fn default() -> Self {
         Self {
             limit: 100,
-            round_wait_ms: 1_000,
-            round_period_ms: 2_000,
+            // A lone acquire on an idle key is answered within a few ms; a
+            // longer window buys fairness among waiters and fewer entries
+            // (docs/operations.md, "Round timings").
+            round_wait_ms: 5,
+            round_period_ms: 20,
             grant_timeout_ms: 10_000,
             leases: None,
         }

@@ -15,6 +15,7 @@
 
 use std::path::PathBuf;
 
+use permitd_core::batch::{BatchItem, BatchItemAnswer, BatchRequest, BatchResponse};
 use permitd_core::config::{Amount, LimitedGroups};
 use permitd_core::contract::{
     headers, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage, MemberRole,
@@ -248,7 +249,24 @@ fn samples() -> Value {
             "code": code, "status": code.status(), "retryAfter": code.retry_after(),
         })).collect::<Vec<_>>(),
     });
+    let batch = BatchRequest {
+        v: V1,
+        items: requests(&grant_id, &lease_id)
+            .into_iter()
+            .map(|message| BatchItem {
+                key: "acct-1".into(),
+                message,
+            })
+            .collect(),
+    };
+    let mut batch_answers: Vec<BatchItemAnswer> = responses(&grant_id, &lease_id)
+        .into_iter()
+        .map(BatchItemAnswer::answered)
+        .collect();
+    batch_answers.push(BatchItemAnswer::failed(errors[0].clone()));
     json!({
+        "BatchRequest": [batch],
+        "BatchResponse": [BatchResponse { v: V1, items: batch_answers }],
         "SemaphoreRequest": requests(&grant_id, &lease_id),
         "SemaphoreResponse": responses(&grant_id, &lease_id),
         "Usage": [usage(), Usage::default()],
