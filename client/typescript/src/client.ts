@@ -12,8 +12,8 @@
  *
  * Retries are safe: a `request` always carries a `requestId` (a fresh UUID
  * unless the caller set one), the same on every attempt, so the holder answers
- * a retry of a committed round with the original answer; reports are
- * cumulative. `request` waits for the key's `nextRequestAt` from the previous
+ * a retry of a committed round with the original answer (so does each
+ * `request` item of a `batch`); reports are cumulative. `request` waits for the key's `nextRequestAt` from the previous
  * answer before sending. A bearer `token` goes on every call.
  */
 
