@@ -12,8 +12,8 @@
  *
  * Retries are safe: a `request` always carries a `requestId` (a fresh UUID
  * unless the caller set one), the same on every attempt, so the holder answers
- * a retry of a committed round with the original answer; reports are
- * cumulative. `request` waits for the key's `nextRequestAt` from the previous
+ * a retry of a committed round with the original answer (so does each
+ * `request` item of a `batch`); reports are cumulative. `request` waits for the key's `nextRequestAt` from the previous
  * answer before sending. A bearer `token` goes on every call.
  */
 
@@ -25,6 +25,8 @@ import { LEADER_HEADER, LeaderTracker, parseEndpoints, parseLeaderHint, type Lea
 import {
   parseWire,
   WireError,
+  type BatchItem,
+  type BatchItemAnswer,
   type ClusterStatus,
   type GroupConfig,
   type KeyConfig,
@@ -34,6 +36,7 @@ import {
   type PermitRequest,
   type PermitSync,
   type PermitSyncResult,
+  type SemaphoreResponse,
   type Usage,
   type WireTypeName,
 } from "./wire.js";
@@ -81,6 +84,12 @@ export interface CallOptions {
 /** A request as the caller writes it: `v` and `requestId` are filled in. */
 export type RequestInput = Omit<PermitRequest, "v"> & { v?: 1 };
 export type SyncInput = Omit<PermitSync, "v"> & { v?: 1 };
+
+/** One item of `batch`: a key's `request` or `sync`, as `request` and `sync` take them. */
+export type BatchInput = { key: string; message: ({ type: "request" } & RequestInput) | ({ type: "sync" } & SyncInput) };
+
+/** One batch item's outcome: its answer, or the error its own call would have had. */
+export type BatchResult = { ok: true; answer: SemaphoreResponse } | { ok: false; error: RejectedError };
 
 type Attempt = { done: true; body: unknown } | { done: false; reason: string; retryAfterMs?: number };
 
@@ -162,6 +171,34 @@ export class SemaphoreClient {
     if (answer.type !== "synced") throw new UnexpectedAnswerError(`/v1/semaphores/${key}`, "a grant answer to a sync");
     const { type: _type, ...synced } = answer;
     return synced;
+  }
+
+  /**
+   * Sends many `request`s and `sync`s, for many keys, in one call
+   * (`POST /v1/batch`: at most `MAX_BATCH_ITEMS` items and `MAX_BATCH_KEYS`
+   * keys) and returns each item's own outcome, in order: an item's error is a
+   * `RejectedError` with the status its own call would have had, and never
+   * fails its neighbours. Only the envelope (or the retries running out) fails
+   * the whole call. `request` items get a `requestId` when they have none, the
+   * same on every attempt, so a retried call replays them. The call is answered
+   * when its slowest item is (a `request` when its key's round runs); unlike
+   * `request` it does not wait for a key's `nextRequestAt` first, but it does
+   * remember the `nextRequestAt` of each grant it gets.
+   */
+  async batch(items: readonly BatchInput[], options: CallOptions = {}): Promise<BatchResult[]> {
+    const sent: BatchItem[] = items.map(({ key, message }) => ({
+      key,
+      message:
+        message.type === "request"
+          ? { ...message, v: 1, requestId: message.requestId ?? crypto.randomUUID() }
+          : { ...message, v: 1 },
+    }));
+    const answer = await this.call("POST", ["v1", "batch"], { v: 1, items: sent }, "BatchResponse", options);
+    const results = batchResults(sent, answer.items);
+    results.forEach((result, index) => {
+      if (result.ok && result.answer.type === "grant") this.rememberNextRequestAt(sent[index]!.key, result.answer.nextRequestAt);
+    });
+    return results;
   }
 
   /** The key's linearizable usage. */
@@ -312,11 +349,34 @@ export function semaphorePath(key: string, tail?: string): string[] {
   return tail === undefined ? ["v1", "semaphores", key] : ["v1", "semaphores", key, tail];
 }
 
+/**
+ * Each item's outcome from a batch answer, checked against what was sent: one
+ * answer per item, and a `request` answered by a `grant`, a `sync` by `synced`
+ * (anything else is not this protocol: the whole answer is refused).
+ */
+export function batchResults(sent: readonly BatchItem[], answers: readonly BatchItemAnswer[]): BatchResult[] {
+  if (answers.length !== sent.length) {
+    throw new UnexpectedAnswerError("/v1/batch", `${answers.length} answers to ${sent.length} items`);
+  }
+  return answers.map((item, index) => {
+    if (item.answer) {
+      const expected = sent[index]!.message.type === "request" ? "grant" : "synced";
+      if (item.answer.type !== expected) {
+        throw new UnexpectedAnswerError("/v1/batch", `item ${index}: a ${item.answer.type} answer to a ${sent[index]!.message.type}`);
+      }
+      return { ok: true, answer: item.answer };
+    }
+    // An item with neither answer nor error is the server's fault, as Rust's `into_result` has it.
+    const error = item.error ?? { code: "internal", message: "batch item answered neither an answer nor an error" };
+    return { ok: false, error: new RejectedError(item.status, error.code, error.message, error.field) };
+  });
+}
+
 /** The error of a non-success answer: the server's `{error: {code, message}}`, or the raw text. */
 function rejected(status: number, text: string): RejectedError {
   try {
     const answer = parseWire("ErrorAnswer", JSON.parse(text));
-    return new RejectedError(status, answer.error.code, answer.error.message);
+    return new RejectedError(status, answer.error.code, answer.error.message, answer.error.field);
   } catch {
     return new RejectedError(status, `http_${status}`, text.slice(0, MAX_ERROR_BODY_CHARS));
   }

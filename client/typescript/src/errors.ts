@@ -2,14 +2,19 @@
  * The client's errors: one class per way a call or an acquisition can fail.
  */
 
-/** The server answered with a non-retryable error (a 4xx other than 429, or 500). */
+/**
+ * The server answered with a non-retryable error (a 4xx other than 429, or 500),
+ * for a whole call or, in a batch, for one item. `field` names the bad input
+ * field when the server said which.
+ */
 export class RejectedError extends Error {
   constructor(
     readonly status: number,
     readonly code: string,
     message: string,
+    readonly field?: string,
   ) {
-    super(`${status} ${code}: ${message}`);
+    super(`${status} ${code}: ${message}${field === undefined ? "" : ` (field ${field})`}`);
     this.name = "RejectedError";
   }
 }

@@ -5,10 +5,12 @@
  * - `SemaphoreClient` (`client.ts`): every v1 call against a list of nodes,
  *   with leader tracking, retries with jitter honouring `Retry-After`, a
  *   `requestId` kept across retries, per-call deadlines and `AbortSignal`s,
- *   `nextRequestAt` per key, and a bearer token;
+ *   `nextRequestAt` per key, and a bearer token; `batch` sends many keys'
+ *   requests and syncs in one `POST /v1/batch`, each item answered alone;
  * - `client.acquire` / `client.withPermit` (`permit.ts`): one piece of work under
  *   a permit;
- * - `SemaphoreQueue` (`queue/`): the job queue, over a pluggable
+ * - `SemaphoreQueue` (`queue/`): the job queue (two lanes per key; a poll's
+ *   syncs in one batch call), over a pluggable
  *   `QueueStore` (`MemoryStore` here, `FileStore` in `@permitd/client/node`, or
  *   a Durable Object's storage);
  * - the wire types with runtime validators (`wire.ts`), checked against the

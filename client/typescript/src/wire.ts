@@ -239,6 +239,36 @@ export interface ErrorAnswer {
   error: { code: ErrorCode; message: string; field?: string };
 }
 
+/** Most items of one `POST /v1/batch` (`core/src/limits.rs`). */
+export const MAX_BATCH_ITEMS = 256;
+/** Most distinct keys of one batch: each key may hold the call until its round. */
+export const MAX_BATCH_KEYS = 128;
+
+/** One item of `POST /v1/batch`: what `POST /v1/semaphores/{key}` would carry. */
+export interface BatchItem {
+  key: string;
+  message: SemaphoreRequest;
+}
+
+/** `POST /v1/batch`: 1 to `MAX_BATCH_ITEMS` items, at most `MAX_BATCH_KEYS` keys. */
+export interface BatchRequest {
+  v: 1;
+  items: BatchItem[];
+}
+
+/** One item's answer: the status its own call would have had, with `answer` (200) or `error`. */
+export interface BatchItemAnswer {
+  status: number;
+  answer?: SemaphoreResponse;
+  error?: ErrorAnswer["error"];
+}
+
+/** The answer of `POST /v1/batch`: one per item, in order. */
+export interface BatchResponse {
+  v: 1;
+  items: BatchItemAnswer[];
+}
+
 /** A value that is not the expected shape. */
 export class WireError extends Error {
   constructor(
@@ -433,10 +463,19 @@ const usage = object<Usage>({
   groups: dictionary(groupUsage),
 });
 
+const semaphoreRequest = tagged<SemaphoreRequest>("type", { request: permitRequest, sync: permitSync });
+const semaphoreResponse = tagged<SemaphoreResponse>("type", { grant: permitGrant, synced: permitSyncResult });
+const errorBody = object<ErrorAnswer["error"]>({ code: oneOf<ErrorCode>(...ERROR_CODES), message: text, field: optional(text) });
+
 /** The validators, one per wire type, by the type's name. */
 export const parse = {
-  SemaphoreRequest: tagged<SemaphoreRequest>("type", { request: permitRequest, sync: permitSync }),
-  SemaphoreResponse: tagged<SemaphoreResponse>("type", { grant: permitGrant, synced: permitSyncResult }),
+  SemaphoreRequest: semaphoreRequest,
+  SemaphoreResponse: semaphoreResponse,
+  BatchRequest: object<BatchRequest>({ v: version, items: list(object<BatchItem>({ key: text, message: semaphoreRequest })) }),
+  BatchResponse: object<BatchResponse>({
+    v: version,
+    items: list(object<BatchItemAnswer>({ status: count, answer: optional(semaphoreResponse), error: optional(errorBody) })),
+  }),
   PermitGrant: permitGrant,
   PermitSyncResult: permitSyncResult,
   Usage: usage,
@@ -467,9 +506,7 @@ export const parse = {
       object<ClusterMember>({ id: count, addr: text, raftAddr: text, role: oneOf<MemberRole>("voter", "learner") }),
     ),
   }),
-  ErrorAnswer: object<ErrorAnswer>({
-    error: object<ErrorAnswer["error"]>({ code: oneOf<ErrorCode>(...ERROR_CODES), message: text, field: optional(text) }),
-  }),
+  ErrorAnswer: object<ErrorAnswer>({ error: errorBody }),
 } satisfies Record<string, Parser<unknown>>;
 
 /** The name of every wire type with a validator. */

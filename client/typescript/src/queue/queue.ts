@@ -13,14 +13,18 @@
  * 2. write the changed records to the store and wait until they are durable,
  *    before anything leaves the process;
  * 3. hand admitted items to `admit`, send the messages (at most one in flight
- *    per key); each answer is fed to the state and wakes the loop;
+ *    per key and lane): each key's `request` as its own call, and every `sync`
+ *    of the step in one `batch` call; each answer is fed to the state and
+ *    wakes the loop;
  * 4. sleep until an enqueue, a release, an answer or the next timer.
  */
 
 import type { SemaphoreClient } from "../client.js";
+import { MAX_BATCH_ITEMS, MAX_BATCH_KEYS } from "../wire.js";
 import { changes, loadQueue, MemoryStore, type QueueStore } from "./store.js";
 import {
   DEFAULT_STATE_CONFIG,
+  laneOf,
   QueueState,
   type AdmittedItem,
   type ItemStatus,
@@ -30,6 +34,13 @@ import {
   type ReleaseOutcome,
   type StateConfig,
 } from "./state.js";
+
+/**
+ * Most JSON characters of the reports one batch call carries: half the
+ * server's 1 MiB body limit, so a poll with many large reports is split
+ * instead of refused whole (413).
+ */
+export const MAX_REPORT_BATCH_CHARS = 512 * 1024;
 
 /** Default time between two `finished` checks, in ms. */
 export const DEFAULT_FINISHED_INTERVAL_MS = 10_000;
@@ -199,7 +210,7 @@ export class SemaphoreQueue<T> {
           .then(() => this.admission.admit(admits))
           .catch((error) => this.report(error, "admit"));
       }
-      for (const outgoing of messages) this.send(outgoing);
+      this.sendAll(messages);
       if (drainingUntil === undefined && !finishedInFlight && Date.now() >= finishedDue) {
         finishedDue = Date.now() + finishedInterval;
         const ids = this.state.admittedIds(MAX_FINISHED_BATCH);
@@ -223,19 +234,57 @@ export class SemaphoreQueue<T> {
     }
   }
 
-  private send({ key, message }: Outgoing): void {
-    const answer =
-      message.type === "request"
-        ? this.client.request(key, withoutType(message)).then((grant) => ({ type: "grant" as const, ...grant }))
-        : this.client.sync(key, withoutType(message)).then((synced) => ({ type: "synced" as const, ...synced }));
-    answer
-      .then((response) => {
-        if (!this.halted && !this.failed) this.state.onAnswer(key, response, Date.now());
+  /**
+   * Sends one step's messages. Each key's request is its own call: a batch is
+   * answered when its slowest item is, so demand for several keys in one call
+   * would tie every key's grant to the slowest round (and a held request may
+   * wait its `waitMs`). Every sync of the step goes in one batch call instead:
+   * a sync is answered with the next log entry whatever it travels with, so
+   * batching them delays nothing and saves a call per key.
+   */
+  private sendAll(messages: Outgoing[]): void {
+    const reports: Outgoing[] = [];
+    for (const outgoing of messages) {
+      if (laneOf(outgoing.message) === "demand") this.sendRequest(outgoing);
+      else reports.push(outgoing);
+    }
+    for (const batch of reportBatches(reports)) this.sendReports(batch);
+  }
+
+  private sendRequest({ key, message }: Outgoing): void {
+    if (message.type !== "request") return;
+    this.client
+      .request(key, withoutType(message))
+      .then((grant) => {
+        if (!this.halted && !this.failed) this.state.onAnswer(key, { type: "grant", ...grant }, Date.now());
       })
       .catch((error) => {
-        this.report(error, `permit message for key ${key}; will retry`);
-        this.state.onFailure(key, Date.now());
+        this.report(error, `request for key ${key}; will retry`);
+        this.state.onFailure(key, "demand", Date.now());
       })
+      .finally(() => this.wake());
+  }
+
+  /** One batch call of syncs: a failed call fails every item's report lane, a failed item only its own key's. */
+  private sendReports(batch: Outgoing[]): void {
+    this.client
+      .batch(batch)
+      .then(
+        (results) =>
+          results.forEach((result, index) => {
+            const { key } = batch[index]!;
+            if (!result.ok) {
+              this.report(result.error, `report for key ${key}; will retry`);
+              this.state.onFailure(key, "report", Date.now());
+            } else if (!this.halted && !this.failed) {
+              this.state.onAnswer(key, result.answer, Date.now());
+            }
+          }),
+        (error) => {
+          this.report(error, `report batch of ${batch.length} keys; will retry`);
+          for (const { key } of batch) this.state.onFailure(key, "report", Date.now());
+        },
+      )
       .finally(() => this.wake());
   }
 
@@ -280,6 +329,35 @@ export class SemaphoreQueue<T> {
   private report(error: unknown, context: string): void {
     this.options.onError?.(error, context);
   }
+}
+
+/**
+ * Splits report messages into batch calls within the envelope's limits
+ * (`MAX_BATCH_ITEMS` items, `MAX_BATCH_KEYS` keys) and `MAX_REPORT_BATCH_CHARS`;
+ * one poll has at most one report per key, so most polls make one call.
+ */
+export function reportBatches(reports: readonly Outgoing[], maxChars = MAX_REPORT_BATCH_CHARS): Outgoing[][] {
+  const batches: Outgoing[][] = [];
+  let current: Outgoing[] = [];
+  let keys = new Set<string>();
+  let chars = 0;
+  for (const report of reports) {
+    const size = JSON.stringify(report).length;
+    const newKey = !keys.has(report.key);
+    const full =
+      current.length >= MAX_BATCH_ITEMS || (newKey && keys.size >= MAX_BATCH_KEYS) || (current.length > 0 && chars + size > maxChars);
+    if (full) {
+      batches.push(current);
+      current = [];
+      keys = new Set();
+      chars = 0;
+    }
+    current.push(report);
+    keys.add(report.key);
+    chars += size;
+  }
+  if (current.length > 0) batches.push(current);
+  return batches;
 }
 
 function withoutType<M extends { type: string }>(message: M): Omit<M, "type"> {

@@ -11,10 +11,19 @@
  * `admitted`) or (a grant arrives: `claiming` → the claim is confirmed:
  * `admitted`; came back `expired`/`not_found`: `queued` again) → `release(id)`.
  *
- * Per key, at most one message is in flight. What is due, in order: a `sync`
- * while grant claims or new leases await confirmation; a `request` when items
- * are queued and `nextRequestAt` has come; a `sync` when a report changed or a
- * lease in use is at half its lifetime (the heartbeat).
+ * Each key has two independent lanes to the holder, each with at most one
+ * message in flight (the Rust `queue/state/messages.rs`):
+ * - the **demand** lane carries `request`s: demand only, no reports, sent when
+ *   items are queued, `nextRequestAt` has come, no lease of the key awaits
+ *   confirmation (its permits may serve the queued items; asking again could
+ *   bring a second lease for them), and the same poll neither drew lease
+ *   permits of the key nor hands out admits of it (the demand just changed);
+ * - the **report** lane carries `sync`s: grant claims, lease claims, releases
+ *   and heartbeats, sent as soon as they exist, never behind a request waiting
+ *   for its round.
+ * Reports are cumulative, so the lanes may be answered in any order; what a
+ * sync reported is kept so its answer is matched against what the holder saw.
+ * A failed message frees its lane after `failureRetryMs`.
  *
  * Invariants:
  * - an item is admitted only under a confirmed grant claim or a permit drawn
@@ -151,11 +160,26 @@ interface InFlight {
   leases: Map<string, LeaseReport>;
 }
 
+/** One of a key's two lanes to the holder. */
+export type Lane = "demand" | "report";
+
+/** The lane a message travels on: `request`s on the demand lane, `sync`s on the report lane. */
+export function laneOf(message: SemaphoreRequest): Lane {
+  return message.type === "request" ? "demand" : "report";
+}
+
 interface KeyRuntime {
-  inFlight: InFlight | null;
-  retryAtMs: number;
+  demandInFlight: boolean;
+  /** A sync in flight, with what it reported. */
+  reportInFlight: InFlight | null;
+  demandRetryAtMs: number;
+  reportRetryAtMs: number;
+  /** Report every holding once (after a restart, or at shutdown). */
   forceReport: boolean;
 }
+
+const idleRuntime = (): KeyRuntime => ({ demandInFlight: false, reportInFlight: null, demandRetryAtMs: 0, reportRetryAtMs: 0, forceReport: false });
+const runtimeInFlight = (runtime: KeyRuntime) => Number(runtime.demandInFlight) + Number(runtime.reportInFlight !== null);
 
 type QueuedEntry = { atMs: number; order: number; id: string };
 
@@ -469,7 +493,7 @@ export class QueueState<T> {
       if (changed) this.dirty.keys.add(key);
       const runtime = this.runtimeOf(key);
       runtime.forceReport = !isEmptyRecord(record);
-      runtime.retryAtMs = 0;
+      runtime.reportRetryAtMs = 0;
     }
   }
 
@@ -532,11 +556,11 @@ export class QueueState<T> {
     }
   }
 
-  /** Admits queued items under drawable lease permits, oldest first per group. */
-  private draw(key: string, nowMs: number): void {
+  /** Admits queued items under drawable lease permits, oldest first per group; whether it drew any. */
+  private draw(key: string, nowMs: number): boolean {
     const record = this.keys.get(key);
     const groups = this.queued.get(key);
-    if (!record || !groups) return;
+    if (!record || !groups) return false;
     let drew = false;
     for (const [leaseId, lease] of sortedEntries(record.leases)) {
       const entries = groups.get(lease.group);
@@ -556,23 +580,32 @@ export class QueueState<T> {
       if (groups.size === 0) this.queued.delete(key);
       this.dirty.keys.add(key);
     }
+    return drew;
   }
 
   // ---- messages -------------------------------------------------------------
 
-  /** Keys with a message in flight. */
+  /** Messages in flight, over every key and lane. */
   inFlight(): number {
-    return [...this.runtime.values()].filter((runtime) => runtime.inFlight !== null).length;
+    let count = 0;
+    for (const runtime of this.runtime.values()) count += runtimeInFlight(runtime);
+    return count;
   }
 
-  /** Advances time: draws, retires stale leases, and returns the messages now due. */
+  /**
+   * Advances time: draws, retires stale leases, and returns the messages now
+   * due, at most one per key and lane (each takes its lane until `onAnswer` or
+   * `onFailure`).
+   */
   poll(nowMs: number): Outgoing[] {
+    // Keys with admits not yet taken: the demand a request would carry just changed.
+    const admitted = new Set(this.admits.map((item) => item.key));
     const outgoing: Outgoing[] = [];
     for (const key of this.activeKeys()) {
-      this.draw(key, nowMs);
+      const drew = this.draw(key, nowMs) || admitted.has(key);
       this.retireStaleLeases(key, nowMs);
-      const message = this.dueMessage(key, nowMs);
-      if (message) outgoing.push({ key, message });
+      if (this.reportLaneFree(key, nowMs) && this.reportsDue(key, nowMs)) outgoing.push({ key, message: this.takeSync(key) });
+      if (!drew && this.demandDue(key, nowMs)) outgoing.push({ key, message: this.takeRequest(key) });
     }
     return outgoing;
   }
@@ -581,7 +614,7 @@ export class QueueState<T> {
   pollReports(nowMs: number): Outgoing[] {
     const outgoing: Outgoing[] = [];
     for (const key of [...this.keys.keys()].sort()) {
-      if (!this.busy(key) && this.reportsDue(key, nowMs)) outgoing.push({ key, message: this.takeSync(key) });
+      if (this.reportLaneFree(key, nowMs) && this.reportsDue(key, nowMs)) outgoing.push({ key, message: this.takeSync(key) });
     }
     return outgoing;
   }
@@ -591,16 +624,21 @@ export class QueueState<T> {
     let wakeup: number | null = null;
     const consider = (at: number) => (wakeup = wakeup === null ? at : Math.min(wakeup, at));
     for (const key of this.activeKeys()) {
-      const runtime = this.runtime.get(key) ?? { inFlight: null, retryAtMs: 0, forceReport: false };
-      if (runtime.inFlight) continue;
-      if (this.hasQueued(key) || runtime.forceReport) consider(Math.max(this.nextRequestAtMs(key), runtime.retryAtMs));
+      const runtime = this.runtime.get(key) ?? idleRuntime();
       const record = this.keys.get(key);
+      const leaseClaims = !!record && Object.values(record.leases).some(leaseAwaitsConfirmation);
+      if (!runtime.demandInFlight && this.hasQueued(key) && !leaseClaims) {
+        consider(Math.max(this.nextRequestAtMs(key), runtime.demandRetryAtMs));
+      }
       if (!record) continue;
-      if (Object.values(record.grants).some(grantNeedsReport)) consider(runtime.retryAtMs);
+      const reportsFree = runtime.reportInFlight === null;
+      const reportAt = (at: number) => Math.max(at, runtime.reportRetryAtMs);
+      if (reportsFree && runtime.forceReport && !isEmptyRecord(record)) consider(reportAt(nowMs));
+      if (reportsFree && Object.values(record.grants).some(grantNeedsReport)) consider(reportAt(nowMs));
       for (const lease of Object.values(record.leases)) {
-        if (leaseNeedsReport(lease)) consider(runtime.retryAtMs);
+        if (reportsFree && leaseNeedsReport(lease)) consider(reportAt(nowMs));
         const due = leaseHeartbeatDueMs(lease);
-        if (due !== null) consider(Math.max(due, runtime.retryAtMs));
+        if (reportsFree && due !== null) consider(reportAt(due));
         if (!lease.retired) {
           consider(lease.expiresAtMs);
           const idle = this.config.idleLeaseReturnMs;
@@ -611,61 +649,77 @@ export class QueueState<T> {
     return wakeup === null ? null : Math.max(wakeup, nowMs);
   }
 
-  /** The holder answered the key's message in flight. */
+  /** The holder answered the key's message in flight on the answer's lane (`grant`: demand, `synced`: report). */
   onAnswer(key: string, answer: SemaphoreResponse, nowMs: number): void {
     const runtime = this.runtime.get(key);
-    const sent = runtime?.inFlight;
-    if (!runtime || !sent) return;
-    runtime.inFlight = null;
+    if (!runtime) return;
+    let sent: InFlight;
+    if (answer.type === "grant") {
+      if (!runtime.demandInFlight) return;
+      runtime.demandInFlight = false;
+      // Requests carry no reports: nothing of theirs to acknowledge.
+      sent = { grants: new Map(), leases: new Map() };
+    } else {
+      if (!runtime.reportInFlight) return;
+      sent = runtime.reportInFlight;
+      runtime.reportInFlight = null;
+    }
     this.dirty.keys.add(key);
     if (answer.type === "grant") {
-      this.applyGrantResults(key, sent, answer.grantResults);
       for (const granted of answer.grants) this.acceptGrant(key, granted);
       const record = this.recordOf(key);
       record.nextRequestAtMs = Math.max(record.nextRequestAtMs, believedNextRequestAt(answer.nextRequestAt, nowMs));
-    } else {
-      this.applyGrantResults(key, sent, answer.grantResults);
     }
+    this.applyGrantResults(key, sent, answer.grantResults);
     this.applyLeaseEchoes(key, sent, answer.leases ?? [], nowMs);
     if (answer.contended) this.returnIdleLeases(key);
     this.draw(key, nowMs);
     this.dropIfEmpty(key);
   }
 
-  /** The key's message in flight failed. */
-  onFailure(key: string, nowMs: number): void {
+  /** The key's message in flight on `lane` failed (deadline passed, or rejected): the lane waits `failureRetryMs`. */
+  onFailure(key: string, lane: Lane, nowMs: number): void {
     const runtime = this.runtime.get(key);
     if (!runtime) return;
-    runtime.inFlight = null;
-    runtime.retryAtMs = nowMs + this.config.failureRetryMs;
+    const retryAtMs = nowMs + this.config.failureRetryMs;
+    if (lane === "demand") {
+      runtime.demandInFlight = false;
+      runtime.demandRetryAtMs = retryAtMs;
+    } else {
+      runtime.reportInFlight = null;
+      runtime.reportRetryAtMs = retryAtMs;
+    }
   }
 
   private activeKeys(): string[] {
     return [...new Set([...this.keys.keys(), ...this.queued.keys()])].sort();
   }
 
+  /** Whether the key has a message in flight on either lane. */
   private busy(key: string): boolean {
-    return (this.runtime.get(key)?.inFlight ?? null) !== null;
+    const runtime = this.runtime.get(key);
+    return runtime !== undefined && runtimeInFlight(runtime) > 0;
   }
 
   private nextRequestAtMs(key: string): number {
     return this.keys.get(key)?.nextRequestAtMs ?? 0;
   }
 
-  private dueMessage(key: string, nowMs: number): SemaphoreRequest | undefined {
-    const runtime = this.runtimeOf(key);
-    if (runtime.inFlight || nowMs < runtime.retryAtMs) return undefined;
-    const record = this.keys.get(key);
-    // Claims first: the holder reclaims what is not confirmed by its claim deadline.
-    const claimsWaiting =
-      !!record &&
-      (Object.values(record.grants).some(grantAwaitsConfirmation) || Object.values(record.leases).some(leaseAwaitsConfirmation));
-    if (!claimsWaiting && this.hasQueued(key) && this.nextRequestAtMs(key) <= nowMs) return this.takeRequest(key);
-    if (this.reportsDue(key, nowMs)) return this.takeSync(key);
-    return undefined;
+  private reportLaneFree(key: string, nowMs: number): boolean {
+    const runtime = this.runtime.get(key);
+    return !runtime || (runtime.reportInFlight === null && nowMs >= runtime.reportRetryAtMs);
   }
 
-  private reportsDue(key: string, nowMs: number): boolean {
+  /** Whether a request may leave now (see the module's rules for the demand lane). */
+  private demandDue(key: string, nowMs: number): boolean {
+    const runtime = this.runtime.get(key);
+    const laneFree = !runtime || (!runtime.demandInFlight && nowMs >= runtime.demandRetryAtMs);
+    const leaseClaims = Object.values(this.keys.get(key)?.leases ?? {}).some(leaseAwaitsConfirmation);
+    return laneFree && !leaseClaims && this.hasQueued(key) && this.nextRequestAtMs(key) <= nowMs;
+  }
+
+  /** Whether the key has something to report now (public for the lane tests). */
+  reportsDue(key: string, nowMs: number): boolean {
     const record = this.keys.get(key);
     if (!record || isEmptyRecord(record)) return false;
     return (
@@ -692,7 +746,7 @@ export class QueueState<T> {
     const leases = [...leaseEntries.filter(([, lease]) => !lease.confirmed), ...leaseEntries.filter(([, lease]) => lease.confirmed)]
       .slice(0, MAX_LEASE_REPORTS)
       .map(([leaseId, lease]) => leaseReport(leaseId, lease));
-    runtime.inFlight = {
+    runtime.reportInFlight = {
       grants: new Map(grants.map((report) => [report.grantId, report])),
       leases: new Map(leases.map((report) => [report.leaseId, report])),
     };
@@ -705,8 +759,9 @@ export class QueueState<T> {
       .map(([group, entries]) => ({ group, count: entries.length, oldestAt: entries[0]!.atMs }))
       .sort((a, b) => a.oldestAt - b.oldestAt || (a.group < b.group ? -1 : a.group > b.group ? 1 : 0))
       .slice(0, MAX_DEMAND_ENTRIES);
-    const { grants, leases } = this.takeReports(key);
-    return { type: "request", v: 1, clientId: this.clientId, demand, grants, leases };
+    this.runtimeOf(key).demandInFlight = true;
+    // Demand only (reports travel on the report lane); `leases` present, though empty: this client takes leases.
+    return { type: "request", v: 1, clientId: this.clientId, demand, leases: [] };
   }
 
   private takeSync(key: string): SemaphoreRequest {
@@ -735,7 +790,7 @@ export class QueueState<T> {
   private runtimeOf(key: string): KeyRuntime {
     let runtime = this.runtime.get(key);
     if (!runtime) {
-      runtime = { inFlight: null, retryAtMs: 0, forceReport: false };
+      runtime = idleRuntime();
       this.runtime.set(key, runtime);
     }
     return runtime;
