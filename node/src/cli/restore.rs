@@ -15,7 +15,7 @@ use permitd_core::contract::{paths, ClusterStatus};
 use permitd_core::restore::{BackupFile, BACKUP_FORMAT};
 
 use crate::config::{ClusterConfig, ConfigError};
-use crate::tls::Tls;
+use crate::credentials::tls::Tls;
 
 /// How long to wait for the new cluster to have a leader.
 const LEADER_TIMEOUT_MS: u64 = 30_000;
@@ -48,7 +48,7 @@ pub enum RestoreError {
     #[error("the leader refused the backup: {0}")]
     Refused(String),
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] crate::credentials::tls::TlsError),
 }
 
 /// `request` with the admin token, when the file (or `PERMITD_ADMIN_TOKEN`) has one.
