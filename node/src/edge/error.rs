@@ -14,7 +14,7 @@ use permitd_core::InvalidInput;
 use permitd_storage::{NodeId, Refused};
 
 use crate::leader::propose::ProposeError;
-use crate::leader::rounds::RoundError;
+use crate::leader::round_error::RoundError;
 
 /// Seconds a client should wait before retrying an unavailable node.
 pub const RETRY_AFTER_SECONDS: u64 = 1;

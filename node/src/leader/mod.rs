@@ -2,8 +2,11 @@
 //! log results back into answers, and the leader-only tasks beside it.
 //!
 //! - [`rounds`]: the driver task that parks requests, proposes entries and
-//!   answers each waiting request; its rules are pure and unit-tested in
-//!   [`schedule`] (what leaves in the next entry);
+//!   answers each waiting request; its rules are pure and unit-tested:
+//!   [`schedule`] (what leaves in the next entry) and `round_plan` (what goes
+//!   into an entry, how answers map back to waiting requests, which
+//!   empty-handed requests are held); [`round_error`]: why a message got no
+//!   answer;
 //! - [`timer`]: the precise wake-up thread the driver sleeps on;
 //! - [`reclaim`]: one timer per key at the earliest claim deadline;
 //! - [`seed_defaults`]: writes the file's `[defaults]` on a leader whose cluster
@@ -16,6 +19,8 @@ pub mod fatal;
 pub mod leadership;
 pub mod propose;
 pub mod reclaim;
+pub mod round_error;
+mod round_plan;
 pub mod rounds;
 pub mod schedule;
 pub mod seed_defaults;

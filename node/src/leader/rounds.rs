@@ -29,51 +29,21 @@ use std::time::{Duration, Instant};
 use permitd_core::limits::{
     COMMIT_TIMEOUT_MS, DEFAULT_ENTRIES_IN_FLIGHT, MAX_ENTRIES_IN_FLIGHT, MAX_ENTRY_MESSAGE_BYTES,
     MAX_KEYS_PER_ENTRY, MAX_PARKED_BYTES, MAX_PARKED_MESSAGES, MAX_PENDING_REQUESTS_PER_KEY,
-    MAX_REQUEST_WAIT_MS,
 };
-use permitd_core::protocol::{
-    BlockedReason, PermitGrant, PermitRequest, PermitSync, PermitSyncResult,
-};
-use permitd_core::Event;
-use permitd_storage::{Command, KeyRound, KeySync, Refused};
+use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
 use tokio::sync::{broadcast, oneshot, watch, Notify};
 use tracing::Instrument;
 
-use crate::leader::leadership::Leadership;
-use crate::leader::propose::{propose, ProposeError};
-use crate::leader::schedule::{Entry, Refusal, Schedule, ScheduleSettings, Timings};
-use crate::leader::timer::PreciseTimer;
+use super::leadership::Leadership;
+use super::propose::{propose, ProposeError};
+use super::round_error::RoundError;
+use super::round_plan::{
+    self, granted, into_command, match_answers, returns_permits, returns_permits_of, KeyAnswers,
+    Replies, RoundReply, WaitingRequest, WaitingSync,
+};
+use super::schedule::{Entry, Schedule, ScheduleSettings, Timings};
+use super::timer::PreciseTimer;
 use crate::raft::Raft;
-
-/// Why a request or sync got no answer.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum RoundError {
-    #[error(transparent)]
-    Propose(#[from] ProposeError),
-    #[error("{pending} requests already wait for this key's round")]
-    TooManyPending { pending: usize },
-    #[error("the leader already holds {messages} waiting messages ({bytes} bytes), its limit")]
-    LeaderFull { messages: usize, bytes: usize },
-    #[error(
-        "the leader has not committed for {for_ms} ms: no quorum answers it \
-         (a retry with the same requestId is safe)"
-    )]
-    NoQuorum { for_ms: u64 },
-    #[error(transparent)]
-    Refused(#[from] Refused),
-    #[error("the round's result did not match its requests")]
-    Mismatch,
-}
-
-impl From<Refusal> for RoundError {
-    fn from(refusal: Refusal) -> Self {
-        match refusal {
-            Refusal::KeyFull { pending } => Self::TooManyPending { pending },
-            Refusal::LeaderFull { messages, bytes } => Self::LeaderFull { messages, bytes },
-            Refusal::Stalled { for_ms } => Self::NoQuorum { for_ms },
-        }
-    }
-}
 
 /// The leader's bounds on waiting work (`[limits]` of the cluster file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,28 +87,6 @@ impl RoundLimits {
             commit_timeout: self.commit_timeout,
         }
     }
-}
-
-type Reply<T> = oneshot::Sender<Result<T, RoundError>>;
-
-/// A request parked until its key's round.
-#[derive(Debug)]
-struct WaitingRequest {
-    request: PermitRequest,
-    reply: Reply<PermitGrant>,
-    /// Its bytes as received (the schedule's bounds count them).
-    bytes: usize,
-    /// Until when a round that grants it nothing may hold it instead of
-    /// answering: only pure demand requests with a `waitMs` (see [`holdable`]).
-    answer_by: Option<Instant>,
-}
-
-/// A sync parked until the next entry.
-#[derive(Debug)]
-struct WaitingSync {
-    key: String,
-    sync: PermitSync,
-    reply: Reply<PermitSyncResult>,
 }
 
 type LeaderSchedule = Schedule<WaitingRequest, WaitingSync>;
@@ -259,13 +207,7 @@ impl Rounds {
         let timings = self.timings(key);
         let (reply, answer) = oneshot::channel();
         let now = Instant::now();
-        let answer_by = holdable(&request).map(|wait| now + wait);
-        let waiting = WaitingRequest {
-            request,
-            reply,
-            bytes,
-            answer_by,
-        };
+        let waiting = WaitingRequest::new(request, reply, bytes, now);
         self.schedule().park(key, waiting, bytes, timings, now)?;
         crate::observe::metrics::pending_changed(1);
         self.inner.wake.notify_one();
@@ -367,7 +309,7 @@ impl Rounds {
         );
         let started = Instant::now();
         let (id, woken_before) = (entry.id, entry.woken_before);
-        let (command, replies) = into_command(entry);
+        let (command, replies) = into_command(entry.syncs, entry.rounds, crate::now_ms());
         let proposal = propose(&self.inner.raft, &self.inner.leadership, command);
         tokio::pin!(proposal);
         let timeout = tokio::time::sleep(self.inner.commit_timeout);
@@ -380,7 +322,7 @@ impl Rounds {
             let error = RoundError::NoQuorum {
                 for_ms: millis(started.elapsed()),
             };
-            replies.fail(error);
+            fail(replies, error);
             let _ = proposal.instrument(span).await;
             self.schedule().entry_done(id, Instant::now());
             self.inner.wake.notify_one();
@@ -392,80 +334,51 @@ impl Rounds {
             Ok((result, _)) => result.into_round().map_err(RoundError::from),
             Err(error) => Err(error.into()),
         };
-        match answered {
-            Ok((answers, synced))
-                if answers.len() == replies.rounds.len() && synced.len() == replies.syncs.len() =>
-            {
-                for (reply, answer) in replies.syncs.into_iter().zip(synced) {
+        let matched = match answered {
+            Ok((answers, synced)) => match_answers(replies, answers, synced)
+                .map_err(|replies| (replies, RoundError::Mismatch)),
+            Err(error) => Err((replies, error)),
+        };
+        match matched {
+            Ok(matched) => {
+                for (reply, answer) in matched.syncs {
                     let _ = reply.send(Ok(answer));
                 }
-                let answers = self.hold_empty_handed(replies.rounds, answers, woken_before);
+                let rounds = self.hold_empty_handed(matched.rounds, woken_before);
                 self.end_entry(id);
-                for ((key, replies), answers) in answers {
-                    answer_round(&key, replies, Ok(&answers), elapsed);
+                for (key, answers) in rounds {
+                    answer_round(&key, answers, elapsed);
                 }
             }
-            Ok(_) => {
+            Err((replies, error)) => {
                 self.end_entry(id);
-                replies.fail(RoundError::Mismatch);
-            }
-            Err(error) => {
-                self.end_entry(id);
-                replies.fail(error);
+                fail(replies, error);
             }
         }
     }
 
-    fn end_entry(&self, id: crate::leader::schedule::EntryId) {
+    fn end_entry(&self, id: super::schedule::EntryId) {
         self.schedule().entry_done(id, Instant::now());
         self.inner.wake.notify_one();
     }
 
-    /// Holds the requests each round left empty-handed that may still wait
-    /// (see [`holdable`]) for their keys' next rounds; hands back the rest to
-    /// answer now. Runs before the entry counts as done, so that its keys are
-    /// still known to the schedule.
-    fn hold_empty_handed(
-        &self,
-        rounds: Vec<KeyReplies>,
-        answers: Vec<Vec<PermitGrant>>,
-        woken_before: u64,
-    ) -> Vec<(KeyReplies, Vec<PermitGrant>)> {
+    /// Holds, in the schedule, the requests each round left empty-handed that
+    /// may still wait (the rules: [`round_plan::hold_empty_handed`]); hands
+    /// back the rest to answer now. Runs before the entry counts as done, so
+    /// that its keys are still known to the schedule.
+    fn hold_empty_handed(&self, rounds: Vec<KeyAnswers>, woken_before: u64) -> Vec<KeyAnswers> {
         let now = Instant::now();
         let mut schedule = self.schedule();
-        let mut held = 0;
-        let mut out = Vec::with_capacity(rounds.len());
-        for ((key, replies), answers) in rounds.into_iter().zip(answers) {
-            if answers.len() != replies.len() {
-                out.push(((key, replies), answers));
-                continue;
-            }
-            let mut kept = (Vec::new(), Vec::new());
-            for (reply, answer) in replies.into_iter().zip(answers) {
-                let reply = match reply {
-                    RoundReply::Holdable(waiting) if empty_handed(&answer) => {
-                        let answer_by = waiting.answer_by.unwrap_or(now);
-                        let bytes = waiting.bytes;
-                        match schedule.hold(&key, *waiting, bytes, answer_by, woken_before, now) {
-                            Ok(()) => {
-                                held += 1;
-                                continue;
-                            }
-                            Err(waiting) => RoundReply::Holdable(Box::new(waiting)),
-                        }
-                    }
-                    reply => reply,
-                };
-                kept.0.push(reply);
-                kept.1.push(answer);
-            }
-            if !kept.0.is_empty() {
-                out.push(((key, kept.0), kept.1));
-            }
-        }
+        let (held, rounds) =
+            round_plan::hold_empty_handed(rounds, now, |key, waiting, answer_by| {
+                let bytes = waiting.bytes;
+                schedule
+                    .hold(key, *waiting, bytes, answer_by, woken_before, now)
+                    .map_err(Box::new)
+            });
         drop(schedule);
-        crate::observe::metrics::pending_changed(held);
-        out
+        crate::observe::metrics::pending_changed(held as i64);
+        rounds
     }
 
     /// Fails every parked message as soon as this node stops leading.
@@ -528,113 +441,39 @@ impl std::fmt::Debug for Inner {
     }
 }
 
-/// Where a round's answer to one request goes.
-#[derive(Debug)]
-enum RoundReply {
-    /// Answered whatever the round gives.
-    Now(Reply<PermitGrant>),
-    /// May be held if the round gives nothing: the request is kept (a copy
-    /// went into the entry) to join a later round.
-    Holdable(Box<WaitingRequest>),
-}
-
-impl RoundReply {
-    fn send(self, answer: Result<PermitGrant, RoundError>) {
-        let reply = match self {
-            Self::Now(reply) => reply,
-            Self::Holdable(waiting) => waiting.reply,
-        };
-        let _ = reply.send(answer);
+/// Answers every request and sync of an entry with `error`.
+fn fail(replies: Replies, error: RoundError) {
+    for reply in replies.syncs {
+        let _ = reply.send(Err(error.clone()));
     }
-}
-
-/// One key's round: where its answers go, in request order.
-type KeyReplies = (String, Vec<RoundReply>);
-
-/// The reply channels of one entry, in the command's order.
-#[derive(Debug, Default)]
-struct Replies {
-    syncs: Vec<Reply<PermitSyncResult>>,
-    rounds: Vec<KeyReplies>,
-}
-
-impl Replies {
-    fn fail(self, error: RoundError) {
-        for reply in self.syncs {
-            let _ = reply.send(Err(error.clone()));
-        }
-        for (key, replies) in self.rounds {
-            fail_replies(&key, replies, error.clone());
-        }
+    for (key, replies) in replies.rounds {
+        fail_replies(&key, replies, error.clone());
     }
-}
-
-/// Splits an entry into its command (at the leader's clock) and its replies.
-fn into_command(entry: Entry<WaitingRequest, WaitingSync>) -> (Command, Replies) {
-    let mut replies = Replies::default();
-    let mut syncs = Vec::with_capacity(entry.syncs.len());
-    for waiting in entry.syncs {
-        syncs.push(KeySync {
-            key: waiting.key,
-            sync: waiting.sync,
-        });
-        replies.syncs.push(waiting.reply);
-    }
-    let mut keys = Vec::with_capacity(entry.rounds.len());
-    for (key, waiting) in entry.rounds {
-        let (requests, key_replies) = waiting
-            .into_iter()
-            .map(|waiting| match waiting.answer_by {
-                Some(_) => (
-                    waiting.request.clone(),
-                    RoundReply::Holdable(Box::new(waiting)),
-                ),
-                None => (waiting.request, RoundReply::Now(waiting.reply)),
-            })
-            .unzip();
-        keys.push(KeyRound {
-            key: key.clone(),
-            requests,
-        });
-        replies.rounds.push((key, key_replies));
-    }
-    let command = Command::Round {
-        now_ms: crate::now_ms(),
-        syncs,
-        keys,
-    };
-    (command, replies)
 }
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Sends one key's answers, or fails its requests if they did not match.
 fn answer_round(
     key: &str,
-    replies: Vec<RoundReply>,
-    answers: Result<&Vec<PermitGrant>, &RoundError>,
+    answers: Result<Vec<(RoundReply, PermitGrant)>, Vec<RoundReply>>,
     elapsed: Duration,
 ) {
-    match answers {
-        Ok(answers) if answers.len() == replies.len() => {
-            let granted: u64 = answers
-                .iter()
-                .flat_map(|answer| &answer.grants)
-                .map(|grant| grant.permits)
-                .sum();
-            let duration_ms = elapsed.as_secs_f64() * 1e3;
-            let requests = replies.len();
-            tracing::info_span!("round", key, requests, granted, duration_ms).in_scope(|| {
-                tracing::debug!("round answered");
-            });
-            crate::observe::metrics::round_finished(elapsed);
-            for (reply, answer) in replies.into_iter().zip(answers) {
-                reply.send(Ok(answer.clone()));
-            }
-        }
-        Ok(_) => fail_replies(key, replies, RoundError::Mismatch),
-        Err(error) => fail_replies(key, replies, error.clone()),
+    let answers = match answers {
+        Ok(answers) => answers,
+        Err(replies) => return fail_replies(key, replies, RoundError::Mismatch),
+    };
+    let granted = granted(&answers);
+    let duration_ms = elapsed.as_secs_f64() * 1e3;
+    let requests = answers.len();
+    tracing::info_span!("round", key, requests, granted, duration_ms).in_scope(|| {
+        tracing::debug!("round answered");
+    });
+    crate::observe::metrics::round_finished(elapsed);
+    for (reply, answer) in answers {
+        reply.send(Ok(answer));
     }
 }
 
@@ -643,46 +482,4 @@ fn fail_replies(key: &str, replies: Vec<RoundReply>, error: RoundError) {
     for reply in replies {
         reply.send(Err(error.clone()));
     }
-}
-
-/// How long a request may be held, if at all: a pure demand request (no
-/// reports, whose answers the client may be waiting for) with a `waitMs`.
-fn holdable(request: &PermitRequest) -> Option<Duration> {
-    let wait_ms = request.wait_ms.unwrap_or(0).min(MAX_REQUEST_WAIT_MS);
-    let reports =
-        !request.grants.is_empty() || request.leases.as_ref().is_some_and(|l| !l.is_empty());
-    (wait_ms > 0 && !reports && !request.demand.is_empty()).then(|| Duration::from_millis(wait_ms))
-}
-
-/// A round's answer that tells the client nothing new: no grant, no lease,
-/// and only demand held back by the key's room or a group cap (which a later
-/// round may serve). A group that is not permitted, or cannot be resolved,
-/// is answered at once.
-fn empty_handed(answer: &PermitGrant) -> bool {
-    answer.grants.is_empty()
-        && answer.leases.as_ref().is_none_or(Vec::is_empty)
-        && answer.blocked.iter().all(|blocked| {
-            matches!(
-                blocked.reason,
-                BlockedReason::Limit | BlockedReason::GroupLimit
-            )
-        })
-}
-
-/// An applied event that returns permits to a key.
-fn returns_permits_of(event: &Event) -> bool {
-    matches!(
-        event,
-        Event::GrantReclaimed { .. } | Event::LeaseReclaimed { .. } | Event::ClientReleased { .. }
-    )
-}
-
-/// A sync that returns permits (a grant released, or any lease report, which
-/// may release, retire or settle): it may serve the key's held requests.
-fn returns_permits(sync: &PermitSync) -> bool {
-    sync.grants.iter().any(|grant| grant.released > 0)
-        || sync
-            .leases
-            .as_ref()
-            .is_some_and(|leases| !leases.is_empty())
 }
