@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::{GroupPolicy, LeasePolicy};
-use crate::events::Event;
 use crate::ids::{IdAllocator, LeaseId};
+use crate::lifecycle::Event;
 use crate::protocol::{LeaseGrant, LeaseReport};
 use crate::state::{KeyState, Lease};
 

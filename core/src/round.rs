@@ -13,11 +13,11 @@ use std::collections::BTreeMap;
 
 use crate::answers::{dispositions, remember, worth_remembering, Disposition};
 use crate::config::KeyConfig;
-use crate::events::Event;
 use crate::ids::IdAllocator;
 use crate::leases::{
     allocate_leases, apply_lease_reports, LeaseCandidate, LeaseReports, LeaseRound,
 };
+use crate::lifecycle::Event;
 use crate::protocol::{
     Blocked, BlockedReason, Demand, GrantResult, GrantedPermits, LeaseGrant, PermitGrant,
     PermitRequest, V1,

@@ -4,7 +4,7 @@
 use permitd_storage::Refused;
 
 use super::propose::ProposeError;
-use super::schedule::Refusal;
+use super::schedule::CannotPark;
 
 /// Why a request or sync got no answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -26,12 +26,12 @@ pub enum RoundError {
     Mismatch,
 }
 
-impl From<Refusal> for RoundError {
-    fn from(refusal: Refusal) -> Self {
+impl From<CannotPark> for RoundError {
+    fn from(refusal: CannotPark) -> Self {
         match refusal {
-            Refusal::KeyFull { pending } => Self::TooManyPending { pending },
-            Refusal::LeaderFull { messages, bytes } => Self::LeaderFull { messages, bytes },
-            Refusal::Stalled { for_ms } => Self::NoQuorum { for_ms },
+            CannotPark::KeyFull { pending } => Self::TooManyPending { pending },
+            CannotPark::LeaderFull { messages, bytes } => Self::LeaderFull { messages, bytes },
+            CannotPark::Stalled { for_ms } => Self::NoQuorum { for_ms },
         }
     }
 }

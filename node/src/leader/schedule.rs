@@ -186,7 +186,7 @@ pub struct Entry<R, S> {
 
 /// Why a message could not park.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum CannotPark {
     /// `max_pending_per_key` requests already wait for this key.
     KeyFull { pending: usize },
     /// The leader already holds `max_parked_messages` or `max_parked_bytes`.
@@ -241,10 +241,10 @@ impl<R, S> Schedule<R, S> {
     }
 
     /// Whether one more message of `bytes` may park at `now`.
-    fn admit(&self, bytes: usize, now: Instant) -> Result<(), Refusal> {
+    fn admit(&self, bytes: usize, now: Instant) -> Result<(), CannotPark> {
         if let Some(since) = self.stalled_since(now) {
             let for_ms = now.saturating_duration_since(since).as_millis();
-            return Err(Refusal::Stalled {
+            return Err(CannotPark::Stalled {
                 for_ms: u64::try_from(for_ms).unwrap_or(u64::MAX),
             });
         }
@@ -252,7 +252,7 @@ impl<R, S> Schedule<R, S> {
         if self.parked_messages >= settings.max_parked_messages
             || self.parked_bytes.saturating_add(bytes) > settings.max_parked_bytes
         {
-            return Err(Refusal::LeaderFull {
+            return Err(CannotPark::LeaderFull {
                 messages: self.parked_messages,
                 bytes: self.parked_bytes,
             });
@@ -287,12 +287,12 @@ impl<R, S> Schedule<R, S> {
         bytes: usize,
         timings: Timings,
         now: Instant,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), CannotPark> {
         self.admit(bytes, now)?;
         let pending = self.keys.entry(key.to_owned()).or_default();
         let waiting = pending.requests.len() + pending.held.len();
         if waiting >= self.settings.max_pending_per_key {
-            return Err(Refusal::KeyFull { pending: waiting });
+            return Err(CannotPark::KeyFull { pending: waiting });
         }
         pending.requests.push((request, bytes));
         pending.timings = timings;
@@ -406,7 +406,7 @@ impl<R, S> Schedule<R, S> {
         bytes: usize,
         wakes: Option<&str>,
         now: Instant,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), CannotPark> {
         self.admit(bytes, now)?;
         self.syncs.push((sync, bytes));
         self.parked_messages += 1;
@@ -779,7 +779,7 @@ mod tests {
         }
         assert_eq!(
             schedule.park("a", 9, 1, timings(1, 1), t0),
-            Err(Refusal::KeyFull { pending: 4 })
+            Err(CannotPark::KeyFull { pending: 4 })
         );
         schedule.park("b", 9, 1, timings(1, 1), t0).unwrap();
         assert_eq!((schedule.pending("a"), schedule.parked()), (4, 5));
@@ -875,7 +875,7 @@ mod tests {
             schedule.park(key, 0, 1, timings(9, 9), t0).unwrap();
         }
         schedule.push_sync("s", 1, None, t0).unwrap();
-        let full = Refusal::LeaderFull {
+        let full = CannotPark::LeaderFull {
             messages: 8,
             bytes: 8,
         };
@@ -885,7 +885,7 @@ mod tests {
         schedule.park("a", 0, 9_000, timings(9, 9), t0).unwrap();
         assert_eq!(
             schedule.park("b", 0, 1_001, timings(9, 9), t0),
-            Err(Refusal::LeaderFull {
+            Err(CannotPark::LeaderFull {
                 messages: 1,
                 bytes: 9_000
             })
@@ -913,11 +913,11 @@ mod tests {
         assert!(schedule.take_entry(t0 + ms(100)).is_none());
         assert_eq!(
             schedule.park("a", 3, 10, timings(0, 0), t0 + ms(130)),
-            Err(Refusal::Stalled { for_ms: 130 })
+            Err(CannotPark::Stalled { for_ms: 130 })
         );
         assert_eq!(
             schedule.push_sync("s", 10, None, t0 + ms(130)),
-            Err(Refusal::Stalled { for_ms: 130 })
+            Err(CannotPark::Stalled { for_ms: 130 })
         );
         let (requests, _) = schedule.drop_all();
         assert_eq!(requests, [2], "the caller fails what was parked");

@@ -11,7 +11,7 @@
 
 pub mod backup;
 pub mod cluster;
-pub mod events;
+pub mod event_stream;
 pub mod extract;
 pub mod forward;
 pub mod holders;
@@ -66,7 +66,7 @@ pub fn public_router(app: App) -> Router {
     // Answered by the node called, from its own state: never forwarded.
     let local = Router::new()
         .route(paths::METRICS, get(metrics))
-        .route(paths::EVENTS, get(events::stream))
+        .route(paths::EVENTS, get(event_stream::stream))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token));
     Router::new()
         .merge(v1)

@@ -48,13 +48,13 @@ pub enum Action {
 
 /// Why a token may not do an action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum Denied {
     Role,
     Key,
     ClientId,
 }
 
-impl Refusal {
+impl Denied {
     pub fn message(self) -> &'static str {
         match self {
             Self::Role => "this token's role may not do this",
@@ -89,11 +89,11 @@ pub fn action_of(method: &Method, matched_path: &str, key: Option<String>) -> Op
 }
 
 /// Whether `token` may do `action`.
-pub fn decide(token: &TokenRecord, action: &Action) -> Result<(), Refusal> {
+pub fn decide(token: &TokenRecord, action: &Action) -> Result<(), Denied> {
     let spec = &token.spec;
     let key_allowed = |key: &Option<String>| match key {
         Some(key) if any_matches(&spec.keys, key) => Ok(()),
-        _ => Err(Refusal::Key),
+        _ => Err(Denied::Key),
     };
     match (spec.role, action) {
         (Role::Admin, _) => Ok(()),
@@ -101,7 +101,7 @@ pub fn decide(token: &TokenRecord, action: &Action) -> Result<(), Refusal> {
             key_allowed(key)?;
             match client_id {
                 Some(client_id) if any_matches(&spec.client_ids, client_id) => Ok(()),
-                _ => Err(Refusal::ClientId),
+                _ => Err(Denied::ClientId),
             }
         }
         (Role::Runner, Action::Usage { key } | Action::Events { key }) => key_allowed(key),
@@ -114,7 +114,7 @@ pub fn decide(token: &TokenRecord, action: &Action) -> Result<(), Refusal> {
             | Action::Metrics
             | Action::Holders,
         ) => Ok(()),
-        _ => Err(Refusal::Role),
+        _ => Err(Denied::Role),
     }
 }
 
@@ -148,16 +148,16 @@ mod tests {
     fn runners_stay_within_their_keys_and_client_ids() {
         let runner = token(Role::Runner);
         assert_eq!(decide(&runner, &post("acct-1", "eu-7")), Ok(()));
-        assert_eq!(decide(&runner, &post("other", "eu-7")), Err(Refusal::Key));
+        assert_eq!(decide(&runner, &post("other", "eu-7")), Err(Denied::Key));
         assert_eq!(
             decide(&runner, &post("acct-1", "us-7")),
-            Err(Refusal::ClientId)
+            Err(Denied::ClientId)
         );
         let unreadable = Action::Post {
             key: Some("acct-1".into()),
             client_id: None,
         };
-        assert_eq!(decide(&runner, &unreadable), Err(Refusal::ClientId));
+        assert_eq!(decide(&runner, &unreadable), Err(Denied::ClientId));
         let usage = Action::Usage {
             key: Some("acct-1".into()),
         };
@@ -167,9 +167,9 @@ mod tests {
         };
         assert_eq!(decide(&runner, &own_events), Ok(()));
         let all_events = Action::Events { key: None };
-        assert_eq!(decide(&runner, &all_events), Err(Refusal::Key));
+        assert_eq!(decide(&runner, &all_events), Err(Denied::Key));
         for action in [Action::ReadConfig, Action::Metrics, Action::Tokens] {
-            assert_eq!(decide(&runner, &action), Err(Refusal::Role));
+            assert_eq!(decide(&runner, &action), Err(Denied::Role));
         }
     }
 
@@ -178,8 +178,8 @@ mod tests {
         let reader = token(Role::Reader);
         assert_eq!(decide(&reader, &Action::Metrics), Ok(()));
         assert_eq!(decide(&reader, &Action::Events { key: None }), Ok(()));
-        assert_eq!(decide(&reader, &post("acct-1", "eu-1")), Err(Refusal::Role));
-        assert_eq!(decide(&reader, &Action::WriteConfig), Err(Refusal::Role));
+        assert_eq!(decide(&reader, &post("acct-1", "eu-1")), Err(Denied::Role));
+        assert_eq!(decide(&reader, &Action::WriteConfig), Err(Denied::Role));
         let admin = token(Role::Admin);
         assert_eq!(decide(&admin, &Action::Cluster), Ok(()));
     }

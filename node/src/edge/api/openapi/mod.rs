@@ -54,7 +54,7 @@ const BEARER: &str = "bearer";
         super::semaphores::delete_group,
         super::holders::get,
         super::holders::force_release,
-        super::events::stream,
+        super::event_stream::stream,
         super::ui::page,
         super::ui::asset,
         super::cluster::status,

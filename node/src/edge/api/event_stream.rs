@@ -22,7 +22,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
-use permitd_core::contract::events::STREAM_ERROR_EVENT;
+use permitd_core::contract::event_stream::STREAM_ERROR_EVENT;
 use permitd_core::contract::paths;
 use permitd_core::contract::{ErrorAnswer, ErrorCode, EventQuery};
 use permitd_core::limits::EVENT_KEEP_ALIVE_SECONDS;
