@@ -669,12 +669,20 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_request_the_schedule_will_not_hold_is_answered_now() {
+    /// One holdable request that its round left empty-handed, offered to a
+    /// schedule that takes it (`accept`) or not.
+    fn one_empty_handed_waiter(
+        accept: bool,
+    ) -> (usize, Vec<KeyAnswers>, Vec<(String, String, Instant)>) {
         let now = Instant::now();
         let (waits, _) = waiting(demand("c1", 1, Some(250)), now);
         let rounds = matched_one_key(vec![waits], vec![answer(0, &[])]);
-        let (held, rest, asked) = hold_with(rounds, now, false);
+        hold_with(rounds, now, accept)
+    }
+
+    #[test]
+    fn a_request_the_schedule_will_not_hold_is_answered_now() {
+        let (held, rest, asked) = one_empty_handed_waiter(false);
         assert_eq!((held, asked.len()), (0, 1));
         assert_eq!(clients(&rest), vec![("k".to_owned(), vec!["0".to_owned()])]);
         assert!(matches!(&rest[0].1, Ok(paired) if matches!(paired[0].0, RoundReply::Holdable(_))));
@@ -682,10 +690,7 @@ mod tests {
 
     #[test]
     fn a_key_whose_every_request_was_held_is_not_answered() {
-        let now = Instant::now();
-        let (waits, _) = waiting(demand("c1", 1, Some(250)), now);
-        let rounds = matched_one_key(vec![waits], vec![answer(0, &[])]);
-        let (held, rest, _) = hold_with(rounds, now, true);
+        let (held, rest, _) = one_empty_handed_waiter(true);
         assert_eq!(held, 1);
         assert!(rest.is_empty(), "no round line and no answer for k");
     }

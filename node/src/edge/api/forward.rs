@@ -52,7 +52,6 @@ impl std::fmt::Debug for ToLeader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ToLeader")
             .field("id", &self.id)
-            .field("leadership", &*self.leadership.borrow())
             .finish_non_exhaustive()
     }
 }
