@@ -7,7 +7,7 @@
 //! with `from = id + 1` (a 410 `too_far_behind` means the node no longer keeps
 //! events that old: re-read the state instead).
 
-use permitd_core::contract::events::STREAM_ERROR_EVENT;
+use permitd_core::contract::event_stream::STREAM_ERROR_EVENT;
 use permitd_core::contract::{paths, ErrorAnswer};
 
 use crate::{ClientError, SemaphoreClient};

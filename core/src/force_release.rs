@@ -19,7 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::events::Event;
+use crate::lifecycle::Event;
 use crate::semaphores::Semaphores;
 use crate::state::KeyState;
 

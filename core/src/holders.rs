@@ -32,16 +32,19 @@ pub struct KeyHolders {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClientHolding {
-    pub grants: Vec<GrantHolding>,
-    pub leases: Vec<LeaseHolding>,
+    pub grants: Vec<HeldGrant>,
+    pub leases: Vec<HeldLease>,
     /// Demand parked on the leader for the next round, summed per group.
     pub waiting: Vec<WaitingDemand>,
 }
 
+// Its schema keeps the name the API has always described it by; the Rust
+// name differs from the client queue's own `GrantHolding`.
 /// One grant as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct GrantHolding {
+#[schema(as = GrantHolding)]
+pub struct HeldGrant {
     pub grant_id: GrantId,
     pub group: String,
     pub permits: u64,
@@ -51,10 +54,13 @@ pub struct GrantHolding {
     pub fence: LogIndex,
 }
 
+// Its schema keeps the name the API has always described it by; the Rust
+// name differs from the client queue's own `LeaseHolding`.
 /// One lease as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct LeaseHolding {
+#[schema(as = LeaseHolding)]
+pub struct HeldLease {
     pub lease_id: LeaseId,
     pub group: String,
     pub permits: u64,
@@ -82,7 +88,7 @@ pub fn holders(key: &str, state: Option<&KeyState>, waiting: &[PermitRequest]) -
     let mut clients: BTreeMap<String, ClientHolding> = BTreeMap::new();
     for (grant_id, grant) in state.into_iter().flat_map(|state| state.grants()) {
         let holding = clients.entry(grant.client_id.clone()).or_default();
-        holding.grants.push(GrantHolding {
+        holding.grants.push(HeldGrant {
             grant_id: *grant_id,
             group: grant.group.clone(),
             permits: grant.permits,
@@ -94,7 +100,7 @@ pub fn holders(key: &str, state: Option<&KeyState>, waiting: &[PermitRequest]) -
     }
     for (lease_id, lease) in state.into_iter().flat_map(|state| state.leases()) {
         let holding = clients.entry(lease.client_id.clone()).or_default();
-        holding.leases.push(LeaseHolding {
+        holding.leases.push(HeldLease {
             lease_id: *lease_id,
             group: lease.group.clone(),
             permits: lease.permits,

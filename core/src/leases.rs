@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::{GroupPolicy, LeasePolicy};
-use crate::events::Event;
 use crate::ids::{IdAllocator, LeaseId};
+use crate::lifecycle::Event;
 use crate::protocol::{LeaseGrant, LeaseReport};
 use crate::state::{KeyState, Lease};
 
@@ -65,88 +65,108 @@ pub fn apply_lease_reports(
     seen: &mut LeaseReports,
     events: &mut Vec<Event>,
 ) -> Vec<LeaseGrant> {
-    let mut echoes = Vec::with_capacity(reports.len());
-    for report in reports {
+    let mut reporting = Reporting {
+        state,
+        policy,
+        now_ms,
+        seen,
+        events,
+    };
+    reports
+        .iter()
+        .map(|report| reporting.apply(client_id, report))
+        .collect()
+}
+
+/// What applying one client's lease reports reads and writes, report after
+/// report: the key's state, its lease policy, the entry's clock, what the
+/// round has seen so far and its events.
+struct Reporting<'a> {
+    state: &'a mut KeyState,
+    policy: Option<&'a LeasePolicy>,
+    now_ms: u64,
+    seen: &'a mut LeaseReports,
+    events: &'a mut Vec<Event>,
+}
+
+impl Reporting<'_> {
+    /// One report: an unknown lease (or another client's) is charged as debt
+    /// and echoed as gone; a known one is applied.
+    fn apply(&mut self, client_id: &str, report: &LeaseReport) -> LeaseGrant {
         let owned = LeaseId::parse(&report.lease_id)
-            .and_then(|id| state.leases().get(&id).map(|lease| (id, lease.clone())))
+            .and_then(|id| {
+                self.state
+                    .leases()
+                    .get(&id)
+                    .map(|lease| (id, lease.clone()))
+            })
             .filter(|(_, lease)| lease.client_id == client_id);
         let Some((id, lease)) = owned else {
-            echoes.push(LeaseGrant {
+            // Client-reported usage is untrusted: clamp it before it touches a budget.
+            let live = report.drawn.saturating_sub(report.released);
+            self.seen.unknown_debt +=
+                live.min(self.policy.map_or(0, |policy| policy.permits_per_lease));
+            return LeaseGrant {
                 lease_id: report.lease_id.clone(),
                 group: String::new(),
                 permits: 0,
-                expires_at_ms: now_ms,
-            });
-            // Client-reported usage is untrusted: clamp it before it touches a budget.
-            let live = report.drawn.saturating_sub(report.released);
-            seen.unknown_debt += live.min(policy.map_or(0, |policy| policy.permits_per_lease));
-            continue;
+                expires_at_ms: self.now_ms,
+            };
         };
-        echoes.push(apply_known(
-            state, policy, id, lease, report, now_ms, seen, events,
-        ));
+        self.apply_known(id, lease, report)
     }
-    echoes
-}
 
-#[allow(clippy::too_many_arguments)]
-fn apply_known(
-    state: &mut KeyState,
-    policy: Option<&LeasePolicy>,
-    id: LeaseId,
-    lease: Lease,
-    report: &LeaseReport,
-    now_ms: u64,
-    seen: &mut LeaseReports,
-    events: &mut Vec<Event>,
-) -> LeaseGrant {
-    if !lease.acknowledged && lease.claim_deadline_ms <= now_ms && report.drawn == 0 {
-        // Acknowledged too late: the client has drawn nothing, so the reclaim the
-        // claim deadline called for is safe now. A report with draws keeps the
-        // lease instead (below): its permits may be running.
-        return reclaim_unacknowledged(state, id, now_ms, events);
-    }
-    let drawn = lease.drawn.max(report.drawn.min(lease.permits));
-    seen.drawn.insert(id, drawn);
-    let released = lease.released.max(report.released.min(drawn));
-    let expired = lease.expires_at_ms <= now_ms;
-    let retired = lease.retired || report.retired || expired || policy.is_none();
-    if retired && !lease.retired && !report.retired {
-        events.push(retired_event(id, &lease, lease.permits - drawn, now_ms));
-    }
-    // Only the client's own retired report shrinks a lease to what it drew: until
-    // then it may still be drawing, whoever asked it to stop.
-    let permits = if report.retired {
-        released.max(drawn)
-    } else {
-        lease.permits
-    };
-    if released >= permits {
-        state.put_lease(id, None);
-        // Echoed as settled (permits = released) so the client can drop the lease.
-        return LeaseGrant {
-            lease_id: id.to_string(),
-            group: lease.group,
-            permits: released,
-            expires_at_ms: now_ms,
+    fn apply_known(&mut self, id: LeaseId, lease: Lease, report: &LeaseReport) -> LeaseGrant {
+        let now_ms = self.now_ms;
+        if !lease.acknowledged && lease.claim_deadline_ms <= now_ms && report.drawn == 0 {
+            // Acknowledged too late: the client has drawn nothing, so the reclaim the
+            // claim deadline called for is safe now. A report with draws keeps the
+            // lease instead (below): its permits may be running.
+            return reclaim_unacknowledged(self.state, id, now_ms, self.events);
+        }
+        let drawn = lease.drawn.max(report.drawn.min(lease.permits));
+        self.seen.drawn.insert(id, drawn);
+        let released = lease.released.max(report.released.min(drawn));
+        let expired = lease.expires_at_ms <= now_ms;
+        let retired = lease.retired || report.retired || expired || self.policy.is_none();
+        if retired && !lease.retired && !report.retired {
+            self.events
+                .push(retired_event(id, &lease, lease.permits - drawn, now_ms));
+        }
+        // Only the client's own retired report shrinks a lease to what it drew: until
+        // then it may still be drawing, whoever asked it to stop.
+        let permits = if report.retired {
+            released.max(drawn)
+        } else {
+            lease.permits
         };
+        if released >= permits {
+            self.state.put_lease(id, None);
+            // Echoed as settled (permits = released) so the client can drop the lease.
+            return LeaseGrant {
+                lease_id: id.to_string(),
+                group: lease.group,
+                permits: released,
+                expires_at_ms: now_ms,
+            };
+        }
+        let expires_at_ms = match (retired, self.policy) {
+            (false, Some(policy)) => now_ms + policy.ttl_ms,
+            _ => lease.expires_at_ms,
+        };
+        let refreshed = Lease {
+            permits,
+            released,
+            drawn,
+            retired,
+            expires_at_ms,
+            acknowledged: true,
+            ..lease
+        };
+        let answer = echo(id, &refreshed, now_ms);
+        self.state.put_lease(id, Some(refreshed));
+        answer
     }
-    let expires_at_ms = match (retired, policy) {
-        (false, Some(policy)) => now_ms + policy.ttl_ms,
-        _ => lease.expires_at_ms,
-    };
-    let refreshed = Lease {
-        permits,
-        released,
-        drawn,
-        retired,
-        expires_at_ms,
-        acknowledged: true,
-        ..lease
-    };
-    let answer = echo(id, &refreshed, now_ms);
-    state.put_lease(id, Some(refreshed));
-    answer
 }
 
 /// Deletes a lease its client never acknowledged; returns the echo that tells the

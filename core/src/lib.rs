@@ -11,7 +11,7 @@
 //!   [`Semaphores::round`] → [`round::run_round`], which applies
 //!   [`reports`], [`reclaim`]s, grants oldest demand first and runs the
 //!   [`leases`] pass → one [`protocol::PermitGrant`] per request plus
-//!   [`events::Event`]s;
+//!   [`lifecycle::Event`]s;
 //! - a sync → [`sync::run_sync`]; a claim-deadline timer → [`reclaim`]; an
 //!   operator's [`force_release`] of one client; the [`holders`] view;
 //!   settings changes → [`Semaphores::set_key_config`] and friends.
@@ -29,11 +29,11 @@ pub mod answers;
 pub mod batch;
 pub mod config;
 pub mod contract;
-pub mod events;
 pub mod force_release;
 pub mod holders;
 pub mod ids;
 pub mod leases;
+pub mod lifecycle;
 pub mod limits;
 pub mod protocol;
 pub mod reclaim;
@@ -49,8 +49,8 @@ pub mod usage;
 pub mod validate;
 
 pub use config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
-pub use events::Event;
 pub use ids::{GrantId, IdAllocator, LeaseId, LogIndex};
+pub use lifecycle::Event;
 pub use semaphores::{KeyLimitReached, Semaphores, StateChanges};
 pub use usage::Usage;
 pub use validate::InvalidInput;

@@ -9,8 +9,8 @@
 //! of it was answered, so nothing can be running under such a lease; without
 //! this, a lease whose reply was lost would hold its footprint forever.
 
-use crate::events::Event;
 use crate::leases::reclaim_unacknowledged;
+use crate::lifecycle::Event;
 use crate::reports::reclaimed_event;
 use crate::state::{Grant, KeyState};
 

@@ -3,8 +3,8 @@
 //! Counts only move forward and are clamped to what the grant can honour, so a
 //! lost, repeated or reordered report can never free capacity twice.
 
-use crate::events::Event;
 use crate::ids::GrantId;
+use crate::lifecycle::Event;
 use crate::protocol::{GrantReport, GrantResult, GrantStatus};
 use crate::state::{Grant, KeyState};
 

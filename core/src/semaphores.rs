@@ -10,8 +10,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
-use crate::events::Event;
 use crate::ids::IdAllocator;
+use crate::lifecycle::Event;
 use crate::limits::{MAX_CONFIGURED_GROUPS_PER_KEY, MAX_KEYS};
 use crate::protocol::{PermitRequest, PermitSync};
 use crate::reclaim::reclaim_expired;

@@ -1,8 +1,8 @@
 //! A sync: reports only, applied at once without waiting for a round.
 
 use crate::config::KeyConfig;
-use crate::events::Event;
 use crate::leases::{apply_lease_reports, LeaseReports};
+use crate::lifecycle::Event;
 use crate::protocol::{PermitSync, PermitSyncResult, V1};
 use crate::reports::apply_grant_reports;
 use crate::state::KeyState;

@@ -13,16 +13,15 @@ use permitd_storage::{NodeId, PeerNode, SharedState};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::api::forward::Forwarder;
-use crate::auth::{AuthSettings, Secret};
 use crate::config::RaftTimings;
-use crate::event_log::EventLog;
-use crate::leadership::{watch_leadership, Leadership};
+use crate::credentials::tls::Tls;
+use crate::credentials::{AuthSettings, Secret};
+use crate::leader::leadership::{watch_leadership, Leadership};
+use crate::leader::rounds::Rounds;
+use crate::observe::event_log::EventLog;
 use crate::raft::election_guard::ElectionGuard;
 use crate::raft::network::Network;
 use crate::raft::Raft;
-use crate::rounds::Rounds;
-use crate::tls::Tls;
 
 /// Everything needed to start one node.
 #[derive(Debug, Clone)]
@@ -47,11 +46,11 @@ pub struct NodeSettings {
     /// Initialise a new cluster of `initial_members` at start (embedded mode).
     pub initialize_at_start: bool,
     /// What may wait on the leader, and for how long (`[limits]`).
-    pub rounds: crate::rounds::RoundLimits,
+    pub rounds: crate::leader::rounds::RoundLimits,
     /// Timeouts and connection limits of the node's listeners.
-    pub edge: crate::edge::EdgeLimits,
+    pub edge: crate::config::EdgeLimits,
     /// Claim deadlines the leader keeps a timer for: those at most this far
-    /// ahead (`[limits] reclaim_horizon_ms`; see `reclaim.rs`).
+    /// ahead (`[limits] reclaim_horizon_ms`; see `leader/reclaim.rs`).
     pub reclaim_horizon: Duration,
 }
 
@@ -70,7 +69,7 @@ pub enum StartError {
     #[error("http client: {0}")]
     Http(#[from] reqwest::Error),
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] crate::credentials::tls::TlsError),
 }
 
 /// The state every handler shares: one [`Node`] behind an `Arc`. Every request
@@ -95,7 +94,8 @@ pub struct Node {
     pub state: SharedState,
     pub leadership: watch::Receiver<Leadership>,
     pub rounds: Rounds,
-    pub forwarder: Forwarder,
+    /// The pooled client followers forward leader-only calls with.
+    pub leader_client: reqwest::Client,
     pub secret: Secret,
     pub auth: Arc<AuthSettings>,
     /// `http` or `https`: how this node reaches its peers' listeners.
@@ -106,7 +106,7 @@ pub struct Node {
     /// Recent lifecycle events and the live feed of `GET /v1/events`.
     pub events: EventLog,
     /// Gaps between the appends received from the leader (`/raft/append`).
-    pub leader_contact: Arc<crate::stall_probe::LeaderContact>,
+    pub leader_contact: Arc<crate::raft::stall_probe::LeaderContact>,
     /// Answers pre-votes; its task decides when this node may stand.
     pub election_guard: Arc<ElectionGuard>,
 }
@@ -117,19 +117,6 @@ impl std::fmt::Debug for Node {
             .field("id", &self.id)
             .field("leadership", &*self.leadership.borrow())
             .finish_non_exhaustive()
-    }
-}
-
-impl Node {
-    /// The peer entry of `id` in the current membership.
-    pub fn peer(&self, id: NodeId) -> Option<PeerNode> {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        metrics
-            .membership_config
-            .membership()
-            .get_node(&id)
-            .cloned()
     }
 }
 
@@ -169,7 +156,7 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     )
     .await
     .map_err(|error| StartError::Raft(error.to_string()))?;
-    let leader_contact = Arc::new(crate::stall_probe::LeaderContact::default());
+    let leader_contact = Arc::new(crate::raft::stall_probe::LeaderContact::default());
     let election_guard = Arc::new(ElectionGuard::new(
         settings.id,
         leader_contact.clone(),
@@ -188,14 +175,14 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         leadership.clone(),
         settings.rounds,
     );
-    crate::reclaim::Reclaimer::start(
+    crate::leader::reclaim::Reclaimer::start(
         raft.clone(),
         state.clone(),
         leadership.clone(),
         settings.reclaim_horizon,
     );
-    crate::snapshots::start(raft.clone(), settings.id, timings.snapshot_every_ms);
-    crate::defaults::start(
+    crate::leader::snapshots::start(raft.clone(), settings.id, timings.snapshot_every_ms);
+    crate::leader::seed_defaults::start(
         raft.clone(),
         state.clone(),
         leadership.clone(),
@@ -207,22 +194,22 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     let applied = state.subscribe();
     let applied_at_start = state.last_applied().map_or(0, |log_id| log_id.index);
     let events = EventLog::new(applied_at_start);
-    crate::events::start(state.clone(), events.clone(), applied);
-    crate::raft_metrics::start(raft.clone());
-    crate::stall_probe::start(&raft);
+    crate::observe::applied_events::start(state.clone(), events.clone(), applied);
+    crate::observe::raft_metrics::start(raft.clone());
+    crate::raft::stall_probe::start(&raft);
     let app = App(Arc::new(Node {
         id: settings.id,
         raft,
         state,
         leadership,
         rounds,
-        forwarder: Forwarder::new(settings.tls.as_ref())?,
+        leader_client: leader_client(settings.tls.as_ref())?,
         secret: settings.secret.clone(),
         auth: Arc::new(settings.auth.clone()),
-        scheme: crate::tls::scheme(settings.tls.as_ref()),
+        scheme: crate::credentials::tls::scheme(settings.tls.as_ref()),
         initial_members: Arc::new(settings.initial_members.clone()),
         defaults: Arc::new(settings.defaults.clone()),
-        metrics: crate::metrics::install(),
+        metrics: crate::observe::metrics::install(),
         events,
         leader_contact,
         election_guard,
@@ -234,9 +221,28 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     })
 }
 
+/// How long a follower waits for the leader's answer to a forwarded call. A
+/// forwarded request waits for its round, so this is generous.
+pub const FORWARD_TIMEOUT_MS: u64 = 60_000;
+
+/// The HTTP client followers forward with (`edge/api/forward.rs`); one
+/// connection pool per node. With `tls`, the leader is reached over HTTPS,
+/// trusting only the cluster CA. Built here, with the node's other clients, so
+/// the edge gets it handed in.
+fn leader_client(tls: Option<&Tls>) -> Result<reqwest::Client, reqwest::Error> {
+    let mut builder = reqwest::Client::builder()
+        .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        builder = tls.client(builder)?;
+    }
+    builder.build()
+}
+
 fn raft_config(id: NodeId, timings: &RaftTimings) -> Result<openraft::Config, StartError> {
     // Staggered, so the nodes of a cluster do not build at the same log index.
-    let every = crate::snapshots::staggered(id, timings.snapshot_every_logs);
+    let every = crate::leader::snapshots::staggered(id, timings.snapshot_every_logs);
     let config = openraft::Config {
         cluster_name: "permitd".into(),
         heartbeat_interval: timings.heartbeat_interval_ms,

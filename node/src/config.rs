@@ -21,8 +21,8 @@ use permitd_core::validate::validate_key_config;
 use permitd_storage::{NodeId, PeerNode};
 use serde::Deserialize;
 
-use crate::auth::Secret;
-use crate::tls::TlsConfig;
+use crate::credentials::tls::TlsConfig;
+use crate::credentials::Secret;
 
 /// Shortest accepted cluster secret, in bytes: a guessable secret is no secret.
 pub const MIN_SECRET_BYTES: usize = 16;
@@ -157,15 +157,15 @@ impl Default for NodeLimits {
             max_parked_messages: MAX_PARKED_MESSAGES,
             max_parked_bytes: MAX_PARKED_BYTES,
             commit_timeout_ms: COMMIT_TIMEOUT_MS,
-            reclaim_horizon_ms: crate::reclaim::DEFAULT_HORIZON_MS,
+            reclaim_horizon_ms: crate::leader::reclaim::DEFAULT_HORIZON_MS,
         }
     }
 }
 
 impl NodeLimits {
     /// The HTTP edge's share of these limits.
-    pub fn edge(&self) -> crate::edge::EdgeLimits {
-        crate::edge::EdgeLimits {
+    pub fn edge(&self) -> EdgeLimits {
+        EdgeLimits {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
             body_read_timeout: Duration::from_millis(self.body_read_timeout_ms),
             max_connections: self.max_connections,
@@ -173,8 +173,8 @@ impl NodeLimits {
     }
 
     /// The leader's share of these limits: what may wait, and for how long.
-    pub fn rounds(&self) -> crate::rounds::RoundLimits {
-        crate::rounds::RoundLimits {
+    pub fn rounds(&self) -> crate::leader::rounds::RoundLimits {
+        crate::leader::rounds::RoundLimits {
             max_pending_per_key: self.max_pending_per_key,
             entries_in_flight: self.entries_in_flight,
             max_parked_messages: self.max_parked_messages,
@@ -233,8 +233,8 @@ impl NodeLimits {
             ));
         }
         let (min, max) = (
-            crate::reclaim::MIN_HORIZON_MS,
-            crate::reclaim::MAX_HORIZON_MS,
+            crate::leader::reclaim::MIN_HORIZON_MS,
+            crate::leader::reclaim::MAX_HORIZON_MS,
         );
         if !(min..=max).contains(&self.reclaim_horizon_ms) {
             return Err(format!(
@@ -305,6 +305,20 @@ impl NodeConfig {
                 .clone()
                 .unwrap_or_else(|| self.raft_addr.clone()),
         }
+    }
+}
+
+/// The bounds one listener serves with (`[limits]` of the cluster file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EdgeLimits {
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Default for EdgeLimits {
+    fn default() -> Self {
+        NodeLimits::default().edge()
     }
 }
 
@@ -551,6 +565,114 @@ mod tests {
             "commit_timeout_ms = 60001",
         ] {
             assert!(with_limits(invalid).check().is_err(), "{invalid}");
+        }
+    }
+
+    /// The environment's overrides, applied to a file as `load` does: tested
+    /// here, on the config they produce, so `config_env.rs` need not know it.
+    mod env_overrides {
+        use toml::{Table, Value};
+
+        use super::ClusterConfig;
+        use crate::config_env::apply;
+
+        const FILE: &str = r#"
+            secret = "0123456789abcdef-file"
+            [raft]
+            heartbeat_interval_ms = 100
+            election_timeout_min_ms = 400
+            election_timeout_max_ms = 800
+            rpc_timeout_ms = 1000
+            snapshot_every_logs = 5000
+            [defaults]
+            limit = 100
+            [[node]]
+            id = 1
+            api_addr = "127.0.0.1:7001"
+            raft_addr = "127.0.0.1:7101"
+            data_dir = "data/node-1"
+            [[node]]
+            id = 2
+            api_addr = "127.0.0.1:7002"
+            raft_addr = "127.0.0.1:7102"
+            data_dir = "data/node-2"
+        "#;
+
+        fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect()
+        }
+
+        fn overridden(pairs: &[(&str, &str)]) -> Result<ClusterConfig, String> {
+            let mut document: Table = FILE.parse().expect("test file parses");
+            apply(&mut document, vars(pairs)).map_err(|error| error.to_string())?;
+            Value::Table(document)
+                .try_into()
+                .map_err(|error: toml::de::Error| error.to_string())
+        }
+
+        #[test]
+        fn every_kind_of_setting_is_overridden() {
+            let config = overridden(&[
+                ("PERMITD_SECRET", "1234567890123456789"),
+                ("PERMITD_RAFT_RPC_TIMEOUT_MS", "2500"),
+                ("PERMITD_DEFAULTS_ROUND_WAIT_MS", "50"),
+                ("PERMITD_DEFAULTS_LIMIT", "7"),
+                (
+                    "PERMITD_DEFAULTS_LEASES",
+                    r#"{ provisioning = { mode = "strict" }, ttlMs = 60000 }"#,
+                ),
+                ("PERMITD_LIMITS_MAX_PENDING_PER_KEY", "12"),
+                ("PERMITD_NODE_2_API_ADDR", "10.0.0.2:7000"),
+                ("PERMITD_NODE_2_ADVERTISE_RAFT_ADDR", "permitd-2:7100"),
+                ("PERMITD_NODE_1_DATA_DIR", "/var/lib/permitd"),
+            ])
+            .expect("overrides apply");
+            assert_eq!(
+                config.secret.expose(),
+                "1234567890123456789",
+                "stays a string"
+            );
+            assert_eq!(config.raft.rpc_timeout_ms, 2_500);
+            assert_eq!(config.raft.heartbeat_interval_ms, 100, "untouched");
+            let defaults = config.key_defaults();
+            assert_eq!(defaults.round_wait_ms, 50);
+            assert_eq!(defaults.limit, 7);
+            assert_eq!(defaults.leases.expect("leases set").ttl_ms, 60_000);
+            assert_eq!(config.limits.max_pending_per_key, 12);
+            assert_eq!(config.nodes[1].api_addr, "10.0.0.2:7000");
+            assert_eq!(config.nodes[1].peer().raft_addr, "permitd-2:7100");
+            assert_eq!(
+                config.nodes[0].data_dir,
+                std::path::PathBuf::from("/var/lib/permitd")
+            );
+        }
+
+        #[test]
+        fn other_permitd_variables_are_left_alone() {
+            let config = overridden(&[
+                ("PERMITD_ENDPOINTS", "http://x"),
+                ("PERMITD_KEEP_DIRS", "1"),
+                ("HOME", "/root"),
+            ])
+            .expect("nothing applies");
+            assert_eq!(config.secret.expose(), "0123456789abcdef-file");
+        }
+
+        #[test]
+        fn mistakes_are_errors_not_silence() {
+            let error = overridden(&[("PERMITD_NODE_9_API_ADDR", "x:1")]).unwrap_err();
+            assert!(error.contains("no [[node]] with id 9"), "{error}");
+            let error = overridden(&[("PERMITD_NODE_1", "x")]).unwrap_err();
+            assert!(error.contains("name a field"), "{error}");
+            // A misspelt field reaches the file's own check (unknown field).
+            let error = overridden(&[("PERMITD_RAFT_RPC_TIMEOUT", "5")]).unwrap_err();
+            assert!(error.contains("rpc_timeout"), "{error}");
+            // A wrong type is refused like the same mistake in the file.
+            let error = overridden(&[("PERMITD_RAFT_RPC_TIMEOUT_MS", "soon")]).unwrap_err();
+            assert!(error.contains("rpc_timeout_ms"), "{error}");
         }
     }
 }

@@ -1,22 +1,33 @@
 //! The permitd node: one member of a Raft group serving the v1 API.
 //!
-//! How a request flows through this crate:
-//! - [`api`] receives HTTP (on any node). A follower forwards v1 and membership
-//!   calls to the leader in one hop ([`api::forward`]);
-//! - on the leader, a `request` is parked in its key's pending list by [`rounds`]
-//!   until the key's round falls due, and a `sync` until the next entry leaves;
-//!   one `Command::Round` entry carries the syncs that arrived meanwhile and the
-//!   rounds of every key that fell due (the rules: [`schedule`], pure and
-//!   unit-tested); configuration changes are proposed at once;
-//! - openraft replicates the entry through [`raft::network`] to the peers'
-//!   [`raft::inbound`] endpoints; every replica's state machine (storage crate)
-//!   applies it; the leader answers each waiting request with its part of the result;
-//! - [`reclaim`] keeps one timer per key at the earliest claim deadline of an
-//!   unclaimed grant and proposes a reclaim entry when it passes;
-//! - [`defaults`] writes the file's `[defaults]` on a leader whose cluster has
-//!   never had any written (a failed write after `/cluster/init`);
-//! - [`events`] turns every applied entry's lifecycle events into tracing events and
-//!   [`metrics`].
+//! Where things are, top to bottom (a module uses only those below it;
+//! `scripts/module-arrows` checks that there is no cycle):
+//! - [`cli`]: the command line (`serve`, `up`, `restore`);
+//! - [`edge`]: the HTTP edge. [`edge::api`] receives HTTP (on any node); a
+//!   follower forwards v1 and membership calls to the leader in one hop
+//!   ([`edge::api::forward`]); [`edge::auth`] checks tokens; peers call
+//!   [`edge::raft_inbound`];
+//! - [`app`]: one running node, the state every handler shares;
+//! - [`config`] with [`config_env`]: the cluster file and its environment
+//!   overrides, and the settings a node is started with;
+//! - [`leader`]: on the leader, a `request` is parked in its key's pending list
+//!   by [`leader::rounds`] until the key's round falls due, and a `sync` until
+//!   the next entry leaves; one `Command::Round` entry carries the syncs that
+//!   arrived meanwhile and the rounds of every key that fell due (the rules:
+//!   [`leader::schedule`], pure and unit-tested); configuration changes are
+//!   proposed at once; [`leader::reclaim`] keeps one timer per key at the
+//!   earliest claim deadline of an unclaimed grant and proposes a reclaim entry
+//!   when it passes; [`leader::seed_defaults`] writes the file's `[defaults]` on
+//!   a leader whose cluster has never had any written (a failed write after
+//!   `/cluster/init`);
+//! - [`observe`]: [`observe::applied_events`] turns every applied entry's
+//!   lifecycle events into tracing events and [`observe::metrics`];
+//! - [`raft`]: openraft replicates the entry through [`raft::network`] to the
+//!   peers' [`edge::raft_inbound`] endpoints; every replica's state machine
+//!   (storage crate) applies it; the leader answers each waiting request with
+//!   its part of the result;
+//! - [`credentials`]: the peer secret, the admin token and TLS, used by the edge
+//!   and the Raft transport alike.
 //!
 //! Invariants:
 //! - only the leader holds pending requests; when it loses leadership every one of
@@ -26,31 +37,16 @@
 //! - the node never touches the store directly: state is read through `permitd_storage::SharedState`
 //!   and changed only by log entries.
 
-pub mod api;
 pub mod app;
-pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod config_env;
-pub mod defaults;
+pub mod credentials;
 pub mod edge;
-pub mod event_log;
-pub mod events;
-pub mod fatal;
-pub mod http_metrics;
-pub mod leadership;
-pub mod metrics;
-pub mod propose;
+pub mod leader;
+pub mod observe;
 pub mod raft;
-pub mod raft_metrics;
-pub mod reclaim;
-pub mod rounds;
-pub mod schedule;
 pub mod shutdown;
-pub mod snapshots;
-pub mod stall_probe;
-pub mod timer;
-pub mod tls;
 
 /// Milliseconds since the Unix epoch by this node's clock: the `now` of entries
 /// this node proposes as leader.

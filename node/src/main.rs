@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use permitd_node::cli::{self, Cli, Command};
+use permitd_node::cli::{self, Cli, CliCommand};
 
 /// mimalloc rather than glibc's malloc: under load a node allocates and frees
 /// small buffers on every request from two worker threads, and glibc's arenas
@@ -30,11 +30,11 @@ fn main() -> ExitCode {
 async fn run(args: Cli) -> ExitCode {
     cli::init_tracing(args.log_format);
     let outcome = match args.command {
-        Command::Serve(serve) => cli::serve::run(serve).await.map_err(|e| e.to_string()),
-        Command::Up { config } => cli::up::run(&config, args.log_format, args.worker_threads)
+        CliCommand::Serve(serve) => cli::serve::run(serve).await.map_err(|e| e.to_string()),
+        CliCommand::Up { config } => cli::up::run(&config, args.log_format, args.worker_threads)
             .await
             .map_err(|e| e.to_string()),
-        Command::Restore(restore) => cli::restore::run(restore).await.map_err(|e| e.to_string()),
+        CliCommand::Restore(restore) => cli::restore::run(restore).await.map_err(|e| e.to_string()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,13 +8,13 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use permitd_core::KeyConfig;
 use permitd_node::app::{self, NodeSettings};
+use permitd_node::config::EdgeLimits;
 use permitd_node::config::RaftTimings;
-use permitd_node::edge::EdgeLimits;
 use permitd_storage::PeerNode;
 use tower::ServiceExt;
 
 async fn healthz(app: &app::App) -> StatusCode {
-    let router = permitd_node::api::public_router(app.clone());
+    let router = permitd_node::edge::api::public_router(app.clone());
     let request = Request::get("/healthz").body(Body::empty()).unwrap();
     router.oneshot(request).await.unwrap().status()
 }
@@ -32,32 +32,38 @@ async fn a_stopped_raft_core_fails_healthz_and_ends_the_wait() {
         raft_addr: "127.0.0.1:0".into(),
         data_dir: dir.path().join("data"),
         secret: "0123456789abcdef".into(),
-        auth: permitd_node::auth::AuthSettings::new(true, Some("admin-token-0123456789".into())),
+        auth: permitd_node::credentials::AuthSettings::new(
+            true,
+            Some("admin-token-0123456789".into()),
+        ),
         tls: None,
         peer_source_ip: None,
         timings: RaftTimings::default(),
         defaults: KeyConfig::default(),
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: false,
-        rounds: permitd_node::rounds::RoundLimits {
+        rounds: permitd_node::leader::rounds::RoundLimits {
             max_pending_per_key: 10,
             ..Default::default()
         },
         edge: EdgeLimits::default(),
         reclaim_horizon: std::time::Duration::from_millis(
-            permitd_node::reclaim::DEFAULT_HORIZON_MS,
+            permitd_node::leader::reclaim::DEFAULT_HORIZON_MS,
         ),
     };
     let started = app::start(&settings).await.expect("node starts");
     let app = started.app;
     assert_eq!(healthz(&app).await, StatusCode::OK);
-    assert_eq!(permitd_node::fatal::stopped(&app.raft), None);
+    assert_eq!(permitd_node::leader::fatal::stopped(&app.raft), None);
 
     app.raft.shutdown().await.expect("core stops");
     assert_eq!(healthz(&app).await, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(permitd_node::fatal::stopped(&app.raft).is_some());
-    let reason = tokio::time::timeout(Duration::from_secs(5), permitd_node::fatal::wait(&app.raft))
-        .await
-        .expect("the wait ends once the core stopped");
+    assert!(permitd_node::leader::fatal::stopped(&app.raft).is_some());
+    let reason = tokio::time::timeout(
+        Duration::from_secs(5),
+        permitd_node::leader::fatal::wait(&app.raft),
+    )
+    .await
+    .expect("the wait ends once the core stopped");
     assert!(!reason.is_empty());
 }

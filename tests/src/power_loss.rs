@@ -434,7 +434,7 @@ pub async fn wait_caught_up(cluster: &Cluster) -> bool {
 mod tests {
     #[test]
     fn a_term_is_read_from_a_coloured_log_line() {
-        let line = "\u{1b}[2m2026\u{1b}[0m INFO permitd_node::leadership: this node leads the cluster \u{1b}[3mterm\u{1b}[0m\u{1b}[2m=\u{1b}[0m17";
+        let line = "\u{1b}[2m2026\u{1b}[0m INFO permitd_node::leader::leadership: this node leads the cluster \u{1b}[3mterm\u{1b}[0m\u{1b}[2m=\u{1b}[0m17";
         assert_eq!(super::term_of(line), Some(17));
         assert_eq!(
             super::term_of("this node leads the cluster term=3"),

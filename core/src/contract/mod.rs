@@ -13,13 +13,13 @@
 //! - [`cluster`]: `/cluster/status` and `/cluster/members`;
 //! - [`keys`]: the paged key listing of `GET /v1/semaphores`;
 //! - [`health`]: the answers of the open probes `/healthz` and `/readyz`.
-//! - [`events`]: the query and records of the event stream `GET /v1/events`.
+//! - [`event_stream`]: the query and records of the event stream `GET /v1/events`.
 //!
 //! `docs/protocol.md` explains every field.
 
 pub mod cluster;
 pub mod errors;
-pub mod events;
+pub mod event_stream;
 pub mod headers;
 pub mod health;
 pub mod keys;
@@ -27,6 +27,6 @@ pub mod paths;
 
 pub use cluster::{ClusterMember, ClusterStatus, MemberRole, MembershipChange};
 pub use errors::{ErrorAnswer, ErrorBody, ErrorCode};
-pub use events::{EventQuery, EventRecord};
+pub use event_stream::{EventQuery, EventRecord};
 pub use health::{Health, HealthStatus, Readiness, ReadyStatus};
 pub use keys::{KeyList, KeyUsage, ListQuery};

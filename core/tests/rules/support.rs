@@ -3,8 +3,8 @@
 pub use permitd_core::config::{
     Amount, GroupConfig, KeyConfig, LeasePolicy, LimitedGroups, Provisioning,
 };
-pub use permitd_core::events::Event;
 pub use permitd_core::ids::IdAllocator;
+pub use permitd_core::lifecycle::Event;
 pub use permitd_core::protocol::{
     Blocked, BlockedReason, Demand, GrantReport, GrantStatus, LeaseGrant, LeaseReport, PermitGrant,
     PermitRequest, PermitSync, V1,

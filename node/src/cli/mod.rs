@@ -23,7 +23,7 @@ pub struct Cli {
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub worker_threads: Option<u16>,
     #[command(subcommand)]
-    pub command: Command,
+    pub command: CliCommand,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -33,7 +33,7 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub enum CliCommand {
     /// Run one node. Without --config: a single self-initialising node in ./data.
     Serve(serve::ServeArgs),
     /// Start every node of a cluster file as a child process; Ctrl+C stops them all.

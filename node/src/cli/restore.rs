@@ -15,7 +15,7 @@ use permitd_core::contract::{paths, ClusterStatus};
 use permitd_core::restore::{BackupFile, BACKUP_FORMAT};
 
 use crate::config::{ClusterConfig, ConfigError};
-use crate::tls::Tls;
+use crate::credentials::tls::Tls;
 
 /// How long to wait for the new cluster to have a leader.
 const LEADER_TIMEOUT_MS: u64 = 30_000;
@@ -34,7 +34,7 @@ pub struct RestoreArgs {
 
 /// Why a restore failed.
 #[derive(Debug, thiserror::Error)]
-pub enum RestoreError {
+pub enum RestoreCommandError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("cannot read the backup {path}: {reason}")]
@@ -48,7 +48,7 @@ pub enum RestoreError {
     #[error("the leader refused the backup: {0}")]
     Refused(String),
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] crate::credentials::tls::TlsError),
 }
 
 /// `request` with the admin token, when the file (or `PERMITD_ADMIN_TOKEN`) has one.
@@ -59,7 +59,7 @@ fn as_admin(request: reqwest::RequestBuilder, config: &ClusterConfig) -> reqwest
     }
 }
 
-pub async fn run(args: RestoreArgs) -> Result<(), RestoreError> {
+pub async fn run(args: RestoreArgs) -> Result<(), RestoreCommandError> {
     let config = ClusterConfig::load(&args.config)?;
     let file = read_backup(&args.from)?;
     let keys = file.state.keys.len();
@@ -77,7 +77,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), RestoreError> {
     let raft_addr = config
         .node(leader)
         .map(|node| node.peer().raft_addr)
-        .ok_or(RestoreError::NoLeader)?;
+        .ok_or(RestoreCommandError::NoLeader)?;
     let url = format!("{scheme}://{raft_addr}{}", paths::CLUSTER_RESTORE);
     let answer = as_admin(http.post(url), &config)
         .timeout(Duration::from_millis(RESTORE_TIMEOUT_MS))
@@ -85,7 +85,7 @@ pub async fn run(args: RestoreArgs) -> Result<(), RestoreError> {
         .send()
         .await?;
     if !answer.status().is_success() {
-        return Err(RestoreError::Refused(
+        return Err(RestoreCommandError::Refused(
             answer.text().await.unwrap_or_default(),
         ));
     }
@@ -96,8 +96,8 @@ pub async fn run(args: RestoreArgs) -> Result<(), RestoreError> {
     Ok(())
 }
 
-fn read_backup(path: &Path) -> Result<BackupFile, RestoreError> {
-    let failed = |reason: String| RestoreError::Backup {
+fn read_backup(path: &Path) -> Result<BackupFile, RestoreCommandError> {
+    let failed = |reason: String| RestoreCommandError::Backup {
         path: path.to_owned(),
         reason,
     };
@@ -120,7 +120,7 @@ async fn find_leader(
     http: &reqwest::Client,
     config: &ClusterConfig,
     scheme: &str,
-) -> Result<u64, RestoreError> {
+) -> Result<u64, RestoreCommandError> {
     let deadline = Instant::now() + Duration::from_millis(LEADER_TIMEOUT_MS);
     while Instant::now() < deadline {
         for node in &config.nodes {
@@ -140,5 +140,5 @@ async fn find_leader(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    Err(RestoreError::NoLeader)
+    Err(RestoreCommandError::NoLeader)
 }

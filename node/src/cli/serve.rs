@@ -17,15 +17,15 @@ use clap::Args;
 use permitd_core::KeyConfig;
 
 use crate::app::{self, NodeSettings, StartError, Started};
-use crate::auth::{random_hex, write_private_file, AuthSettings, Secret};
 use crate::config::{
-    ClusterConfig, ConfigError, RaftTimings, ADMIN_TOKEN_ENV, MIN_ADMIN_TOKEN_BYTES,
+    ClusterConfig, ConfigError, EdgeLimits, RaftTimings, ADMIN_TOKEN_ENV, MIN_ADMIN_TOKEN_BYTES,
     MIN_SECRET_BYTES,
 };
-use crate::edge::{self, EdgeLimits};
-use crate::propose::ProposeError;
+use crate::credentials::tls::Tls;
+use crate::credentials::{random_hex, write_private_file, AuthSettings, Secret};
+use crate::edge::serve;
+use crate::leader::propose::ProposeError;
 use crate::shutdown::Shutdown;
-use crate::tls::Tls;
 
 /// How long stopping may take before the listeners are abandoned.
 const STOP_TIMEOUT_MS: u64 = 10_000;
@@ -72,7 +72,7 @@ pub enum ServeError {
     #[error("the OS random source failed: {0}")]
     Random(getrandom::Error),
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] crate::credentials::tls::TlsError),
 }
 
 pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
@@ -157,9 +157,9 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         defaults: KeyConfig::default(),
         initial_members: BTreeMap::from([(1, peer)]),
         initialize_at_start: true,
-        rounds: crate::rounds::RoundLimits::default(),
-        edge: crate::edge::EdgeLimits::default(),
-        reclaim_horizon: Duration::from_millis(crate::reclaim::DEFAULT_HORIZON_MS),
+        rounds: crate::leader::rounds::RoundLimits::default(),
+        edge: EdgeLimits::default(),
+        reclaim_horizon: Duration::from_millis(crate::leader::reclaim::DEFAULT_HORIZON_MS),
     })
 }
 
@@ -204,7 +204,7 @@ fn embedded_secret(
 async fn initialize_if_new(app: app::App) {
     match app.raft.is_initialized().await {
         Ok(true) => tracing::info!("resuming from existing data"),
-        Ok(false) => match crate::api::cluster::initialize(&app).await {
+        Ok(false) => match crate::edge::api::cluster::initialize(&app).await {
             Ok(()) => tracing::info!("initialised a new single-node cluster"),
             Err(error) => tracing::error!(%error, "cannot initialise the single node"),
         },
@@ -224,16 +224,16 @@ async fn serve_until_signal(
     } = started;
     let stop_api = Shutdown::default();
     let stop_raft = Shutdown::default();
-    let public = crate::api::public_router(app.clone());
-    let api_task = tokio::spawn(edge::serve(
+    let public = crate::edge::api::public_router(app.clone());
+    let api_task = tokio::spawn(serve::serve(
         api_listener,
         public,
         edge,
         tls.as_ref().map(Tls::api_acceptor),
         stop_api.clone(),
     ));
-    let internal = crate::api::internal_router(app.clone());
-    let raft_task = tokio::spawn(edge::serve(
+    let internal = crate::edge::api::internal_router(app.clone());
+    let raft_task = tokio::spawn(serve::serve(
         raft_listener,
         internal,
         edge,
@@ -244,7 +244,7 @@ async fn serve_until_signal(
     // same orderly stop as a signal, so a supervisor restarts it.
     let fatal = tokio::select! {
         () = crate::shutdown::signal() => None,
-        reason = crate::fatal::wait(&app.raft) => Some(reason),
+        reason = crate::leader::fatal::wait(&app.raft) => Some(reason),
     };
     if let Some(reason) = &fatal {
         tracing::error!(%reason, "the Raft core stopped; stopping the node");

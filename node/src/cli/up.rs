@@ -13,7 +13,7 @@ use tokio::process::{Child, Command};
 
 use crate::cli::LogFormat;
 use crate::config::{ClusterConfig, ConfigError, NodeConfig};
-use crate::tls::Tls;
+use crate::credentials::tls::Tls;
 use permitd_core::contract::{paths, ClusterStatus};
 
 /// How long a child may take to answer `/healthz`, and the cluster to elect.
@@ -40,7 +40,7 @@ pub enum UpError {
     #[error("node {0} exited")]
     ChildExited(u64),
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] crate::credentials::tls::TlsError),
 }
 
 /// A started child and its node.

@@ -30,7 +30,7 @@
 //! pre-vote) and so keeps naming its old leader in openraft's metrics; the
 //! guard says when that leader has been silent for longer than the leader lease
 //! plus the minimum election timeout ([`ElectionGuard::leader_silent`]), and the
-//! node's view of the leadership (`leadership.rs`) then names no leader, as it
+//! node's view of the leadership (`leader/leadership.rs`) then names no leader, as it
 //! did when such a node stood for election.
 //!
 //! A failover is not slowed: openraft stands only after the leader lease plus
@@ -48,7 +48,7 @@ use tokio::sync::watch;
 
 use super::network::Network;
 use super::Raft;
-use crate::stall_probe::LeaderContact;
+use crate::raft::stall_probe::LeaderContact;
 
 /// How often the guard looks.
 const GUARD_TICK: Duration = Duration::from_millis(10);

@@ -7,8 +7,8 @@
 //! that cannot be reached or a connection that broke.
 
 pub mod election_guard;
-pub mod inbound;
 pub mod network;
+pub mod stall_probe;
 pub mod wire;
 
 use permitd_storage::TypeConfig;

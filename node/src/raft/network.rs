@@ -43,7 +43,7 @@ use tokio::task::JoinHandle;
 
 use super::wire::SnapshotChunk;
 use super::{bearer, SECRET_HEADER};
-use crate::auth::Secret;
+use crate::credentials::Secret;
 
 /// Largest AppendEntries body sent at once, in bytes; longer runs of entries are
 /// split (well under the peers' `/raft/*` body limit).
@@ -83,7 +83,7 @@ impl Network {
         id: NodeId,
         secret: Secret,
         (rpc_timeout, retry_unreachable): (Duration, Duration),
-        tls: Option<&crate::tls::Tls>,
+        tls: Option<&crate::credentials::tls::Tls>,
         source_ip: Option<std::net::IpAddr>,
     ) -> Result<Self, reqwest::Error> {
         let mut builder = reqwest::Client::builder()
@@ -100,7 +100,7 @@ impl Network {
             secret,
             rpc_timeout,
             retry_unreachable,
-            scheme: crate::tls::scheme(tls),
+            scheme: crate::credentials::tls::scheme(tls),
         })
     }
 }

@@ -1,0 +1,296 @@
+//! `/v1/semaphores`: requests and syncs, usage, key and group configuration.
+//!
+//! These handlers run on the leader (followers forward). Everything is validated
+//! before it is proposed, so a rejected call changes nothing; reads wait for
+//! `ensure_linearizable` so they see every write acknowledged before them.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
+use permitd_core::contract::{paths, ErrorAnswer, KeyList, KeyUsage, ListQuery};
+use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
+use permitd_core::validate::{
+    parse_request, validate_group, validate_group_config, validate_key, validate_key_config,
+};
+use permitd_core::{InvalidInput, Usage};
+use permitd_storage::{Command, CommandResult, Refused};
+
+use super::extract::{ApiJson, ApiPath, JsonBytes};
+use crate::app::App;
+use crate::edge::error::ApiError;
+use crate::leader::propose::propose;
+
+/// How long a linearizable read waits for the leader to confirm its leadership.
+pub const LINEARIZABLE_TIMEOUT_MS: u64 = 5_000;
+/// Keys per page of `GET /v1/semaphores` when the caller names no `limit`.
+pub const DEFAULT_LIST_KEYS: usize = 1_000;
+/// Most keys per page of `GET /v1/semaphores`.
+pub const MAX_LIST_KEYS: usize = 10_000;
+
+/// `POST /v1/semaphores/{key}`: a `request` waits for the key's round, a `sync`
+/// for the next entry to leave (shared with other syncs and keys' rounds).
+#[utoipa::path(
+    post, path = paths::SEMAPHORE, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded).")),
+    request_body = SemaphoreRequest,
+    responses(
+        (status = 200, description = "The round's answer to a `request`, or a `sync`'s.", body = SemaphoreResponse),
+        (status = 429, description = "`too_many_pending` (the key's queue is full) or `too_many_keys`.", body = ErrorAnswer),
+    ),
+)]
+pub async fn post(
+    State(app): State<App>,
+    ApiPath(key): ApiPath<String>,
+    JsonBytes(body): JsonBytes,
+) -> Result<Json<SemaphoreResponse>, ApiError> {
+    validate_key(&key)?;
+    let message = parse_off_the_runtime(body.clone(), parse_request).await?;
+    let answer = deliver(&app, &key, message, body.len()).await?;
+    Ok(Json(answer))
+}
+
+/// Hands one checked message to the rounds driver and waits for its answer:
+/// a `request` for the key's round, a `sync` for the next entry. `bytes` is the
+/// message as received, what it weighs in an entry. The one path of both
+/// `POST /v1/semaphores/{key}` and every item of `POST /v1/batch`.
+pub(crate) async fn deliver(
+    app: &App,
+    key: &str,
+    message: SemaphoreRequest,
+    bytes: usize,
+) -> Result<SemaphoreResponse, ApiError> {
+    check_room_for(app, key)?;
+    Ok(match message {
+        SemaphoreRequest::Request(request) => {
+            SemaphoreResponse::Grant(app.rounds.request(key, request, bytes).await?)
+        }
+        SemaphoreRequest::Sync(sync) => {
+            SemaphoreResponse::Synced(app.rounds.sync(key, sync, bytes).await?)
+        }
+    })
+}
+
+/// Bodies from this size are parsed on a blocking thread, one at a time:
+/// parsing a 1 MiB message takes milliseconds, and a burst of them on the async
+/// workers, or on as many blocking threads, would starve the Raft heartbeats
+/// the followers wait for (they elected a new leader).
+const PARSE_APART_BYTES: usize = 64 * 1024;
+
+/// Large bodies being parsed: one at a time.
+static LARGE_PARSES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// Parses and validates a body with `parse`, large ones on a blocking thread.
+pub(crate) async fn parse_off_the_runtime<T: Send + 'static>(
+    body: Bytes,
+    parse: fn(&[u8]) -> Result<T, InvalidInput>,
+) -> Result<T, ApiError> {
+    if body.len() < PARSE_APART_BYTES {
+        return Ok(parse(&body)?);
+    }
+    let _turn = LARGE_PARSES
+        .acquire()
+        .await
+        .map_err(|error| ApiError::Internal(error.to_string()))?;
+    tokio::task::spawn_blocking(move || parse(&body))
+        .await
+        .map_err(|error| ApiError::Internal(error.to_string()))?
+        .map_err(ApiError::from)
+}
+
+/// A new key may not push the cluster past its key limit. Checked before proposing
+/// so a full cluster answers at once; apply checks again (`Semaphores::room_for`).
+fn check_room_for(app: &App, key: &str) -> Result<(), ApiError> {
+    app.state
+        .read(|semaphores| semaphores.room_for([key]))
+        .map_err(|error| Refused::KeyLimit(error).into())
+}
+
+/// `GET /v1/semaphores/{key}/usage`, linearizable.
+#[utoipa::path(
+    get, path = paths::USAGE, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded).")),
+    responses((status = 200, description = "The key's usage, linearizable.", body = Usage)),
+)]
+pub async fn usage(
+    State(app): State<App>,
+    ApiPath(key): ApiPath<String>,
+) -> Result<Json<Usage>, ApiError> {
+    validate_key(&key)?;
+    linearizable(&app).await?;
+    let now_ms = crate::now_ms();
+    Ok(Json(
+        app.state.read(|semaphores| semaphores.usage(&key, now_ms)),
+    ))
+}
+
+/// `GET /v1/semaphores/{key}/config`, linearizable.
+#[utoipa::path(
+    get, path = paths::KEY_CONFIG, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded).")),
+    responses((status = 200, description = "The key's effective configuration.", body = KeyConfig)),
+)]
+pub async fn get_config(
+    State(app): State<App>,
+    ApiPath(key): ApiPath<String>,
+) -> Result<Json<KeyConfig>, ApiError> {
+    validate_key(&key)?;
+    linearizable(&app).await?;
+    Ok(Json(
+        app.state.read(|semaphores| semaphores.config(&key).clone()),
+    ))
+}
+
+/// `PUT /v1/semaphores/{key}/config`: replaces the key's configuration.
+#[utoipa::path(
+    put, path = paths::KEY_CONFIG, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded).")),
+    request_body = KeyConfigUpdate,
+    responses(
+        (status = 200, description = "The configuration now in force.", body = KeyConfig),
+        (status = 429, description = "`too_many_keys`: the cluster holds the most keys it may.", body = ErrorAnswer),
+    ),
+)]
+pub async fn put_config(
+    State(app): State<App>,
+    ApiPath(key): ApiPath<String>,
+    ApiJson(update): ApiJson<KeyConfigUpdate>,
+) -> Result<Json<KeyConfig>, ApiError> {
+    validate_key(&key)?;
+    let resolved = app
+        .state
+        .read(|semaphores| update.resolve(semaphores.defaults()));
+    validate_key_config(&resolved)?;
+    check_room_for(&app, &key)?;
+    let command = Command::SetKeyConfig {
+        key: key.clone(),
+        update,
+    };
+    let config = write(&app, command).await?.into_key_config()?;
+    // A raised limit may serve the requests the leader holds for the key.
+    app.rounds.wake(&key);
+    Ok(Json(config))
+}
+
+/// `PUT /v1/semaphores/{key}/groups/{group}`: one group's cap and permission.
+#[utoipa::path(
+    put, path = paths::GROUP, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded)."), ("group" = String, Path, description = "The group (1 to 256 bytes).")),
+    request_body = GroupConfig,
+    responses(
+        (status = 200, description = "The group's configuration now in force.", body = GroupConfig),
+        (status = 429, description = "`too_many_keys`: the cluster holds the most keys it may.", body = ErrorAnswer),
+    ),
+)]
+pub async fn put_group(
+    State(app): State<App>,
+    ApiPath((key, group)): ApiPath<(String, String)>,
+    ApiJson(config): ApiJson<GroupConfig>,
+) -> Result<Json<GroupConfig>, ApiError> {
+    validate_key(&key)?;
+    validate_group(&group)?;
+    validate_group_config(&config)?;
+    check_room_for(&app, &key)?;
+    let command = Command::SetGroup {
+        key: key.clone(),
+        group,
+        config: config.clone(),
+    };
+    write(&app, command).await?.into_done()?;
+    app.rounds.wake(&key);
+    Ok(Json(config))
+}
+
+/// `DELETE /v1/semaphores/{key}/groups/{group}`: back to no cap, permitted. On a
+/// key or group without settings it changes nothing and creates no key.
+#[utoipa::path(
+    delete, path = paths::GROUP, tag = "semaphores",
+    params(("key" = String, Path, description = "The semaphore key (1 to 256 bytes, percent-encoded)."), ("group" = String, Path, description = "The group (1 to 256 bytes).")),
+    responses((status = 204, description = "The group's configuration is gone (or never existed).")),
+)]
+pub async fn delete_group(
+    State(app): State<App>,
+    ApiPath((key, group)): ApiPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    validate_key(&key)?;
+    validate_group(&group)?;
+    let command = Command::RemoveGroup {
+        key: key.clone(),
+        group,
+    };
+    write(&app, command).await?.into_done()?;
+    app.rounds.wake(&key);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/semaphores`: keys in order, with their usage; linearizable.
+#[utoipa::path(
+    get, path = paths::SEMAPHORES, tag = "semaphores",
+    params(ListQuery),
+    responses((status = 200, description = "One page of keys in byte order.", body = KeyList)),
+)]
+pub async fn list(
+    State(app): State<App>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<KeyList>, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let limit = query
+        .limit
+        .unwrap_or(DEFAULT_LIST_KEYS)
+        .clamp(1, MAX_LIST_KEYS);
+    linearizable(&app).await?;
+    let now_ms = crate::now_ms();
+    let list = app.state.read(|semaphores| {
+        let mut keys: Vec<KeyUsage> = semaphores
+            .keys_after(query.after.as_deref())
+            .take(limit + 1)
+            .map(|(key, _)| KeyUsage {
+                key: key.to_string(),
+                usage: semaphores.usage(key, now_ms),
+            })
+            .collect();
+        let next = (keys.len() > limit).then(|| {
+            keys.truncate(limit);
+            keys.last().map(|last| last.key.clone())
+        });
+        KeyList {
+            keys,
+            next: next.flatten(),
+        }
+    });
+    Ok(Json(list))
+}
+
+/// Waits until this node has confirmed it still leads, so a read that follows sees
+/// every entry committed before the call.
+pub async fn linearizable(app: &App) -> Result<(), ApiError> {
+    use openraft::error::{CheckIsLeaderError, RaftError};
+    let timeout = Duration::from_millis(LINEARIZABLE_TIMEOUT_MS);
+    let result = tokio::time::timeout(timeout, app.raft.ensure_linearizable())
+        .await
+        .map_err(|_| ApiError::NoQuorum)?;
+    match result {
+        Ok(_) => Ok(()),
+        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+            Err(match forward.leader_id {
+                Some(leader) => ApiError::NotLeader {
+                    leader: Some(leader),
+                },
+                None => ApiError::NoQuorum,
+            })
+        }
+        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => Err(ApiError::NoQuorum),
+        Err(RaftError::Fatal(_)) => Err(ApiError::ShuttingDown),
+    }
+}
+
+/// Proposes `command` and hands back its result; the caller reads it with the
+/// accessor of the command it proposed (`into_key_config`, `into_done`, ...),
+/// which turns a rejection inside apply into a 400 naming the field.
+pub async fn write(app: &App, command: Command) -> Result<CommandResult, ApiError> {
+    let (result, _) = propose(&app.raft, &app.leadership, command).await?;
+    Ok(result)
+}

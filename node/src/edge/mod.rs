@@ -1,0 +1,20 @@
+//! The HTTP edge: everything between a socket and the node.
+//!
+//! - [`serve`]: the accept loop of both listeners (TLS handshake, timeouts,
+//!   connection limit, graceful stop);
+//! - [`api`]: the public and internal routers and their handlers, including
+//!   forwarding to the leader ([`api::forward`]);
+//! - [`auth`]: who may call what (tokens and roles), checked on the leader;
+//! - [`error`]: the one mapping of every failure to an HTTP answer;
+//! - [`raft_inbound`]: the `/raft/*` endpoints peers call.
+//!
+//! The edge sits above the node it serves (`app.rs`): handlers share its
+//! [`crate::app::App`], and nothing below the edge imports it. What the edge and
+//! the Raft transport both need (TLS, the peer secret) lives in
+//! [`crate::credentials`].
+
+pub mod api;
+pub mod auth;
+pub mod error;
+pub mod raft_inbound;
+pub mod serve;

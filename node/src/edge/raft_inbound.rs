@@ -1,0 +1,97 @@
+//! Inbound Raft RPCs: `/raft/vote`, `/raft/append`, `/raft/snapshot`, and the
+//! election guard's `/raft/prevote` (`election_guard.rs`).
+//!
+//! Bodies are in the storage codec ([`crate::raft::wire`]). Each answers the local
+//! Raft's `Result`, error included, so the caller can tell a remote Raft error
+//! from a transport failure; a body that does not decode is a 400.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use permitd_storage::{codec, NodeId, TypeConfig};
+use serde::Serialize;
+
+use crate::app::App;
+use crate::raft::election_guard::PreVoteRequest;
+use crate::raft::wire::SnapshotChunk;
+
+/// The `/raft/*` routes (the caller adds the secret check).
+pub fn router() -> Router<App> {
+    Router::new()
+        .route("/raft/vote", post(vote))
+        .route("/raft/prevote", post(prevote))
+        .route("/raft/append", post(append))
+        .route("/raft/snapshot", post(snapshot))
+}
+
+/// The 400 for a body that does not decode.
+fn undecodable(error: codec::CodecError) -> Response {
+    let message = format!("undecodable Raft RPC body: {error}");
+    (StatusCode::BAD_REQUEST, message).into_response()
+}
+
+/// An answer in the codec.
+fn encoded(answer: &impl Serialize) -> Response {
+    match codec::encode(answer) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, codec::CONTENT_TYPE)], bytes).into_response(),
+        Err(error) => {
+            tracing::error!(%error, "cannot encode a Raft answer");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}
+
+async fn vote(State(app): State<App>, body: Bytes) -> Response {
+    match codec::decode::<VoteRequest<NodeId>>(&body) {
+        Ok(request) => encoded(&app.raft.vote(request).await),
+        Err(error) => undecodable(error),
+    }
+}
+
+async fn prevote(State(app): State<App>, body: Bytes) -> Response {
+    match codec::decode::<PreVoteRequest>(&body) {
+        Ok(request) => {
+            let answer = app.election_guard.answer(&app.raft, &request);
+            encoded(&Ok::<_, openraft::error::Infallible>(answer))
+        }
+        Err(error) => undecodable(error),
+    }
+}
+
+/// Append bodies from this size are decoded on a blocking thread, so that the
+/// heartbeats arriving meanwhile are answered in time.
+const DECODE_APART_BYTES: usize = 64 * 1024;
+
+async fn append(State(app): State<App>, body: Bytes) -> Response {
+    // Taken before decoding: a large body decoded apart must not delay it.
+    let arrived = std::time::Instant::now();
+    let decoded = if body.len() < DECODE_APART_BYTES {
+        codec::decode::<AppendEntriesRequest<TypeConfig>>(&body)
+    } else {
+        match tokio::task::spawn_blocking(move || codec::decode(&body)).await {
+            Ok(decoded) => decoded,
+            Err(error) => {
+                tracing::error!(%error, "decoding an append failed");
+                return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+            }
+        }
+    };
+    match decoded {
+        Ok(request) => {
+            app.leader_contact.append_received(&request.vote, arrived);
+            encoded(&app.raft.append_entries(request).await)
+        }
+        Err(error) => undecodable(error),
+    }
+}
+
+async fn snapshot(State(app): State<App>, body: Bytes) -> Response {
+    match codec::decode::<SnapshotChunk>(&body) {
+        Ok(chunk) => encoded(&app.raft.install_snapshot(chunk.into()).await),
+        Err(error) => undecodable(error),
+    }
+}

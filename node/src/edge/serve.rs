@@ -1,0 +1,149 @@
+//! The HTTP edge: accepting connections and serving a router on them, with every
+//! wait bounded.
+//!
+//! `axum::serve` has no header-read timeout, so a client that sends half a request
+//! header and stops holds its connection (and a task) forever. Here each listener:
+//! - serves at most `max_connections` connections at once; further ones wait in the
+//!   kernel's accept queue until one closes (a permit per connection);
+//! - closes a connection whose request header does not arrive within
+//!   `header_read_timeout` (hyper's own timer, which also runs while a kept-alive
+//!   connection sits idle, so it is the idle timeout too);
+//! - refuses a body that pauses longer than `body_read_timeout` between parts
+//!   (tower-http's `RequestBodyTimeoutLayer`).
+//!
+//! - with TLS, runs the handshake in the connection's own task, bounded by the
+//!   same `header_read_timeout` (a handshake is the first thing a client sends)
+//!   and counted against the same connection permits, so a silent client can
+//!   neither stall the accept loop nor hold a connection for long.
+//!
+//! permitd speaks HTTP/1.1 only: with HTTP/2 detection a connection that sends
+//! nothing would wait before any timer starts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tower_http::timeout::{RequestBodyTimeout, RequestBodyTimeoutLayer};
+
+use crate::config::EdgeLimits;
+use crate::shutdown::Shutdown;
+
+/// How long a failed `accept` (out of file descriptors, say) pauses the loop, so
+/// it does not spin while the condition lasts.
+const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
+
+/// Serves `router` on `listener` (HTTPS when `tls` is set) until `stop` is
+/// triggered, then lets the open connections finish their requests and returns.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: EdgeLimits,
+    tls: Option<TlsAcceptor>,
+    stop: Shutdown,
+) {
+    let service = tower::ServiceBuilder::new()
+        .layer(RequestBodyTimeoutLayer::new(limits.body_read_timeout))
+        .service(router);
+    let service = TowerToHyperService::new(service);
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    loop {
+        let accepted = tokio::select! {
+            () = stop.wait() => break,
+            accepted = accept(&listener, &permits) => accepted,
+        };
+        let Some((stream, permit)) = accepted else {
+            continue;
+        };
+        let (builder, service, watcher, tls) = (
+            builder.clone(),
+            service.clone(),
+            graceful.watcher(),
+            tls.clone(),
+        );
+        tokio::spawn(async move {
+            match tls {
+                None => serve_connection(&builder, stream, service, watcher).await,
+                Some(acceptor) => {
+                    let timeout = limits.header_read_timeout;
+                    if let Some(stream) = handshake(&acceptor, stream, timeout).await {
+                        serve_connection(&builder, stream, service, watcher).await;
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+    graceful.shutdown().await;
+}
+
+/// The router as hyper serves it: body reads bounded in time.
+type EdgeService = TowerToHyperService<RequestBodyTimeout<Router>>;
+
+/// One connection's requests, until it closes or the server stops.
+async fn serve_connection<T>(
+    builder: &http1::Builder,
+    stream: T,
+    service: EdgeService,
+    watcher: Watcher,
+) where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    // A closed or timed-out connection is the client's business, not an error of
+    // the node's.
+    if let Err(error) = watcher.watch(connection).await {
+        tracing::debug!(%error, "connection ended");
+    }
+}
+
+/// The TLS handshake, dropped after `timeout`; `None` when it fails.
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    timeout: Duration,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// Waits for a connection permit, then for a connection. `None` after a failed
+/// `accept`, which is logged and paused on.
+async fn accept(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+) -> Option<(tokio::net::TcpStream, tokio::sync::OwnedSemaphorePermit)> {
+    let permit = Arc::clone(permits).acquire_owned().await.ok()?;
+    match listener.accept().await {
+        Ok((stream, _)) => {
+            let _ = stream.set_nodelay(true);
+            Some((stream, permit))
+        }
+        Err(error) => {
+            tracing::warn!(%error, "accept failed");
+            tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_PAUSE_MS)).await;
+            None
+        }
+    }
+}

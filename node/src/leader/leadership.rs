@@ -1,0 +1,83 @@
+//! Who leads, as this node sees it: a watch over openraft's metrics reduced to the
+//! few facts the round batcher and the API act on.
+
+use openraft::ServerState;
+use permitd_storage::NodeId;
+use tokio::sync::watch;
+
+use crate::raft::Raft;
+
+/// This node's view of the leadership.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Leadership {
+    /// The leader as last known; `None` while an election runs or quorum is lost.
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    /// This node is the leader in `term`.
+    pub is_leader: bool,
+}
+
+impl Leadership {
+    /// Whether `self` is still the leadership a task started under: the same term,
+    /// still led by this node. Anything else means the task's answer may be lost.
+    pub fn holds(&self, started: &Leadership) -> bool {
+        self.is_leader && started.is_leader && self.term == started.term
+    }
+}
+
+/// Follows `raft`'s metrics and the election guard's word on whether the
+/// leader went silent (then no leader is named: openraft keeps naming a leader
+/// it has not heard until this node stands for election, which the guard holds
+/// back); the receiver changes only when the leadership does.
+pub fn watch_leadership(
+    raft: &Raft,
+    mut leader_silent: watch::Receiver<bool>,
+) -> watch::Receiver<Leadership> {
+    let mut metrics = raft.metrics();
+    let (sender, receiver) = watch::channel(Leadership::default());
+    tokio::spawn(async move {
+        loop {
+            let current = {
+                let metrics = metrics.borrow_and_update();
+                let silent = *leader_silent.borrow_and_update();
+                let is_leader = metrics.state == ServerState::Leader;
+                Leadership {
+                    leader: metrics.current_leader.filter(|_| is_leader || !silent),
+                    term: metrics.current_term,
+                    is_leader: metrics.state == ServerState::Leader
+                        && metrics.current_leader == Some(metrics.id),
+                }
+            };
+            sender.send_if_modified(|seen| {
+                let changed = *seen != current;
+                if changed && seen.leader != current.leader {
+                    crate::observe::metrics::leader_changed(current.leader);
+                }
+                if current.is_leader && !seen.holds(&current) {
+                    // One line per term this node led: tests check from the
+                    // node logs that no term ever had two leaders.
+                    tracing::info!(term = current.term, "this node leads the cluster");
+                }
+                *seen = current;
+                changed
+            });
+            let changed = tokio::select! {
+                changed = metrics.changed() => changed.is_ok(),
+                // The guard lives as long as Raft; if it is gone, metrics decide.
+                _ = leader_silent.changed() => true,
+            };
+            if !changed {
+                // Raft shut down: nobody leads any more from here.
+                sender.send_replace(Leadership::default());
+                return;
+            }
+        }
+    });
+    receiver
+}
+
+/// Resolves once `receiver` no longer shows the leadership `started` (or Raft is gone).
+pub async fn lost(mut receiver: watch::Receiver<Leadership>, started: Leadership) {
+    // `wait_for` fails only when the sender is gone, which is a loss too.
+    let _ = receiver.wait_for(|now| !now.holds(&started)).await;
+}

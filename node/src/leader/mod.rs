@@ -1,0 +1,28 @@
+//! The leader's machinery: what turns waiting requests into log entries and
+//! log results back into answers, and the leader-only tasks beside it.
+//!
+//! - [`rounds`]: the driver task that parks requests, proposes entries and
+//!   answers each waiting request; its rules are pure and unit-tested:
+//!   [`schedule`] (what leaves in the next entry) and `round_plan` (what goes
+//!   into an entry, how answers map back to waiting requests, which
+//!   empty-handed requests are held); [`round_error`]: why a message got no
+//!   answer;
+//! - [`timer`]: the precise wake-up thread the driver sleeps on;
+//! - [`reclaim`]: one timer per key at the earliest claim deadline;
+//! - [`seed_defaults`]: writes the file's `[defaults]` on a leader whose cluster
+//!   never had any written;
+//! - [`propose`] and [`leadership`]: proposing an entry, and failing at once
+//!   when leadership is lost;
+//! - [`snapshots`] (when to build one) and [`fatal`] (a Raft core that stopped).
+
+pub mod fatal;
+pub mod leadership;
+pub mod propose;
+pub mod reclaim;
+pub mod round_error;
+mod round_plan;
+pub mod rounds;
+pub mod schedule;
+pub mod seed_defaults;
+pub mod snapshots;
+pub mod timer;

@@ -1,0 +1,485 @@
+//! Round and sync batching on the leader: the async side of [`crate::leader::schedule`].
+//!
+//! A `request` does not become a log entry by itself: it parks in its key's
+//! pending list until the key's round falls due. A `sync` waits only until the
+//! next entry leaves. One `Command::Round` entry carries every sync that arrived
+//! meanwhile (applied first, so the permits they return are granted by the
+//! rounds of the same entry) and the rounds of every key that fell due. The
+//! rules of when (pipelined rounds per key, entries in flight, keys and bytes per
+//! entry) live in the pure [`Schedule`] and are unit-tested there.
+//!
+//! One driver task takes entries from the schedule and proposes them; it sleeps
+//! on a [`PreciseTimer`] (tokio's 1 ms timer wheel made a 1 ms round wait take
+//! up to 2 ms) and is woken by every arrival and every answered entry.
+//!
+//! Only the leader parks messages. When it loses leadership every parked and
+//! in-flight message fails at once with `LeaderChanged`; clients ask again.
+//!
+//! A leader cut off from its followers keeps leading (openraft 0.9 does not step
+//! down), so nothing it proposes commits. Once an entry has waited
+//! `commit_timeout` the schedule counts the leader as stalled: the entry's
+//! callers and every parked message are answered `no_quorum`, new messages are
+//! refused with it at once, and no entry leaves until the stuck one ends (it
+//! may still commit when the partition heals: retrying with the same
+//! `requestId` is safe).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use permitd_core::limits::{
+    COMMIT_TIMEOUT_MS, DEFAULT_ENTRIES_IN_FLIGHT, MAX_ENTRIES_IN_FLIGHT, MAX_ENTRY_MESSAGE_BYTES,
+    MAX_KEYS_PER_ENTRY, MAX_PARKED_BYTES, MAX_PARKED_MESSAGES, MAX_PENDING_REQUESTS_PER_KEY,
+};
+use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
+use tokio::sync::{broadcast, oneshot, watch, Notify};
+use tracing::Instrument;
+
+use super::leadership::Leadership;
+use super::propose::{propose, ProposeError};
+use super::round_error::RoundError;
+use super::round_plan::{
+    self, granted, into_command, match_answers, returns_permits, returns_permits_of, KeyAnswers,
+    Replies, RoundReply, WaitingRequest, WaitingSync,
+};
+use super::schedule::{Entry, Schedule, ScheduleSettings, Timings};
+use super::timer::PreciseTimer;
+use crate::raft::Raft;
+
+/// The leader's bounds on waiting work (`[limits]` of the cluster file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundLimits {
+    /// Requests that may wait for one key's round; 429 `too_many_pending` beyond.
+    pub max_pending_per_key: usize,
+    /// Round and sync entries in flight at once.
+    pub entries_in_flight: usize,
+    /// Requests and syncs waiting on the leader, all keys together; 503
+    /// `overloaded` beyond.
+    pub max_parked_messages: usize,
+    /// Their bytes as received; 503 `overloaded` beyond.
+    pub max_parked_bytes: usize,
+    /// Longest an entry may wait to commit; 503 `no_quorum` beyond.
+    pub commit_timeout: Duration,
+}
+
+impl Default for RoundLimits {
+    fn default() -> Self {
+        Self {
+            max_pending_per_key: MAX_PENDING_REQUESTS_PER_KEY,
+            entries_in_flight: DEFAULT_ENTRIES_IN_FLIGHT,
+            max_parked_messages: MAX_PARKED_MESSAGES,
+            max_parked_bytes: MAX_PARKED_BYTES,
+            commit_timeout: Duration::from_millis(COMMIT_TIMEOUT_MS),
+        }
+    }
+}
+
+impl RoundLimits {
+    fn schedule_settings(&self) -> ScheduleSettings {
+        ScheduleSettings {
+            max_entries_in_flight: self.entries_in_flight.clamp(1, MAX_ENTRIES_IN_FLIGHT),
+            max_keys_per_entry: MAX_KEYS_PER_ENTRY,
+            max_bytes_per_entry: MAX_ENTRY_MESSAGE_BYTES,
+            max_pending_per_key: self
+                .max_pending_per_key
+                .clamp(1, MAX_PENDING_REQUESTS_PER_KEY),
+            max_parked_messages: self.max_parked_messages.clamp(1, MAX_PARKED_MESSAGES),
+            max_parked_bytes: self.max_parked_bytes.clamp(1, MAX_PARKED_BYTES),
+            commit_timeout: self.commit_timeout,
+        }
+    }
+}
+
+type LeaderSchedule = Schedule<WaitingRequest, WaitingSync>;
+
+/// The batcher's handle; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Rounds {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    raft: Raft,
+    state: permitd_storage::SharedState,
+    leadership: watch::Receiver<Leadership>,
+    /// A std mutex: held only to move messages in and out, never across an await.
+    schedule: Mutex<LeaderSchedule>,
+    /// Wakes the driver: an arrival, an answered entry, or the timer.
+    wake: Arc<Notify>,
+    timer: PreciseTimer,
+    commit_timeout: Duration,
+}
+
+impl Rounds {
+    /// Starts the driver and the task that fails messages on leadership loss.
+    pub fn start(
+        raft: Raft,
+        state: permitd_storage::SharedState,
+        leadership: watch::Receiver<Leadership>,
+        limits: RoundLimits,
+    ) -> Self {
+        let settings = limits.schedule_settings();
+        let wake = Arc::new(Notify::new());
+        let rounds = Self {
+            inner: Arc::new(Inner {
+                raft,
+                state,
+                leadership,
+                schedule: Mutex::new(Schedule::new(settings)),
+                timer: PreciseTimer::start(wake.clone()),
+                wake,
+                commit_timeout: settings.commit_timeout,
+            }),
+        };
+        tokio::spawn(rounds.clone().drive());
+        tokio::spawn(rounds.clone().fail_on_leadership_loss());
+        tokio::spawn(rounds.clone().wake_on_returned_permits());
+        rounds
+    }
+
+    /// Wakes the held requests of every key an applied entry returned permits
+    /// of outside its round's reports: a reclaimed grant or lease, or an
+    /// operator's force release. (A lowered limit frees nothing; a raised one
+    /// wakes from its handler.)
+    async fn wake_on_returned_permits(self) {
+        let mut applied = self.inner.state.subscribe();
+        loop {
+            match applied.recv().await {
+                Ok(entry) => {
+                    let keys: Vec<&str> = entry
+                        .events
+                        .iter()
+                        .filter(|(_, event)| returns_permits_of(event))
+                        .map(|(key, _)| key.as_str())
+                        .collect();
+                    if !keys.is_empty() {
+                        let now = Instant::now();
+                        let mut schedule = self.schedule();
+                        keys.into_iter().for_each(|key| schedule.wake(key, now));
+                        drop(schedule);
+                        self.inner.wake.notify_one();
+                    }
+                }
+                // Missed entries may have freed anything: wake every key.
+                Err(broadcast::error::RecvError::Lagged(_)) => self.wake_all(),
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    fn schedule(&self) -> MutexGuard<'_, LeaderSchedule> {
+        // A panic while holding the lock leaves only plain data behind; keep going.
+        self.inner
+            .schedule
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn check_leading(&self) -> Result<(), RoundError> {
+        let leadership = *self.inner.leadership.borrow();
+        if leadership.is_leader {
+            return Ok(());
+        }
+        Err(ProposeError::NotLeader {
+            leader: leadership.leader,
+        }
+        .into())
+    }
+
+    /// Copies of the requests waiting for `key`'s next round, in arrival order
+    /// (for the operators' holders view; empty on a follower).
+    pub fn waiting(&self, key: &str) -> Vec<PermitRequest> {
+        let schedule = self.schedule();
+        schedule
+            .waiting(key)
+            .map(|waiting| waiting.request.clone())
+            .collect()
+    }
+
+    /// Parks `request` (`bytes` as received) for `key`'s next round and waits
+    /// for its answer.
+    pub async fn request(
+        &self,
+        key: &str,
+        request: PermitRequest,
+        bytes: usize,
+    ) -> Result<PermitGrant, RoundError> {
+        self.check_leading()?;
+        let timings = self.timings(key);
+        let (reply, answer) = oneshot::channel();
+        let now = Instant::now();
+        let waiting = WaitingRequest::new(request, reply, bytes, now);
+        self.schedule().park(key, waiting, bytes, timings, now)?;
+        crate::observe::metrics::pending_changed(1);
+        self.inner.wake.notify_one();
+        // The sender is dropped only if the node is shutting down.
+        answer
+            .await
+            .unwrap_or(Err(ProposeError::ShuttingDown.into()))
+    }
+
+    /// Queues `sync` for the next entry and waits for its answer.
+    pub async fn sync(
+        &self,
+        key: &str,
+        sync: PermitSync,
+        bytes: usize,
+    ) -> Result<PermitSyncResult, RoundError> {
+        self.check_leading()?;
+        let (reply, answer) = oneshot::channel();
+        let wakes = returns_permits(&sync).then_some(key);
+        let waiting = WaitingSync {
+            key: key.to_owned(),
+            sync,
+            reply,
+        };
+        self.schedule()
+            .push_sync(waiting, bytes, wakes, Instant::now())?;
+        crate::observe::metrics::pending_changed(1);
+        self.inner.wake.notify_one();
+        answer
+            .await
+            .unwrap_or(Err(ProposeError::ShuttingDown.into()))
+    }
+
+    /// Something may have freed permits of `key` outside a round (a reclaim, a
+    /// configuration change, a force release): its held requests join its next
+    /// round.
+    pub fn wake(&self, key: &str) {
+        self.schedule().wake(key, Instant::now());
+        self.inner.wake.notify_one();
+    }
+
+    /// As [`Self::wake`], for every key (new defaults, a restore).
+    pub fn wake_all(&self) {
+        self.schedule().wake_all(Instant::now());
+        self.inner.wake.notify_one();
+    }
+
+    /// `(roundWaitMs, roundPeriodMs)` of a key, as configured now.
+    fn timings(&self, key: &str) -> Timings {
+        self.inner.state.read(|semaphores| {
+            let config = semaphores.config(key);
+            Timings {
+                wait: Duration::from_millis(config.round_wait_ms),
+                period: Duration::from_millis(config.round_period_ms),
+            }
+        })
+    }
+
+    /// The driver: proposes every entry the schedule lets leave, fails what is
+    /// parked once the leader is stalled, then sleeps until the schedule's next
+    /// wake-up or until something changes.
+    async fn drive(self) {
+        let mut timer_set_for: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            let (entry, next_wake) = {
+                let mut schedule = self.schedule();
+                if schedule.is_stalled(now) && schedule.parked() > 0 {
+                    let (requests, syncs) = schedule.drop_all();
+                    drop(schedule);
+                    self.fail_dropped(requests, syncs, &self.stalled_error());
+                    continue;
+                }
+                let entry = schedule.take_entry(now);
+                (entry, schedule.next_wake(now))
+            };
+            if let Some(entry) = entry {
+                tokio::spawn(self.clone().run_entry(entry));
+                continue;
+            }
+            if let Some(due) = next_wake.filter(|due| timer_set_for != Some(*due)) {
+                self.inner.timer.wake_at(due);
+                timer_set_for = Some(due);
+            }
+            self.inner.wake.notified().await;
+            if timer_set_for.is_some_and(|due| due <= Instant::now()) {
+                timer_set_for = None;
+            }
+        }
+    }
+
+    async fn run_entry(self, entry: Entry<WaitingRequest, WaitingSync>) {
+        let parked = entry.syncs.len() + entry.rounds.iter().map(|r| r.1.len()).sum::<usize>();
+        crate::observe::metrics::pending_changed(-(parked as i64));
+        let span = tracing::info_span!(
+            "round_entry",
+            keys = entry.rounds.len(),
+            syncs = entry.syncs.len()
+        );
+        let started = Instant::now();
+        let (id, woken_before) = (entry.id, entry.woken_before);
+        let (command, replies) = into_command(entry.syncs, entry.rounds, crate::now_ms());
+        let proposal = propose(&self.inner.raft, &self.inner.leadership, command);
+        tokio::pin!(proposal);
+        let timeout = tokio::time::sleep(self.inner.commit_timeout);
+        let result = tokio::select! {
+            result = &mut proposal => Some(result),
+            () = timeout => None,
+        };
+        let Some(result) = result else {
+            // Stalled: answer now, but keep the entry in flight until it ends.
+            let error = RoundError::NoQuorum {
+                for_ms: millis(started.elapsed()),
+            };
+            fail(replies, error);
+            let _ = proposal.instrument(span).await;
+            self.schedule().entry_done(id, Instant::now());
+            self.inner.wake.notify_one();
+            return;
+        };
+        let elapsed = started.elapsed();
+        let _entered = span.enter();
+        let answered = match result {
+            Ok((result, _)) => result.into_round().map_err(RoundError::from),
+            Err(error) => Err(error.into()),
+        };
+        let matched = match answered {
+            Ok((answers, synced)) => match_answers(replies, answers, synced)
+                .map_err(|replies| (replies, RoundError::Mismatch)),
+            Err(error) => Err((replies, error)),
+        };
+        match matched {
+            Ok(matched) => {
+                for (reply, answer) in matched.syncs {
+                    let _ = reply.send(Ok(answer));
+                }
+                let rounds = self.hold_empty_handed(matched.rounds, woken_before);
+                self.end_entry(id);
+                for (key, answers) in rounds {
+                    answer_round(&key, answers, elapsed);
+                }
+            }
+            Err((replies, error)) => {
+                self.end_entry(id);
+                fail(replies, error);
+            }
+        }
+    }
+
+    fn end_entry(&self, id: super::schedule::EntryId) {
+        self.schedule().entry_done(id, Instant::now());
+        self.inner.wake.notify_one();
+    }
+
+    /// Holds, in the schedule, the requests each round left empty-handed that
+    /// may still wait (the rules: [`round_plan::hold_empty_handed`]); hands
+    /// back the rest to answer now. Runs before the entry counts as done, so
+    /// that its keys are still known to the schedule.
+    fn hold_empty_handed(&self, rounds: Vec<KeyAnswers>, woken_before: u64) -> Vec<KeyAnswers> {
+        let now = Instant::now();
+        let mut schedule = self.schedule();
+        let (held, rounds) =
+            round_plan::hold_empty_handed(rounds, now, |key, waiting, answer_by| {
+                let bytes = waiting.bytes;
+                schedule
+                    .hold(key, *waiting, bytes, answer_by, woken_before, now)
+                    .map_err(Box::new)
+            });
+        drop(schedule);
+        crate::observe::metrics::pending_changed(held as i64);
+        rounds
+    }
+
+    /// Fails every parked message as soon as this node stops leading.
+    async fn fail_on_leadership_loss(self) {
+        let mut leadership = self.inner.leadership.clone();
+        loop {
+            let _ = leadership.wait_for(|now| now.is_leader).await;
+            let started = *leadership.borrow();
+            crate::leader::leadership::lost(leadership.clone(), started).await;
+            self.fail_all(ProposeError::LeaderChanged);
+            if leadership.has_changed().is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Answers every parked message with `error` and forgets the schedule.
+    pub fn fail_all(&self, error: ProposeError) {
+        let (requests, syncs) = self.schedule().drop_all();
+        self.fail_dropped(requests, syncs, &error.into());
+    }
+
+    fn fail_dropped(
+        &self,
+        requests: Vec<WaitingRequest>,
+        syncs: Vec<WaitingSync>,
+        error: &RoundError,
+    ) {
+        let failed = requests.len() + syncs.len();
+        if failed > 0 {
+            tracing::warn!(messages = failed, %error, "failing waiting messages");
+        }
+        crate::observe::metrics::pending_changed(-(failed as i64));
+        for waiting in requests {
+            let _ = waiting.reply.send(Err(error.clone()));
+        }
+        for waiting in syncs {
+            let _ = waiting.reply.send(Err(error.clone()));
+        }
+    }
+
+    /// The answer for messages failed because the leader is stalled.
+    fn stalled_error(&self) -> RoundError {
+        let now = Instant::now();
+        let since = self
+            .schedule()
+            .stall_deadline()
+            .map_or(now, |deadline| deadline - self.inner.commit_timeout);
+        RoundError::NoQuorum {
+            for_ms: millis(now.saturating_duration_since(since)),
+        }
+    }
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("leadership", &*self.leadership.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Answers every request and sync of an entry with `error`.
+fn fail(replies: Replies, error: RoundError) {
+    for reply in replies.syncs {
+        let _ = reply.send(Err(error.clone()));
+    }
+    for (key, replies) in replies.rounds {
+        fail_replies(&key, replies, error.clone());
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Sends one key's answers, or fails its requests if they did not match.
+fn answer_round(
+    key: &str,
+    answers: Result<Vec<(RoundReply, PermitGrant)>, Vec<RoundReply>>,
+    elapsed: Duration,
+) {
+    let answers = match answers {
+        Ok(answers) => answers,
+        Err(replies) => return fail_replies(key, replies, RoundError::Mismatch),
+    };
+    let granted = granted(&answers);
+    let duration_ms = elapsed.as_secs_f64() * 1e3;
+    let requests = answers.len();
+    tracing::info_span!("round", key, requests, granted, duration_ms).in_scope(|| {
+        tracing::debug!("round answered");
+    });
+    crate::observe::metrics::round_finished(elapsed);
+    for (reply, answer) in answers {
+        reply.send(Ok(answer));
+    }
+}
+
+fn fail_replies(key: &str, replies: Vec<RoundReply>, error: RoundError) {
+    tracing::warn!(key, requests = replies.len(), %error, "round failed");
+    for reply in replies {
+        reply.send(Err(error.clone()));
+    }
+}
