@@ -831,13 +831,8 @@ mod tests {
 
     fn a_request() -> PermitRequest {
         PermitRequest {
-            v: permitd_core::protocol::V1,
             client_id: "c".into(),
-            request_id: None,
-            demand: vec![],
-            grants: vec![],
-            leases: None,
-            wait_ms: None,
+            ..PermitRequest::default()
         }
     }
 

@@ -58,7 +58,7 @@ pub enum SemaphoreRequest {
 }
 
 /// Asks for permits per group and reports on the grants and leases the client holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PermitRequest {
     pub v: V1,
@@ -83,7 +83,7 @@ pub struct PermitRequest {
 }
 
 /// Cumulative reports without demand.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PermitSync {
     pub v: V1,

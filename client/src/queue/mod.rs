@@ -552,27 +552,20 @@ fn spawn_send(client: &SemaphoreClient, outgoing: Outgoing, events: Events) {
 
 #[cfg(test)]
 mod tests {
-    use permitd_core::protocol::{PermitRequest, PermitSync, V1};
+    use permitd_core::protocol::{PermitRequest, PermitSync};
 
     use super::*;
 
     fn outgoing(key: &str, report: bool) -> Outgoing {
         let message = if report {
             SemaphoreRequest::Sync(PermitSync {
-                v: V1,
                 client_id: "c".into(),
-                grants: vec![],
-                leases: None,
+                ..PermitSync::default()
             })
         } else {
             SemaphoreRequest::Request(PermitRequest {
-                v: V1,
                 client_id: "c".into(),
-                request_id: None,
-                demand: vec![],
-                grants: vec![],
-                leases: None,
-                wait_ms: None,
+                ..PermitRequest::default()
             })
         };
         Outgoing {
