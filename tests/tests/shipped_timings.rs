@@ -677,7 +677,9 @@ fn reader_load(cluster: &Arc<Cluster>, stop: Arc<AtomicBool>) -> tokio::task::Jo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a minute of load by definition; run with --ignored (SHIPPED_TIMINGS_MIXED_SECONDS)"]
+#[ignore = "term moves with its bursts of 8 large requests: 2 of 2 runs (a 503 leader_changed at \
+            33 s; term 1 -> 13 in 60 s); without them (SHIPPED_TIMINGS_MIXED_LARGE=0) term 1 held, \
+            37,570 answers all 200; and a minute by definition; issue 25 item 2"]
 async fn mixed_load_one_minute() {
     let _one = ONE_AT_A_TIME.lock().await;
     let seconds = env_or("SHIPPED_TIMINGS_MIXED_SECONDS", 60);
