@@ -11,6 +11,10 @@
 //! every node agrees on, runs its work, and fails if any node ends on another
 //! term or leader, or if the work itself did not succeed.
 //!
+//! Three scenarios are `#[ignore]`d because the term still moves in them (each
+//! reason says what was seen; issue 25, item 2, is the fix): the bursts, the
+//! 100,000 keys and the mixed load. Run them with `--include-ignored`.
+//!
 //! Sizes and durations, for longer runs: `SHIPPED_TIMINGS_BURSTS` (default 2;
 //! the issue's target is 10), `SHIPPED_TIMINGS_CALLERS` (120),
 //! `SHIPPED_TIMINGS_KEYS` (100,000), `SHIPPED_TIMINGS_SCRAPE_SECONDS` (10),
@@ -385,9 +389,9 @@ async fn bursts_of_large_requests() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "term moves: 1 of 3 runs, term 1 -> 6 while the keys were written (503 leader_changed \
-            at ~79,000 keys, after a minute of stalls and pre-votes granted to followers); the \
-            other 2 held term 1 with 100-600 stalls per node, 75-92 s; issue 25 item 2"]
+#[ignore = "term moves: 1 of 4 runs, term 1 -> 6 while the keys were written (503 leader_changed \
+            at ~79,000 keys, after many pre-votes granted to followers); the other 3 held term 1 \
+            with 300-600 stalls on the leader, 72-92 s; issue 25 item 2"]
 async fn snapshot_at_100k_keys() {
     let _one = ONE_AT_A_TIME.lock().await;
     let keys = env_or("SHIPPED_TIMINGS_KEYS", 100_000) as usize;
@@ -503,6 +507,10 @@ async fn snapshot_at_100k_keys() {
     }
 }
 
+/// Scrapers back to back on every node (`SHIPPED_TIMINGS_SCRAPERS`, 6 by
+/// default: ~20-40 scrapes a second), beside a light load. With 24 the term
+/// held too (2 of 2 runs), but the light load got 503 `no_quorum`: an entry
+/// waited past the 3 s commit timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scrape_flood() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -659,7 +667,8 @@ fn reader_load(cluster: &Arc<Cluster>, stop: Arc<AtomicBool>) -> tokio::task::Jo
                     .send()
                     .await;
                 let status = answer.map(|answer| answer.status().as_u16()).unwrap_or(0);
-                tally.count(status, &Value::Null);
+                // Which read failed, by path (a scrape's body is not JSON).
+                tally.count(status, &json!({"error": {"code": path}}));
             }
             let config = json!({"limit": 100 + round % 10});
             let answer = cluster
@@ -678,8 +687,9 @@ fn reader_load(cluster: &Arc<Cluster>, stop: Arc<AtomicBool>) -> tokio::task::Jo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "term moves with its bursts of 8 large requests: 2 of 2 runs (a 503 leader_changed at \
-            33 s; term 1 -> 13 in 60 s); without them (SHIPPED_TIMINGS_MIXED_LARGE=0) term 1 held, \
-            37,570 answers all 200; and a minute by definition; issue 25 item 2"]
+            33 s; term 1 -> 13 in 60 s); without them (SHIPPED_TIMINGS_MIXED_LARGE=0) term 1 held \
+            in 2 of 2 (37,570 answers all 200; 53,068 and one 503); a minute by definition; \
+            issue 25 item 2"]
 async fn mixed_load_one_minute() {
     let _one = ONE_AT_A_TIME.lock().await;
     let seconds = env_or("SHIPPED_TIMINGS_MIXED_SECONDS", 60);
