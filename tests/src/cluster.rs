@@ -35,6 +35,8 @@ pub struct Settings {
     /// instead of the harness's fast [`crate::HEARTBEAT_INTERVAL_MS`],
     /// [`crate::ELECTION_TIMEOUT_MIN_MS`] and [`crate::ELECTION_TIMEOUT_MAX_MS`].
     pub raft_timings_ms: Option<(u64, u64, u64)>,
+    /// `[raft] rpc_timeout_ms` instead of the harness's 500.
+    pub rpc_timeout_ms: Option<u64>,
     /// `--worker-threads` of every node; `None` leaves permitd's default.
     pub worker_threads: Option<u16>,
     /// Each node's data dir on a `powerfs` mount that can lose power
@@ -55,10 +57,60 @@ impl Default for Settings {
             raft_toml: String::new(),
             snapshot_every_logs: SNAPSHOT_EVERY_LOGS,
             raft_timings_ms: None,
+            rpc_timeout_ms: None,
             worker_threads: None,
             power_loss_disks: false,
         }
     }
+}
+
+impl Settings {
+    /// The repository's `cluster.toml` as shipped ([`shipped_cluster_file`]):
+    /// its whole `[raft]` table (heartbeat, elections, RPC timeout, snapshot
+    /// policy), its `[limits]` and its `[defaults]`, not the harness's. Ports,
+    /// secret, token and data dirs stay the harness's.
+    pub fn shipped() -> Self {
+        let file = shipped_cluster_file();
+        let table = |name: &str| -> toml::Table {
+            file.get(name)
+                .and_then(toml::Value::as_table)
+                .cloned()
+                .unwrap_or_else(|| panic!("cluster.toml has a [{name}] table"))
+        };
+        let mut raft = table("raft");
+        let mut take = |key: &str| -> u64 {
+            let value = raft
+                .remove(key)
+                .and_then(|value| value.as_integer())
+                .unwrap_or_else(|| panic!("cluster.toml sets [raft] {key}"));
+            u64::try_from(value).expect("a timing is not negative")
+        };
+        let timings = (
+            take("heartbeat_interval_ms"),
+            take("election_timeout_min_ms"),
+            take("election_timeout_max_ms"),
+        );
+        let rpc_timeout_ms = take("rpc_timeout_ms");
+        let snapshot_every_logs = take("snapshot_every_logs");
+        let to_toml = |table: &toml::Table| toml::to_string(table).expect("TOML");
+        Self {
+            defaults: to_toml(&table("defaults")),
+            extra_toml: format!("[limits]\n{}", to_toml(&table("limits"))),
+            // The rest of the table (`snapshot_every_ms`, anything added later).
+            raft_toml: to_toml(&raft),
+            snapshot_every_logs,
+            raft_timings_ms: Some(timings),
+            rpc_timeout_ms: Some(rpc_timeout_ms),
+            ..Self::default()
+        }
+    }
+}
+
+/// The repository's `cluster.toml`, parsed.
+pub fn shipped_cluster_file() -> toml::Table {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../cluster.toml");
+    let text = std::fs::read_to_string(path).expect("the repository's cluster.toml");
+    text.parse().expect("cluster.toml is TOML")
 }
 
 /// A cluster of real `permitd` processes in a temporary directory.
@@ -277,6 +329,40 @@ impl Cluster {
         text.lines()
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
             .and_then(|value| value.trim().parse().ok())
+    }
+
+    /// The sum of every series of the metric `name` (with any labels; not its
+    /// `_bucket`, `_sum` or `_count` series) on node `id`, or `None` if the node
+    /// does not answer or has no such series.
+    pub async fn metric_total(&self, id: u64, name: &str) -> Option<f64> {
+        let url = format!("{}/metrics", self.node(id).url());
+        let text = self.http.get(url).send().await.ok()?.text().await.ok()?;
+        let values: Vec<f64> = text
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix(name)?;
+                let value = match rest.strip_prefix('{') {
+                    Some(labelled) => labelled.split_once("} ")?.1,
+                    None => rest.strip_prefix(' ')?,
+                };
+                value.trim().parse().ok()
+            })
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum())
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`) to node `id`: the process freezes
+    /// without closing anything, as a paused VM or a starved CPU would, and
+    /// goes on where it was.
+    pub fn pause(&self, id: u64, paused: bool) {
+        use nix::sys::signal::{kill, Signal};
+        let pid = self.node(id).pid().expect("the node runs");
+        let signal = if paused {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("signal the node");
     }
 
     /// SIGKILL: the node dies without any shutdown.

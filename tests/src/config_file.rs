@@ -75,12 +75,13 @@ pub(crate) fn cluster_toml(
         ELECTION_TIMEOUT_MIN_MS,
         ELECTION_TIMEOUT_MAX_MS,
     ));
+    let rpc_timeout = settings.rpc_timeout_ms.unwrap_or(500);
     let mut text = format!(
         "secret = \"{SECRET}\"\n\n[auth]\nenabled = {auth}\nadmin_token = \"{ADMIN_TOKEN}\"\n\n\
          [raft]\nheartbeat_interval_ms = {heartbeat}\n\
          election_timeout_min_ms = {election_min}\n\
          election_timeout_max_ms = {election_max}\n\
-         rpc_timeout_ms = 500\nsnapshot_every_logs = {snapshot_every_logs}\n{raft_toml}\n[defaults]\n{defaults}\n{extra_toml}\n"
+         rpc_timeout_ms = {rpc_timeout}\nsnapshot_every_logs = {snapshot_every_logs}\n{raft_toml}\n[defaults]\n{defaults}\n{extra_toml}\n"
     );
     if let Some(certs) = certs {
         text.push_str(&format!(

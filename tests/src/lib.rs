@@ -50,7 +50,7 @@ pub mod power_loss;
 pub mod process;
 pub mod wait;
 
-pub use cluster::{Cluster, Settings};
+pub use cluster::{shipped_cluster_file, Cluster, Settings};
 pub use config_file::{
     node_of_source_ip, peer_source_ip, write_cluster_file, ELECTION_TIMEOUT_MAX_MS,
     ELECTION_TIMEOUT_MIN_MS, HEARTBEAT_INTERVAL_MS, SNAPSHOT_EVERY_LOGS,
