@@ -48,6 +48,8 @@ struct Row {
     cpu: String,
     /// Entries/s, CPU per entry, calls per cycle (throughput rows).
     entries: String,
+    /// The followers' leader contact gaps (throughput rows).
+    gaps: String,
 }
 
 impl Row {
@@ -55,6 +57,7 @@ impl Row {
     fn costing(mut self, cost: &Cost) -> Self {
         self.cpu = cost.per_cycle_cell();
         self.entries = cost.entries_cell();
+        self.gaps = cost.gaps_cell();
         self
     }
 }
@@ -108,6 +111,7 @@ impl Report {
             target: "—".into(),
             cpu: NO_COST.into(),
             entries: NO_COST.into(),
+            gaps: NO_COST.into(),
         });
         self.json
             .push(json!({"section": "floor", "fsyncMsP50": floor.fsync_ms_p50,
@@ -153,6 +157,7 @@ impl Report {
                 target,
                 cpu: NO_COST.into(),
                 entries: NO_COST.into(),
+                gaps: NO_COST.into(),
             }
             .costing(&result.cost),
         );
@@ -189,6 +194,7 @@ impl Report {
                 target: "—".into(),
                 cpu: NO_COST.into(),
                 entries: NO_COST.into(),
+                gaps: NO_COST.into(),
             }
             .costing(&result.cost),
         );
@@ -248,6 +254,7 @@ impl Report {
             },
             cpu: NO_COST.into(),
             entries: NO_COST.into(),
+            gaps: NO_COST.into(),
         }
         .costing(&result.cost));
         let (gap_p50, gap_p99) = result.reuse_gap_ms.unzip();
@@ -291,6 +298,7 @@ impl Report {
             ),
             cpu: NO_COST.into(),
             entries: NO_COST.into(),
+            gaps: NO_COST.into(),
         });
         self.json
             .push(json!({"section": "failover", "kills": result.kills,
@@ -335,6 +343,7 @@ impl Report {
                 target,
                 cpu: NO_COST.into(),
                 entries: NO_COST.into(),
+                gaps: NO_COST.into(),
             });
             self.json
                 .push(json!({"section": "scale", "keys": point.keys,
@@ -369,7 +378,12 @@ impl Report {
              clients (the bench process), Σ all of them. µs/entry: the same CPU (Σ, and L \
              alone) per log entry the leader appended. msgs/cycle: HTTP calls of the \
              clients per cycle (grant and messages rows: counted by the clients; lease \
-             rows: `/v1/semaphores` calls the nodes served).\n\n",
+             rows: `/v1/semaphores` calls the nodes served). follower contact gap: time \
+             between consecutive AppendEntries (heartbeats or appends) a follower received \
+             from the leader over the window, both followers together, from the nodes' \
+             `permitd_raft_leader_contact_gap_seconds` histogram, so p99.9 and max are \
+             given as their bucket (heartbeats are due every 40 ms; openraft sends them \
+             about every 60 ms).\n\n",
             self.profile,
             self.elapsed.as_secs_f64(),
             super::threads_per_process(),
@@ -383,13 +397,13 @@ impl Report {
         }
         text.push_str(
             "| section | scenario | throughput | p50 | p99 | notes | target \
-             | CPU µs/cycle | entries, CPU µs/entry, msgs/cycle |\n",
+             | CPU µs/cycle | entries, CPU µs/entry, msgs/cycle | follower contact gap |\n",
         );
-        text.push_str("|---|---|---|---|---|---|---|---|---|\n");
+        text.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
         for row in &self.rows {
             let _ = writeln!(
                 text,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.section,
                 row.scenario,
                 row.throughput,
@@ -398,7 +412,8 @@ impl Report {
                 row.notes,
                 row.target,
                 row.cpu,
-                row.entries
+                row.entries,
+                row.gaps
             );
         }
         text
