@@ -122,6 +122,8 @@ struct Reading {
     calls: Option<Stamped<(u64, u64)>>,
     /// Each follower's contact gap histogram so far.
     gaps: Vec<(u64, GapBuckets)>,
+    /// The highest term any node reports ([`max_term`]).
+    term: u64,
 }
 
 /// A measured window in progress (see the module comment).
@@ -135,8 +137,8 @@ pub struct Window {
 
 impl Window {
     /// Opens a window on `cluster` whose leader is `leader`: the leader's log
-    /// index first (as the sections always read it), then the served calls,
-    /// then CPU and client calls.
+    /// index first (as the sections always read it), then the nodes' metrics
+    /// and terms, then CPU and client calls.
     pub async fn open(cluster: &Cluster, leader: u64, calls: Calls) -> Self {
         let processes: Vec<(u64, ProcessCpu)> = cluster
             .nodes
@@ -147,6 +149,7 @@ impl Window {
         let pages = metrics_pages(cluster).await;
         let served = served_calls(pages.as_ref(), leader, &calls);
         let gaps = follower_gaps(pages.as_ref(), leader);
+        let term = max_term(cluster).await;
         let cpu = read_cpu(&processes);
         let calls_now = client_calls(&calls).or(served);
         Self {
@@ -158,12 +161,13 @@ impl Window {
                 last_index,
                 calls: calls_now,
                 gaps,
+                term,
             },
         }
     }
 
     /// Closes the window (CPU and client calls first, then the log index,
-    /// then the nodes' metrics): what it cost, its cycles still to be named
+    /// then the nodes' metrics and terms): what it cost, its cycles still to be named
     /// ([`Cost::with_cycles_per_s`]).
     pub async fn close(self, cluster: &Cluster) -> Cost {
         let cpu = read_cpu(&self.processes);
@@ -177,6 +181,7 @@ impl Window {
             last_index,
             calls: calls_now,
             gaps: follower_gaps(pages.as_ref(), self.leader),
+            term: max_term(cluster).await,
         };
         let contact_gaps = window_gaps(&self.start.gaps, &end.gaps);
         let ticks = clock_ticks_per_s() as f64;
@@ -223,6 +228,7 @@ impl Window {
                 Calls::Served => "served",
             },
             contact_gaps,
+            elections: end.term.saturating_sub(self.start.term),
         }
     }
 }
@@ -354,6 +360,9 @@ pub struct Cost {
     pub messages_via_followers: Option<u64>,
     /// The followers' leader contact gaps; `None` when a reading failed.
     pub contact_gaps: Option<ContactGaps>,
+    /// Term increases over the window: anything but 0 means the leader the
+    /// costs are split by was not the leader all along.
+    pub elections: u64,
 }
 
 impl Cost {
@@ -462,7 +471,8 @@ impl Cost {
             "messagesPerCycle": self.messages_per_cycle(),
             "messagesSource": self.messages_source,
             "messagesViaFollowers": self.messages_via_followers,
-            "followerContactGaps": self.contact_gaps.as_ref().map(ContactGaps::to_json)})
+            "followerContactGaps": self.contact_gaps.as_ref().map(ContactGaps::to_json),
+            "electionsInWindow": self.elections})
     }
 }
 

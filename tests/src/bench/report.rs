@@ -53,11 +53,20 @@ struct Row {
 }
 
 impl Row {
-    /// The cost columns of a throughput row.
+    /// The cost columns of a throughput row, and a note when the leader
+    /// changed during its window.
     fn costing(mut self, cost: &Cost) -> Self {
         self.cpu = cost.per_cycle_cell();
         self.entries = cost.entries_cell();
         self.gaps = cost.gaps_cell();
+        if cost.elections > 0 {
+            // The split by leader and followers assumed one leader all along.
+            let _ = write!(
+                self.notes,
+                "; **{} election(s) during the window**",
+                cost.elections
+            );
+        }
         self
     }
 }
@@ -372,7 +381,8 @@ impl Report {
              the clients' process. Latencies are above roundWaitMs (client-observed), × is \
              the ratio to the median fsync.\n\n\
              leader changes (outside failover): {} (term increases outside the failover \
-             section; expected 0).\n\n\
+             section; expected 0; a throughput row whose window saw one says so in its notes, \
+             its leader/follower split then being unreliable).\n\n\
              CPU µs/cycle: utime+stime over the measured window per completed cycle (a \
              granted permit, or an admission) of L the leader, F each follower, C the \
              clients (the bench process), Σ all of them. µs/entry: the same CPU (Σ, and L \
