@@ -153,7 +153,7 @@ impl ContactGaps {
                 "p99.9 {} · max {} ({} gaps)",
                 p999.cell(),
                 max.cell(),
-                self.buckets.count()
+                super::report::thousands(self.buckets.count() as f64)
             ),
             _ => "—".into(),
         }

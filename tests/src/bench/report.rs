@@ -501,7 +501,7 @@ fn mib(bytes: u64) -> f64 {
 }
 
 /// `12,345` from `12345.4`.
-fn thousands(value: f64) -> String {
+pub(super) fn thousands(value: f64) -> String {
     if !value.is_finite() {
         return "n/a".into();
     }
