@@ -18,8 +18,9 @@
 //!
 //! Every throughput row also says what it cost ([`cpu`]): CPU µs per permit
 //! cycle of the leader, the followers, the clients (the bench process) and in
-//! total, log entries per second and CPU per entry, and HTTP calls per cycle.
-//! The header counts the leader changes outside the failover section
+//! total, log entries per second and CPU per entry, HTTP calls per cycle, and
+//! the followers' leader contact gaps over the window ([`gaps`]: p99.9 and
+//! max). The header counts the leader changes outside the failover section
 //! (expected 0).
 //!
 //! Every loop is bounded in count and time; all traffic goes to 127.0.0.1.
@@ -28,6 +29,7 @@
 pub mod cpu;
 pub mod failover;
 pub mod floor;
+pub mod gaps;
 pub mod grant;
 pub mod lease;
 mod report;

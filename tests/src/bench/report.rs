@@ -48,13 +48,25 @@ struct Row {
     cpu: String,
     /// Entries/s, CPU per entry, calls per cycle (throughput rows).
     entries: String,
+    /// The followers' leader contact gaps (throughput rows).
+    gaps: String,
 }
 
 impl Row {
-    /// The cost columns of a throughput row.
+    /// The cost columns of a throughput row, and a note when the leader
+    /// changed during its window.
     fn costing(mut self, cost: &Cost) -> Self {
         self.cpu = cost.per_cycle_cell();
         self.entries = cost.entries_cell();
+        self.gaps = cost.gaps_cell();
+        if cost.elections > 0 {
+            // The split by leader and followers assumed one leader all along.
+            let _ = write!(
+                self.notes,
+                "; **{} election(s) during the window**",
+                cost.elections
+            );
+        }
         self
     }
 }
@@ -108,6 +120,7 @@ impl Report {
             target: "—".into(),
             cpu: NO_COST.into(),
             entries: NO_COST.into(),
+            gaps: NO_COST.into(),
         });
         self.json
             .push(json!({"section": "floor", "fsyncMsP50": floor.fsync_ms_p50,
@@ -153,6 +166,7 @@ impl Report {
                 target,
                 cpu: NO_COST.into(),
                 entries: NO_COST.into(),
+                gaps: NO_COST.into(),
             }
             .costing(&result.cost),
         );
@@ -189,6 +203,7 @@ impl Report {
                 target: "—".into(),
                 cpu: NO_COST.into(),
                 entries: NO_COST.into(),
+                gaps: NO_COST.into(),
             }
             .costing(&result.cost),
         );
@@ -248,6 +263,7 @@ impl Report {
             },
             cpu: NO_COST.into(),
             entries: NO_COST.into(),
+            gaps: NO_COST.into(),
         }
         .costing(&result.cost));
         let (gap_p50, gap_p99) = result.reuse_gap_ms.unzip();
@@ -291,6 +307,7 @@ impl Report {
             ),
             cpu: NO_COST.into(),
             entries: NO_COST.into(),
+            gaps: NO_COST.into(),
         });
         self.json
             .push(json!({"section": "failover", "kills": result.kills,
@@ -335,6 +352,7 @@ impl Report {
                 target,
                 cpu: NO_COST.into(),
                 entries: NO_COST.into(),
+                gaps: NO_COST.into(),
             });
             self.json
                 .push(json!({"section": "scale", "keys": point.keys,
@@ -363,13 +381,19 @@ impl Report {
              the clients' process. Latencies are above roundWaitMs (client-observed), × is \
              the ratio to the median fsync.\n\n\
              leader changes (outside failover): {} (term increases outside the failover \
-             section; expected 0).\n\n\
+             section; expected 0; a throughput row whose window saw one says so in its notes, \
+             its leader/follower split then being unreliable).\n\n\
              CPU µs/cycle: utime+stime over the measured window per completed cycle (a \
              granted permit, or an admission) of L the leader, F each follower, C the \
              clients (the bench process), Σ all of them. µs/entry: the same CPU (Σ, and L \
              alone) per log entry the leader appended. msgs/cycle: HTTP calls of the \
              clients per cycle (grant and messages rows: counted by the clients; lease \
-             rows: `/v1/semaphores` calls the nodes served).\n\n",
+             rows: `/v1/semaphores` calls the nodes served). follower contact gap: time \
+             between consecutive AppendEntries (heartbeats or appends) a follower received \
+             from the leader over the window, both followers together, from the nodes' \
+             `permitd_raft_leader_contact_gap_seconds` histogram, so p99.9 and max are \
+             given as their bucket (heartbeats are due every 40 ms; openraft sends them \
+             about every 60 ms).\n\n",
             self.profile,
             self.elapsed.as_secs_f64(),
             super::threads_per_process(),
@@ -383,13 +407,13 @@ impl Report {
         }
         text.push_str(
             "| section | scenario | throughput | p50 | p99 | notes | target \
-             | CPU µs/cycle | entries, CPU µs/entry, msgs/cycle |\n",
+             | CPU µs/cycle | entries, CPU µs/entry, msgs/cycle | follower contact gap |\n",
         );
-        text.push_str("|---|---|---|---|---|---|---|---|---|\n");
+        text.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
         for row in &self.rows {
             let _ = writeln!(
                 text,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.section,
                 row.scenario,
                 row.throughput,
@@ -398,7 +422,8 @@ impl Report {
                 row.notes,
                 row.target,
                 row.cpu,
-                row.entries
+                row.entries,
+                row.gaps
             );
         }
         text
@@ -476,7 +501,7 @@ fn mib(bytes: u64) -> f64 {
 }
 
 /// `12,345` from `12345.4`.
-fn thousands(value: f64) -> String {
+pub(super) fn thousands(value: f64) -> String {
     if !value.is_finite() {
         return "n/a".into();
     }
