@@ -11,6 +11,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use permitd_core::KeyConfig;
 use permitd_storage::{NodeId, PeerNode, SharedState};
 use tokio::net::TcpListener;
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 use crate::config::RaftTimings;
@@ -129,7 +130,9 @@ pub struct Started {
 }
 
 /// Opens storage, starts Raft and the leader-side tasks, binds both listeners.
-pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
+/// openraft's tasks, the election guard and the Raft probes are spawned on
+/// `raft_runtime` ([`crate::raft::runtime`]); the rest on the caller's runtime.
+pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Started, StartError> {
     let api_listener = bind(&settings.api_addr).await?;
     let raft_listener = bind(&settings.raft_addr).await?;
     let options = permitd_storage::Options::new(settings.data_dir.clone());
@@ -147,15 +150,14 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
         settings.tls.as_ref(),
         settings.peer_source_ip,
     )?;
-    let raft = Raft::new(
-        settings.id,
-        Arc::new(raft_config(settings.id, timings)?),
-        network.clone(),
-        opened.log,
-        opened.state_machine,
-    )
-    .await
-    .map_err(|error| StartError::Raft(error.to_string()))?;
+    let config = Arc::new(raft_config(settings.id, timings)?);
+    let (id, raft_network) = (settings.id, network.clone());
+    let (log, state_machine) = (opened.log, opened.state_machine);
+    let raft = raft_runtime
+        .spawn(async move { Raft::new(id, config, raft_network, log, state_machine).await })
+        .await
+        .map_err(|error| StartError::Raft(error.to_string()))?
+        .map_err(|error| StartError::Raft(error.to_string()))?;
     let leader_contact = Arc::new(crate::raft::stall_probe::LeaderContact::default());
     let election_guard = Arc::new(ElectionGuard::new(
         settings.id,
@@ -166,7 +168,12 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
             Duration::from_millis(timings.election_timeout_max_ms),
         ),
     ));
-    election_guard.clone().start(raft.clone(), network);
+    {
+        let _on_raft_runtime = raft_runtime.enter();
+        election_guard.clone().start(raft.clone(), network);
+        crate::raft::stall_probe::start(&raft, "raft");
+    }
+    crate::raft::stall_probe::start(&raft, "api");
     let leadership = watch_leadership(&raft, election_guard.leader_silent());
     let state = opened.state;
     let rounds = Rounds::start(
@@ -196,7 +203,6 @@ pub async fn start(settings: &NodeSettings) -> Result<Started, StartError> {
     let events = EventLog::new(applied_at_start);
     crate::observe::applied_events::start(state.clone(), events.clone(), applied);
     crate::observe::raft_metrics::start(raft.clone());
-    crate::raft::stall_probe::start(&raft);
     let app = App(Arc::new(Node {
         id: settings.id,
         raft,

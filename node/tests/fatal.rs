@@ -51,7 +51,10 @@ async fn a_stopped_raft_core_fails_healthz_and_ends_the_wait() {
             permitd_node::leader::reclaim::DEFAULT_HORIZON_MS,
         ),
     };
-    let started = app::start(&settings).await.expect("node starts");
+    let raft_runtime = permitd_node::raft::runtime::RaftRuntime::start().expect("raft runtime");
+    let started = app::start(&settings, &raft_runtime.handle())
+        .await
+        .expect("node starts");
     let app = started.app;
     assert_eq!(healthz(&app).await, StatusCode::OK);
     assert_eq!(permitd_node::leader::fatal::stopped(&app.raft), None);

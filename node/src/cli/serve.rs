@@ -25,6 +25,7 @@ use crate::credentials::tls::Tls;
 use crate::credentials::{random_hex, write_private_file, AuthSettings, Secret};
 use crate::edge::serve;
 use crate::leader::propose::ProposeError;
+use crate::raft::runtime::RaftRuntime;
 use crate::shutdown::Shutdown;
 
 /// How long stopping may take before the listeners are abandoned.
@@ -62,6 +63,8 @@ pub enum ServeError {
     UnknownNode(u64),
     #[error("the Raft core stopped: {0}")]
     RaftStopped(String),
+    #[error("cannot start the Raft runtime or its listener: {0}")]
+    RaftRuntime(std::io::Error),
     #[error("secret file {path}: {source}")]
     Secret {
         path: PathBuf,
@@ -86,7 +89,8 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
              for local development only"
         );
     }
-    let started = app::start(&settings).await?;
+    let raft_runtime = RaftRuntime::start().map_err(ServeError::RaftRuntime)?;
+    let started = app::start(&settings, &raft_runtime.handle()).await?;
     tracing::info!(
         id = settings.id,
         api = ?app::local_addr(&started.api_listener),
@@ -97,7 +101,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     if settings.initialize_at_start {
         tokio::spawn(initialize_if_new(started.app.clone()));
     }
-    serve_until_signal(started, settings.edge, settings.tls.clone()).await
+    serve_until_signal(started, raft_runtime, settings.edge, settings.tls.clone()).await
 }
 
 fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
@@ -214,6 +218,7 @@ async fn initialize_if_new(app: app::App) {
 
 async fn serve_until_signal(
     started: Started,
+    raft_runtime: RaftRuntime,
     edge: EdgeLimits,
     tls: Option<Tls>,
 ) -> Result<(), ServeError> {
@@ -232,14 +237,18 @@ async fn serve_until_signal(
         tls.as_ref().map(Tls::api_acceptor),
         stop_api.clone(),
     ));
+    // Peers' calls are accepted and answered on the Raft runtime: the listener
+    // moves to its reactor, so a busy API runtime delays no append or vote.
     let internal = crate::edge::api::internal_router(app.clone());
-    let raft_task = tokio::spawn(serve::serve(
-        raft_listener,
-        internal,
-        edge,
-        tls.as_ref().map(Tls::raft_acceptor),
-        stop_raft.clone(),
-    ));
+    let raft_listener = raft_listener.into_std().map_err(ServeError::RaftRuntime)?;
+    let raft_acceptor = tls.as_ref().map(Tls::raft_acceptor);
+    let stop = stop_raft.clone();
+    let raft_task = raft_runtime.handle().spawn(async move {
+        match tokio::net::TcpListener::from_std(raft_listener) {
+            Ok(listener) => serve::serve(listener, internal, edge, raft_acceptor, stop).await,
+            Err(error) => tracing::error!(%error, "cannot listen for peers"),
+        }
+    });
     // A core that stopped on its own ends the process with an error, after the
     // same orderly stop as a signal, so a supervisor restarts it.
     let fatal = tokio::select! {
@@ -261,6 +270,7 @@ async fn serve_until_signal(
     }
     stop_raft.trigger();
     let _ = tokio::time::timeout(stop_timeout, raft_task).await;
+    drop(raft_runtime);
     tracing::info!("stopped");
     if api_result.is_err() {
         tracing::warn!("open API connections did not finish in time");

@@ -10,12 +10,13 @@
 //!   follower's gaps sit at about 60 ms; a gap past the leader lease plus the
 //!   election timeout (360–480 ms by default) lets this node's election timer
 //!   fire and start a needless election.
-//! - `permitd_runtime_tick_lateness_seconds` (histogram, on every node): a task
-//!   on the node's tokio runtime sleeps [`TICK`] in a loop and records how much
-//!   later than asked it woke. About a millisecond is normal (the timer wheel has
-//!   1 ms slots); tens of milliseconds mean every task of the node, Raft's
-//!   included, was that late: a worker thread blocked, the CPU starved, the
-//!   process or the VM paused.
+//! - `permitd_runtime_tick_lateness_seconds{runtime}` (histogram, on every
+//!   node): a task on each of the node's tokio runtimes (`raft`: openraft and
+//!   the peers' calls, [`crate::raft::runtime`]; `api`: everything else) sleeps
+//!   [`TICK`] in a loop and records how much later than asked it woke. About a
+//!   millisecond is normal (the timer wheel has 1 ms slots); tens of
+//!   milliseconds mean every task of that runtime was that late: a worker
+//!   thread blocked, the CPU starved, the process or the VM paused.
 //!
 //! Read together: long contact gaps on a follower whose tick lateness stays low
 //! point at the leader (its runtime, its disk) or the network between them; long
@@ -124,8 +125,9 @@ pub async fn tick_lateness(period: Duration) -> Duration {
     started.elapsed().saturating_sub(period)
 }
 
-/// Starts the probe on the current runtime; it ends when Raft shuts down.
-pub fn start(raft: &Raft) {
+/// Starts the probe on the current runtime, labelled `runtime`; it ends when
+/// Raft shuts down.
+pub fn start(raft: &Raft, runtime: &'static str) {
     let metrics = raft.metrics();
     tokio::spawn(async move {
         loop {
@@ -133,7 +135,7 @@ pub fn start(raft: &Raft) {
             if metrics.has_changed().is_err() {
                 return; // Raft shut down.
             }
-            metrics::histogram!(TICK_LATENESS).record(late.as_secs_f64());
+            metrics::histogram!(TICK_LATENESS, "runtime" => runtime).record(late.as_secs_f64());
         }
     });
 }
