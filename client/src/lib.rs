@@ -11,8 +11,8 @@
 //!   each key's `nextRequestAt`.
 //! - [`SemaphoreClient::acquire`] and [`SemaphoreClient::with_permit`]
 //!   ([`permit`]): one piece of work under a permit; the guard
-//!   ([`permit::Permit`], not to be confused with the queue's [`Permit`], which
-//!   names what an item was admitted under) releases on drop. [`run`] wraps a
+//!   ([`permit::Permit`]) releases on drop (the queue's [`ItemPermit`] names
+//!   what an item was admitted under). [`run`] wraps a
 //!   command in one (`permitctl run`).
 //! - [`SemaphoreQueue`] ([`queue`]): the job queue. Items `{id, key, group,
 //!   body}` wait for a permit; the queue asks each key's holder with its demand
@@ -47,6 +47,6 @@ pub use permitd_core::batch::BatchItem;
 pub use permitd_core::contract::{ClusterMember, ClusterStatus, ErrorCode, KeyUsage, MemberRole};
 pub use permitd_core::tokens::CreatedToken;
 pub use queue::{
-    Admission, AdmittedItem, EnqueueOutcome, ItemStatus, Permit, QueueConfig, QueueCounts,
+    Admission, AdmittedItem, EnqueueOutcome, ItemPermit, ItemStatus, QueueConfig, QueueCounts,
     QueueItem, ReleaseOutcome, SemaphoreQueue, ShutdownReport, StateConfig,
 };

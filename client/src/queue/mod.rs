@@ -45,7 +45,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 pub use state::{
-    AdmittedItem, EnqueueOutcome, ItemStatus, Permit, QueueCounts, QueueItem, ReleaseOutcome,
+    AdmittedItem, EnqueueOutcome, ItemPermit, ItemStatus, QueueCounts, QueueItem, ReleaseOutcome,
     StateConfig,
 };
 

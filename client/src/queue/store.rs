@@ -16,6 +16,7 @@
 //! were drawn from.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -27,6 +28,29 @@ const CLIENT_KEY: &[u8] = b"m/client";
 const ITEM_PREFIX: &[u8] = b"i/";
 const KEY_PREFIX: &[u8] = b"k/";
 const RELEASED_PREFIX: &[u8] = b"r/";
+
+/// How long [`QueueStore::open`] waits for a file another handle still locks.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// Opens the sled file, waiting up to [`LOCK_WAIT`] while its lock is taken.
+///
+/// sled 0.34 releases a file's lock only when its background flusher lets go
+/// of the last handle, a moment after the last `Db` is dropped; a process that
+/// closes a queue and opens it again (a restart in place) would otherwise see
+/// the file locked by itself. A second live process still gets the lock error.
+fn open_when_unlocked(path: &Path) -> sled::Result<sled::Db> {
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match sled::open(path) {
+            Err(sled::Error::Io(error))
+                if error.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
 
 /// Everything a queue file holds.
 pub type Loaded<T> = (
@@ -45,7 +69,7 @@ impl QueueStore {
     /// Opens (or creates) the file at `path` for `client_id`; a file written by
     /// another client id is refused, since the holder would not know its grants.
     pub fn open(path: &Path, client_id: &str) -> Result<Self, QueueError> {
-        let db = sled::open(path)?;
+        let db = open_when_unlocked(path)?;
         match db.get(CLIENT_KEY)? {
             Some(stored) if stored.as_ref() != client_id.as_bytes() => {
                 return Err(QueueError::ClientIdMismatch {

@@ -322,12 +322,17 @@ fn window_gaps(start: &[(u64, GapBuckets)], end: &[(u64, GapBuckets)]) -> Option
 }
 
 /// Sum of `permitd_http_requests_total` over the public listener's
-/// `/v1/semaphores…` routes in a Prometheus text page.
+/// `/v1/semaphores…` and `/v1/batch` routes (a queue sends a poll's reports
+/// for several keys as one batch) in a Prometheus text page.
 fn semaphore_calls(metrics: &str) -> u64 {
+    let semaphore_route = |line: &&str| {
+        line.contains("route=\"/v1/semaphores") || line.contains("route=\"/v1/batch\"")
+    };
     metrics
         .lines()
         .filter(|line| line.starts_with("permitd_http_requests_total{"))
-        .filter(|line| line.contains("listener=\"api\"") && line.contains("route=\"/v1/semaphores"))
+        .filter(|line| line.contains("listener=\"api\""))
+        .filter(semaphore_route)
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .map(|value| value as u64)
         .sum()
@@ -544,8 +549,9 @@ mod tests {
         let page = "# TYPE permitd_http_requests_total counter\n\
             permitd_http_requests_total{listener=\"api\",route=\"/v1/semaphores/{key}\",method=\"POST\",status=\"200\"} 120\n\
             permitd_http_requests_total{listener=\"api\",route=\"/v1/semaphores/{key}\",method=\"POST\",status=\"503\"} 3\n\
+            permitd_http_requests_total{listener=\"api\",route=\"/v1/batch\",method=\"POST\",status=\"200\"} 4\n\
             permitd_http_requests_total{listener=\"api\",route=\"/cluster/status\",method=\"GET\",status=\"200\"} 9\n\
             permitd_http_requests_total{listener=\"raft\",route=\"/raft/append\",method=\"POST\",status=\"200\"} 400\n";
-        assert_eq!(semaphore_calls(page), 123);
+        assert_eq!(semaphore_calls(page), 127);
     }
 }

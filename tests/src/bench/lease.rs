@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use permitd_client::{
-    Admission, AdmittedItem, ClientConfig, Permit, QueueConfig, QueueItem, SemaphoreClient,
+    Admission, AdmittedItem, ClientConfig, ItemPermit, QueueConfig, QueueItem, SemaphoreClient,
     SemaphoreQueue,
 };
 use serde_json::json;
@@ -92,7 +92,7 @@ impl Admission<u8> for Releaser {
         let mut leased = 0;
         for item in &items {
             let _ = queue.release(&item.id);
-            leased += u64::from(matches!(item.permit, Permit::Lease { .. }));
+            leased += u64::from(matches!(item.permit, ItemPermit::Lease { .. }));
         }
         self.cycles.fetch_add(items.len() as u64, Ordering::Relaxed);
         self.lease_cycles.fetch_add(leased, Ordering::Relaxed);

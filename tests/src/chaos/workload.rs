@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use permitd_client::{
-    Admission, AdmittedItem, ClientConfig, Permit, QueueConfig, QueueItem, SemaphoreClient,
+    Admission, AdmittedItem, ClientConfig, ItemPermit, QueueConfig, QueueItem, SemaphoreClient,
     SemaphoreQueue, StateConfig,
 };
 use permitd_core::config::{Amount, LeasePolicy, Provisioning};
@@ -210,7 +210,7 @@ impl JobLog {
     }
 
     /// Records an admit; true if the job starts now (its first admit).
-    fn admitted(&self, id: &str, permit: &Permit) -> bool {
+    fn admitted(&self, id: &str, permit: &ItemPermit) -> bool {
         let now = Instant::now();
         let mut inner = self.inner.lock().unwrap();
         let Some(job) = inner.jobs.get_mut(id) else {
@@ -222,8 +222,8 @@ impl JobLog {
         }
         job.start = Some(now);
         job.permit = Some(match permit {
-            Permit::Grant { .. } => "grant",
-            Permit::Lease { .. } => "lease",
+            ItemPermit::Grant { .. } => "grant",
+            ItemPermit::Lease { .. } => "lease",
         });
         let (key, runner) = (job.key.clone(), job.runner);
         inner

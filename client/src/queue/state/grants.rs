@@ -12,7 +12,7 @@ use permitd_core::protocol::{GrantReport, GrantResult, GrantStatus, GrantedPermi
 use serde::{Deserialize, Serialize};
 
 use super::messages::InFlight;
-use super::{Permit, Phase, QueueState};
+use super::{ItemPermit, Phase, QueueState};
 
 /// A grant this client holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,7 +115,7 @@ impl<T: Clone> QueueState<T> {
     /// Admits the first `confirmed` claiming items of a grant and requeues the
     /// rest; items released while claiming are released instead of admitted.
     fn settle_claims(&mut self, key: &str, grant_id: &str, grant: &GrantHolding, confirmed: u64) {
-        let permit = Permit::Grant {
+        let permit = ItemPermit::Grant {
             grant_id: grant_id.to_string(),
             fence: grant.fence,
         };

@@ -35,7 +35,7 @@ pub struct QueueItem<T> {
 /// The permit an item was admitted under.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
-pub enum Permit {
+pub enum ItemPermit {
     /// A confirmed grant claim; `fence` orders grants of one key.
     #[serde(rename_all = "camelCase")]
     Grant { grant_id: String, fence: u64 },
@@ -51,7 +51,7 @@ pub struct AdmittedItem<T> {
     pub key: String,
     pub group: String,
     pub body: T,
-    pub permit: Permit,
+    pub permit: ItemPermit,
 }
 
 /// Where an item stands, as `status(id)` answers.
@@ -119,7 +119,7 @@ pub struct ItemRecord<T> {
 
 impl<T: Clone> ItemRecord<T> {
     /// The item as the application's `admit` receives it.
-    pub(super) fn admitted(&self, permit: Permit) -> AdmittedItem<T> {
+    pub(super) fn admitted(&self, permit: ItemPermit) -> AdmittedItem<T> {
         AdmittedItem {
             id: self.id.clone(),
             key: self.key.clone(),
@@ -143,7 +143,7 @@ pub enum Phase {
         release_requested: bool,
     },
     Admitted {
-        permit: Permit,
+        permit: ItemPermit,
     },
 }
 
@@ -355,17 +355,17 @@ impl<T: Clone> QueueState<T> {
     }
 
     /// Counts a released permit against its grant or lease.
-    pub(super) fn return_permit(&mut self, key: &str, permit: &Permit) {
+    pub(super) fn return_permit(&mut self, key: &str, permit: &ItemPermit) {
         let Some(record) = self.keys.get_mut(key) else {
             return;
         };
         match permit {
-            Permit::Grant { grant_id, .. } => {
+            ItemPermit::Grant { grant_id, .. } => {
                 if let Some(grant) = record.grants.get_mut(grant_id) {
                     grant.released = (grant.released + 1).min(grant.claimed);
                 }
             }
-            Permit::Lease { lease_id } => {
+            ItemPermit::Lease { lease_id } => {
                 if let Some(lease) = record.leases.get_mut(lease_id) {
                     lease.released = (lease.released + 1).min(lease.drawn);
                 }

@@ -22,7 +22,7 @@ use permitd_core::protocol::{LeaseGrant, LeaseReport};
 use serde::{Deserialize, Serialize};
 
 use super::messages::InFlight;
-use super::{Permit, Phase, QueueState};
+use super::{ItemPermit, Phase, QueueState};
 
 /// A lease this client holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,7 +273,7 @@ impl<T: Clone> QueueState<T> {
                 };
                 lease.drawn += 1;
                 drew = true;
-                let permit = Permit::Lease {
+                let permit = ItemPermit::Lease {
                     lease_id: lease_id.clone(),
                 };
                 let item = self.items.get_mut(&id).expect("queued items exist");

@@ -54,8 +54,8 @@ use serde::{Deserialize, Serialize};
 
 pub use grants::GrantHolding;
 pub use items::{
-    AdmittedItem, EnqueueOutcome, ItemRecord, ItemStatus, Permit, Phase, QueueCounts, QueueItem,
-    ReleaseOutcome, MAX_ITEM_ID_BYTES, MAX_RELEASED_REMEMBERED,
+    AdmittedItem, EnqueueOutcome, ItemPermit, ItemRecord, ItemStatus, Phase, QueueCounts,
+    QueueItem, ReleaseOutcome, MAX_ITEM_ID_BYTES, MAX_RELEASED_REMEMBERED,
 };
 pub use leases::LeaseHolding;
 pub use messages::{Lane, Outgoing};
