@@ -10,6 +10,13 @@ use serde_json::{json, Value};
 
 const KEY: &str = "/v1/semaphores/held";
 
+/// The held requests' `waitMs`: the longest allowed, so that a wake that
+/// works answers long before the wait would (a slow CI machine took over 5 s).
+const HELD_WAIT_MS: u64 = permitd_core::limits::MAX_REQUEST_WAIT_MS;
+/// How long a woken request may take to be answered: well under
+/// [`HELD_WAIT_MS`], so an answer that came only because the wait ended fails.
+const WOKEN_WITHIN: Duration = Duration::from_secs(12);
+
 fn request(client: &str, wait_ms: Option<u64>) -> Value {
     let mut body = json!({"type": "request", "v": 1, "clientId": client,
         "demand": [{"group": "g", "count": 1, "oldestAt": 1}]});
@@ -55,13 +62,13 @@ fn send_later(
     })
 }
 
-/// Waits (at most 5 s) for a held request's answer, which must grant it one
-/// permit because `woken_by` happened; returns when it came.
+/// Waits (at most [`WOKEN_WITHIN`]) for a held request's answer, which must
+/// grant it one permit because `woken_by` happened; returns when it came.
 async fn answered_with_a_permit(
     held: tokio::task::JoinHandle<(u16, Value, Instant)>,
     woken_by: &str,
 ) -> Instant {
-    let (status, answer, answered) = tokio::time::timeout(Duration::from_secs(5), held)
+    let (status, answer, answered) = tokio::time::timeout(WOKEN_WITHIN, held)
         .await
         .unwrap_or_else(|_| panic!("not answered once {woken_by}"))
         .expect("task");
@@ -92,7 +99,7 @@ async fn a_held_request_is_answered_with_the_permit_once_it_is_released() {
     assert_eq!(at_once.body["grants"], json!([]));
     assert_eq!(at_once.body["blocked"][0]["reason"], "limit");
 
-    let held = send_later(&cluster, leader, request("b", Some(10_000)));
+    let held = send_later(&cluster, leader, request("b", Some(HELD_WAIT_MS)));
     // b has reached the leader before the rounds below.
     wait_for_pending(&cluster, leader, 1).await;
     // Many rounds pass (every message to the key makes one): b is not answered.
@@ -124,7 +131,7 @@ async fn a_raised_limit_wakes_held_requests_and_an_expired_wait_answers_empty() 
         "held until its wait was over"
     );
 
-    let held = send_later(&cluster, leader, request("b", Some(10_000)));
+    let held = send_later(&cluster, leader, request("b", Some(HELD_WAIT_MS)));
     wait_for_pending(&cluster, leader, 1).await;
     // A round that includes b, or runs after b's own, has been answered.
     let other = cluster.post(leader, KEY, &request("c", None)).await;
@@ -139,7 +146,9 @@ async fn a_raised_limit_wakes_held_requests_and_an_expired_wait_answers_empty() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_beyond_the_bound_is_refused_and_changes_nothing() {
     let (cluster, leader, _) = key_taken_by_a(1).await;
-    let refused = cluster.post(leader, KEY, &request("b", Some(15_001))).await;
+    let refused = cluster
+        .post(leader, KEY, &request("b", Some(HELD_WAIT_MS + 1)))
+        .await;
     assert_eq!(refused.status, 400, "{:?}", refused.body);
     assert_eq!(refused.body["error"]["field"], "waitMs");
 }
