@@ -136,8 +136,12 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
     let api_listener = bind(&settings.api_addr).await?;
     let raft_listener = bind(&settings.raft_addr).await?;
     let options = permitd_storage::Options::new(settings.data_dir.clone());
-    let opened = permitd_storage::open(&options)
+    // On the Raft runtime: the WAL's sync thread starts from the thread that
+    // opens the store and inherits its CPU priority, which must be Raft's.
+    let opened = raft_runtime
+        .spawn(async move { permitd_storage::open(&options).await })
         .await
+        .map_err(|error| StartError::Storage(error.to_string()))?
         .map_err(|error| StartError::Storage(error.to_string()))?;
     let timings = &settings.timings;
     let network = Network::new(

@@ -78,7 +78,9 @@ pub enum ServeError {
     Tls(#[from] crate::credentials::tls::TlsError),
 }
 
-pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
+/// Runs a node until a signal; `raft_runtime` carries openraft and the peer
+/// listener (built by `main` before the API runtime: see [`crate::raft::runtime`]).
+pub async fn run(args: ServeArgs, raft_runtime: RaftRuntime) -> Result<(), ServeError> {
     let settings = match &args.config {
         Some(path) => clustered(path, args.id.ok_or(ServeError::MissingId)?)?,
         None => embedded(&args)?,
@@ -89,7 +91,6 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
              for local development only"
         );
     }
-    let raft_runtime = RaftRuntime::start().map_err(ServeError::RaftRuntime)?;
     let started = app::start(&settings, &raft_runtime.handle()).await?;
     tracing::info!(
         id = settings.id,

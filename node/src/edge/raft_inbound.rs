@@ -69,6 +69,8 @@ const DECODE_APART_BYTES: usize = 64 * 1024;
 async fn append(State(app): State<App>, body: Bytes) -> Response {
     // Taken before decoding: a large body decoded apart must not delay it.
     let arrived = std::time::Instant::now();
+    // The leader counts as heard until this append has been handled.
+    let mut receiving = app.leader_contact.receiving();
     let decoded = if body.len() < DECODE_APART_BYTES {
         codec::decode::<AppendEntriesRequest<TypeConfig>>(&body)
     } else {
@@ -82,7 +84,7 @@ async fn append(State(app): State<App>, body: Bytes) -> Response {
     };
     match decoded {
         Ok(request) => {
-            app.leader_contact.append_received(&request.vote, arrived);
+            receiving.decoded(&request.vote, arrived);
             encoded(&app.raft.append_entries(request).await)
         }
         Err(error) => undecodable(error),

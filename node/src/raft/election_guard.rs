@@ -147,7 +147,7 @@ impl ElectionGuard {
     /// last stall at the earliest.
     fn silent_for(&self, now: Instant) -> Duration {
         let woke = self.started + Duration::from_millis(self.woke_at_ms.load(Ordering::Relaxed));
-        let heard = self.contact.last_contact().map_or(woke, |at| at.max(woke));
+        let heard = self.contact.heard_at(now).map_or(woke, |at| at.max(woke));
         now.saturating_duration_since(heard)
     }
 
@@ -156,10 +156,12 @@ impl ElectionGuard {
         let metrics = raft.metrics().borrow().clone();
         let view = VoterView {
             is_leader: metrics.state == ServerState::Leader,
-            leader_silent_for: self
-                .contact
-                .last_contact()
-                .map(|at| Instant::now().saturating_duration_since(at)),
+            leader_silent_for: {
+                let now = Instant::now();
+                self.contact
+                    .heard_at(now)
+                    .map(|at| now.saturating_duration_since(at))
+            },
             last_log_id: raft.data_metrics().borrow().last_log,
         };
         let granted = grants(request, &view, self.timeout_min);

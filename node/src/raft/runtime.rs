@@ -12,6 +12,17 @@
 //!
 //! Two workers: one can send heartbeats and answer appends while the other
 //! applies a large entry or encodes a snapshot.
+//!
+//! A runtime of its own is not enough when the cores are saturated: three
+//! nodes and their clients on two cores left Raft's threads waiting in the
+//! run queue behind request parsing for longer than an election timeout. So
+//! the API runtime's threads run at a lower CPU priority ([`API_NICENESS`]
+//! above the process's): the kernel then gives Raft's threads the core first,
+//! and the API side takes what is left. Raising one's own niceness needs no
+//! privilege; lowering it does, so Raft's threads must never be created by an
+//! API thread (they would inherit its niceness for good). `permitd serve`
+//! therefore builds this runtime on the main thread before the API runtime,
+//! and opens storage (whose WAL sync thread is Raft's too) on it.
 
 use std::io;
 
@@ -19,6 +30,32 @@ use tokio::runtime::{Builder, Handle, Runtime};
 
 /// Worker threads of the Raft runtime.
 pub const RAFT_WORKER_THREADS: usize = 2;
+
+/// How much nicer than the process the API runtime's threads run (CFS gives a
+/// nice-0 thread about 3× the CPU of a nice-5 one when both are runnable).
+pub const API_NICENESS: i32 = 5;
+/// The niceness ceiling on Linux.
+const MAX_NICENESS: i32 = 19;
+
+/// Lowers the calling thread's CPU priority by [`API_NICENESS`]; the API
+/// runtime calls it as each of its threads starts. A failure is logged and
+/// ignored: the node still works, only without the priority split.
+pub fn lower_this_threads_priority() {
+    let thread = Some(rustix::thread::gettid());
+    let lowered = rustix::process::getpriority_process(thread).and_then(|now| {
+        rustix::process::setpriority_process(thread, (now + API_NICENESS).min(MAX_NICENESS))
+    });
+    if let Err(error) = lowered {
+        tracing::warn!(%error, "cannot lower an API thread's CPU priority");
+    }
+}
+
+/// The calling thread's niceness (for tests and the startup log).
+pub fn this_threads_niceness() -> io::Result<i32> {
+    Ok(rustix::process::getpriority_process(Some(
+        rustix::thread::gettid(),
+    ))?)
+}
 
 /// Owns the Raft runtime's threads; stops them without waiting when dropped,
 /// which is allowed inside async code (dropping a `Runtime` there panics).
@@ -68,5 +105,30 @@ mod tests {
             .expect("task");
         assert_eq!(name.as_deref(), Some("permitd-raft"));
         drop(runtime);
+    }
+
+    #[test]
+    fn a_lowered_thread_is_nicer_and_threads_it_starts_inherit_it() {
+        let base = this_threads_niceness().expect("niceness");
+        let (lowered, inherited) = std::thread::spawn(move || {
+            lower_this_threads_priority();
+            let lowered = this_threads_niceness().expect("niceness");
+            let inherited = std::thread::spawn(|| this_threads_niceness().expect("niceness"))
+                .join()
+                .expect("thread");
+            (lowered, inherited)
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(lowered, (base + API_NICENESS).min(MAX_NICENESS));
+        assert_eq!(
+            inherited, lowered,
+            "why Raft's threads must not start from API ones"
+        );
+        assert_eq!(
+            this_threads_niceness().expect("niceness"),
+            base,
+            "per thread"
+        );
     }
 }

@@ -64,20 +64,36 @@ impl Sender {
     }
 }
 
-/// The gap tracker: pure, time passed in.
+/// The gap tracker and the silence clock: pure, time passed in.
+///
+/// Two notions of contact. The *gap* (the histogram) is measured between
+/// arrivals. The *silence* the election guard counts ([`Self::heard_at`]) also
+/// stops while an append is being received and handled, and restarts when one
+/// from the current leader is done: a large append (megabytes of entries to
+/// decode, write and sync) can take longer than an election timeout, and the
+/// leader sends nothing else to this node meanwhile (openraft keeps one append
+/// in flight per follower). Counting that time as silence made both followers
+/// of a leader busy with large entries grant each other pre-votes and depose
+/// it. Raft's own rule is the same: the election timer restarts when a message
+/// from the leader is handled, and a node busy handling one is not idle.
 #[derive(Debug, Default)]
 pub struct ContactGaps {
     /// The sender of the latest append and when it arrived.
     last: Option<(Sender, Instant)>,
+    /// When an append from the current leader last arrived or was done.
+    heard: Option<Instant>,
+    /// Appends being received or handled now.
+    receiving: usize,
 }
 
 impl ContactGaps {
     /// Notes an append from `from` arriving `at`; the gap since the previous one
-    /// from the same leader, if there was one.
-    pub fn received(&mut self, from: Sender, at: Instant) -> Option<Duration> {
-        match self.last {
+    /// from the same leader, if there was one, and whether `from` is current
+    /// (not a deposed leader still sending).
+    pub fn received(&mut self, from: Sender, at: Instant) -> (Option<Duration>, bool) {
+        let gap = match self.last {
             // A deposed leader still sending: neither a contact nor a reset.
-            Some((last, _)) if from.term < last.term => None,
+            Some((last, _)) if from.term < last.term => return (None, false),
             Some((last, previous)) if last == from => {
                 // Concurrent appends may lock in another order than they arrived.
                 self.last = Some((from, at.max(previous)));
@@ -87,7 +103,31 @@ impl ContactGaps {
                 self.last = Some((from, at));
                 None
             }
+        };
+        self.heard = Some(self.heard.map_or(at, |heard| heard.max(at)));
+        (gap, true)
+    }
+
+    /// An append starts arriving: until [`Self::done`], the leader counts as heard.
+    pub fn receiving(&mut self) {
+        self.receiving += 1;
+    }
+
+    /// An append was handled at `at`; if it came from the current leader, the
+    /// silence clock restarts from then.
+    pub fn done(&mut self, current: bool, at: Instant) {
+        self.receiving = self.receiving.saturating_sub(1);
+        if current {
+            self.heard = Some(self.heard.map_or(at, |heard| heard.max(at)));
         }
+    }
+
+    /// When this node last heard its leader, as of `now`.
+    pub fn heard_at(&self, now: Instant) -> Option<Instant> {
+        if self.receiving > 0 {
+            return Some(now);
+        }
+        self.heard
     }
 }
 
@@ -96,25 +136,50 @@ impl ContactGaps {
 pub struct LeaderContact(Mutex<ContactGaps>);
 
 impl LeaderContact {
-    /// When the last append from the current leader arrived.
-    pub fn last_contact(&self) -> Option<Instant> {
+    fn gaps(&self) -> std::sync::MutexGuard<'_, ContactGaps> {
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .last
-            .map(|(_, at)| at)
     }
 
-    /// Records the gap before an append that arrived `at` with the leader's `vote`.
-    pub fn append_received(&self, vote: &Vote<NodeId>, at: Instant) {
-        let gap = self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .received(Sender::of(vote), at);
+    /// When this node last heard its leader, as of `now` (see [`ContactGaps`]).
+    pub fn heard_at(&self, now: Instant) -> Option<Instant> {
+        self.gaps().heard_at(now)
+    }
+
+    /// An append starts arriving; the leader counts as heard until the
+    /// returned guard is dropped, when the append has been handled.
+    pub fn receiving(&self) -> Receiving<'_> {
+        self.gaps().receiving();
+        Receiving {
+            contact: self,
+            current: false,
+        }
+    }
+}
+
+/// One append being received and handled (see [`LeaderContact::receiving`]).
+#[derive(Debug)]
+pub struct Receiving<'a> {
+    contact: &'a LeaderContact,
+    current: bool,
+}
+
+impl Receiving<'_> {
+    /// Records the gap before this append, which arrived `at` with the leader's
+    /// `vote`.
+    pub fn decoded(&mut self, vote: &Vote<NodeId>, at: Instant) {
+        let (gap, current) = self.contact.gaps().received(Sender::of(vote), at);
+        self.current = current;
         if let Some(gap) = gap {
             metrics::histogram!(LEADER_CONTACT_GAP).record(gap.as_secs_f64());
         }
+    }
+}
+
+impl Drop for Receiving<'_> {
+    fn drop(&mut self) {
+        self.contact.gaps().done(self.current, Instant::now());
     }
 }
 
@@ -175,11 +240,11 @@ mod tests {
         let mut gaps = ContactGaps::default();
         assert_eq!(
             gaps.received(from(2, 1), start),
-            None,
+            (None, true),
             "the first has no gap"
         );
-        assert_eq!(gaps.received(from(2, 1), start + ms(40)), Some(ms(40)));
-        assert_eq!(gaps.received(from(2, 1), start + ms(290)), Some(ms(250)));
+        assert_eq!(gaps.received(from(2, 1), start + ms(40)).0, Some(ms(40)));
+        assert_eq!(gaps.received(from(2, 1), start + ms(290)).0, Some(ms(250)));
     }
 
     #[test]
@@ -187,10 +252,14 @@ mod tests {
         let start = Instant::now();
         let mut gaps = ContactGaps::default();
         gaps.received(from(2, 1), start);
-        assert_eq!(gaps.received(from(3, 2), start + ms(900)), None, "new term");
-        assert_eq!(gaps.received(from(3, 2), start + ms(940)), Some(ms(40)));
+        assert_eq!(
+            gaps.received(from(3, 2), start + ms(900)).0,
+            None,
+            "new term"
+        );
+        assert_eq!(gaps.received(from(3, 2), start + ms(940)).0, Some(ms(40)));
         // Same term, another node (cannot happen in Raft, but not a gap either).
-        assert_eq!(gaps.received(from(3, 3), start + ms(980)), None);
+        assert_eq!(gaps.received(from(3, 3), start + ms(980)).0, None);
     }
 
     #[test]
@@ -198,9 +267,10 @@ mod tests {
         let start = Instant::now();
         let mut gaps = ContactGaps::default();
         gaps.received(from(3, 2), start);
-        assert_eq!(gaps.received(from(2, 1), start + ms(10)), None);
+        assert_eq!(gaps.received(from(2, 1), start + ms(10)), (None, false));
+        assert_eq!(gaps.heard_at(start + ms(20)), Some(start), "not heard");
         assert_eq!(
-            gaps.received(from(3, 2), start + ms(40)),
+            gaps.received(from(3, 2), start + ms(40)).0,
             Some(ms(40)),
             "measured from the current leader's last append"
         );
@@ -211,8 +281,39 @@ mod tests {
         let start = Instant::now();
         let mut gaps = ContactGaps::default();
         gaps.received(from(2, 1), start + ms(50));
-        assert_eq!(gaps.received(from(2, 1), start + ms(45)), Some(ms(0)));
-        assert_eq!(gaps.received(from(2, 1), start + ms(90)), Some(ms(40)));
+        assert_eq!(gaps.received(from(2, 1), start + ms(45)).0, Some(ms(0)));
+        assert_eq!(gaps.received(from(2, 1), start + ms(90)).0, Some(ms(40)));
+    }
+
+    #[test]
+    fn the_leader_is_heard_while_an_append_is_handled_and_when_it_is_done() {
+        let start = Instant::now();
+        let mut gaps = ContactGaps::default();
+        assert_eq!(gaps.heard_at(start), None);
+        gaps.received(from(2, 1), start);
+        // A large append arrives at 40 ms and takes 500 ms to decode and sync.
+        gaps.receiving();
+        assert_eq!(gaps.heard_at(start + ms(300)), Some(start + ms(300)));
+        gaps.received(from(2, 1), start + ms(40));
+        assert_eq!(gaps.heard_at(start + ms(400)), Some(start + ms(400)));
+        gaps.done(true, start + ms(540));
+        assert_eq!(
+            gaps.heard_at(start + ms(600)),
+            Some(start + ms(540)),
+            "the silence restarts when it is done, not when it arrived"
+        );
+    }
+
+    #[test]
+    fn a_deposed_leaders_append_stops_the_clock_only_while_it_is_handled() {
+        let start = Instant::now();
+        let mut gaps = ContactGaps::default();
+        gaps.received(from(3, 2), start);
+        gaps.receiving();
+        assert_eq!(gaps.received(from(2, 1), start + ms(100)), (None, false));
+        assert_eq!(gaps.heard_at(start + ms(150)), Some(start + ms(150)));
+        gaps.done(false, start + ms(200));
+        assert_eq!(gaps.heard_at(start + ms(250)), Some(start));
     }
 
     #[tokio::test(flavor = "current_thread")]
