@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use permitd_tests::{wait_for_pending, Cluster, Settings};
+use permitd_tests::{eventually, wait_for_pending, Cluster, Settings};
 use serde_json::{json, Value};
 
 const KEY: &str = "/v1/semaphores/held";
@@ -151,4 +151,34 @@ async fn a_wait_beyond_the_bound_is_refused_and_changes_nothing() {
         .await;
     assert_eq!(refused.status, 400, "{:?}", refused.body);
     assert_eq!(refused.body["error"]["field"], "waitMs");
+}
+
+/// A request whose caller went away before its round is left out of it: the
+/// permit freed meanwhile stays free instead of going, unclaimed, to nobody
+/// for the whole claim deadline (docs/protocol.md, "request").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_caller_went_away_is_granted_nothing() {
+    let (cluster, leader, grant_id) = key_taken_by_a(1).await;
+    // Rounds 2 s apart: b's request waits that long for its round.
+    let config = json!({"limit": 1, "roundWaitMs": 2_000, "roundPeriodMs": 2_000});
+    let configured = cluster.put(leader, &format!("{KEY}/config"), &config).await;
+    assert_eq!(configured.status, 200, "{:?}", configured.body);
+    let gone = send_later(&cluster, leader, request("b", None));
+    wait_for_pending(&cluster, leader, 1).await;
+    gone.abort(); // drops the call, which closes its connection
+    let sync = json!({"type": "sync", "v": 1, "clientId": "a",
+        "grants": [{"grantId": grant_id, "claimed": 1, "released": 1}]});
+    let synced = cluster.post(leader, KEY, &sync).await;
+    assert_eq!(synced.status, 200, "{:?}", synced.body);
+    let left_out = eventually(Duration::from_secs(15), || async {
+        cluster
+            .metric_total(leader, "permitd_requests_abandoned_total")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    })
+    .await;
+    assert!(left_out, "b's request was left out of its round");
+    let usage = cluster.usage(leader, "held").await;
+    assert_eq!(usage["granted"], 0, "{usage}");
 }

@@ -85,11 +85,28 @@ pub(crate) type KeyReplies = (String, Vec<RoundReply>);
 pub(crate) struct Replies {
     pub(crate) syncs: Vec<Reply<PermitSyncResult>>,
     pub(crate) rounds: Vec<KeyReplies>,
+    /// Requests left out because their caller went away (see [`into_command`]).
+    pub(crate) abandoned: usize,
+}
+
+impl Replies {
+    /// Nothing to propose: every request was abandoned and no sync came.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.syncs.is_empty() && self.rounds.is_empty()
+    }
 }
 
 /// Splits an entry's messages into its command, at the leader's clock
 /// `now_ms`, and its replies. A holdable request goes in as a copy, so that
 /// it can join a later round if this one leaves it empty-handed.
+///
+/// A request whose caller went away (its connection closed, so the handler
+/// and the answer's receiver were dropped) is left out, and a key left with
+/// none drops out: permits granted to it would sit unclaimed until their
+/// claim deadline while live clients wait. (A `permitctl run --timeout` that
+/// gave up with a request parked took the next free permit that way, for the
+/// whole `grantTimeoutMs`.) Syncs always go in: a release whose sender left is
+/// still a release.
 pub(crate) fn into_command(
     syncs: Vec<WaitingSync>,
     rounds: Vec<(String, Vec<WaitingRequest>)>,
@@ -106,7 +123,14 @@ pub(crate) fn into_command(
     }
     let mut keys = Vec::with_capacity(rounds.len());
     for (key, waiting) in rounds {
-        let (requests, key_replies) = waiting
+        let (live, gone): (Vec<_>, Vec<_>) = waiting
+            .into_iter()
+            .partition(|waiting| !waiting.reply.is_closed());
+        replies.abandoned += gone.len();
+        if live.is_empty() {
+            continue;
+        }
+        let (requests, key_replies) = live
             .into_iter()
             .map(|waiting| match waiting.answer_by {
                 Some(_) => (
@@ -408,9 +432,9 @@ mod tests {
     #[test]
     fn a_waiting_request_must_be_answered_by_its_arrival_plus_its_wait() {
         let now = Instant::now();
-        let (held, _) = waiting(demand("c", 1, Some(300)), now);
+        let (held, _held_answer) = waiting(demand("c", 1, Some(300)), now);
         assert_eq!(held.answer_by, Some(now + ms(300)));
-        let (plain, _) = waiting(demand("c", 1, None), now);
+        let (plain, _plain_answer) = waiting(demand("c", 1, None), now);
         assert_eq!(plain.answer_by, None);
     }
 
@@ -473,9 +497,9 @@ mod tests {
     #[test]
     fn an_entry_carries_syncs_then_each_keys_requests_in_arrival_order_at_the_given_clock() {
         let now = Instant::now();
-        let (first, _) = waiting(demand("c1", 1, None), now);
-        let (second, _) = waiting(demand("c2", 2, Some(100)), now);
-        let (other, _) = waiting(demand("c3", 3, None), now);
+        let (first, _first_answer) = waiting(demand("c1", 1, None), now);
+        let (second, _second_answer) = waiting(demand("c2", 2, Some(100)), now);
+        let (other, _other_answer) = waiting(demand("c3", 3, None), now);
         let (s1, _) = sync("k", 1);
         let rounds = vec![
             ("k".to_owned(), vec![first, second]),
@@ -524,6 +548,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn requests_whose_caller_went_away_are_left_out_and_their_key_with_them() {
+        let now = Instant::now();
+        let (kept, _kept_answer) = waiting(demand("c1", 1, None), now);
+        let (gone, gone_answer) = waiting(demand("c2", 1, Some(100)), now);
+        let (alone, alone_answer) = waiting(demand("c3", 1, None), now);
+        drop((gone_answer, alone_answer));
+        let rounds = vec![
+            ("k".to_owned(), vec![kept, gone]),
+            ("j".to_owned(), vec![alone]),
+        ];
+        let (command, replies) = into_command(vec![], rounds, 7);
+        let Command::Round { keys, .. } = command else {
+            panic!("a round entry");
+        };
+        assert_eq!(keys.len(), 1, "j had only a departed caller");
+        assert_eq!(keys[0].requests.len(), 1);
+        assert_eq!(keys[0].requests[0].client_id, "c1");
+        assert_eq!(replies.rounds.len(), 1);
+        assert_eq!(replies.abandoned, 2);
+        assert!(!replies.is_empty());
+
+        let (gone, gone_answer) = waiting(demand("c4", 1, None), now);
+        drop(gone_answer);
+        let (_, replies) = into_command(vec![], vec![("k".to_owned(), vec![gone])], 8);
+        assert!(replies.is_empty(), "nothing left to propose");
+    }
+
     fn one_key_entry(requests: Vec<WaitingRequest>) -> Replies {
         into_command(vec![], vec![("k".to_owned(), requests)], 1).1
     }
@@ -557,11 +609,11 @@ mod tests {
     #[test]
     fn a_result_with_other_counts_of_rounds_or_syncs_gives_every_reply_back() {
         let now = Instant::now();
-        let (request, _) = waiting(demand("c1", 1, None), now);
+        let (request, _request_answer) = waiting(demand("c1", 1, None), now);
         let replies = one_key_entry(vec![request]);
         let back = match_answers(replies, vec![], vec![]).expect_err("no round answered");
         assert_eq!(back.rounds.len(), 1);
-        let (request, _) = waiting(demand("c1", 1, None), now);
+        let (request, _request_answer) = waiting(demand("c1", 1, None), now);
         let replies = one_key_entry(vec![request]);
         let back = match_answers(replies, vec![vec![answer(1, &[])]], vec![synced()])
             .expect_err("a sync nobody sent");
@@ -571,8 +623,8 @@ mod tests {
     #[test]
     fn a_key_with_another_count_of_answers_is_marked_alone() {
         let now = Instant::now();
-        let (k1, _) = waiting(demand("c1", 1, None), now);
-        let (j1, _) = waiting(demand("c2", 1, None), now);
+        let (k1, _k1_answer) = waiting(demand("c1", 1, None), now);
+        let (j1, _j1_answer) = waiting(demand("c2", 1, None), now);
         let (_, replies) = into_command(
             vec![],
             vec![("k".to_owned(), vec![k1]), ("j".to_owned(), vec![j1])],
@@ -633,8 +685,8 @@ mod tests {
     #[test]
     fn an_empty_handed_holdable_request_is_held_until_its_deadline() {
         let now = Instant::now();
-        let (waits, _) = waiting(demand("c1", 1, Some(250)), now);
-        let (plain, _) = waiting(demand("c2", 1, None), now);
+        let (waits, _waits_answer) = waiting(demand("c1", 1, Some(250)), now);
+        let (plain, _plain_answer) = waiting(demand("c2", 1, None), now);
         let rounds = matched_one_key(
             vec![waits, plain],
             vec![answer(0, &[BlockedReason::Limit]), answer(0, &[])],
@@ -655,8 +707,8 @@ mod tests {
     #[test]
     fn a_holdable_request_that_got_something_or_was_refused_for_good_is_answered() {
         let now = Instant::now();
-        let (granted_one, _) = waiting(demand("c1", 1, Some(250)), now);
-        let (not_permitted, _) = waiting(demand("c2", 1, Some(250)), now);
+        let (granted_one, _granted_one_answer) = waiting(demand("c1", 1, Some(250)), now);
+        let (not_permitted, _not_permitted_answer) = waiting(demand("c2", 1, Some(250)), now);
         let rounds = matched_one_key(
             vec![granted_one, not_permitted],
             vec![answer(1, &[]), answer(0, &[BlockedReason::NotPermitted])],
@@ -675,7 +727,7 @@ mod tests {
         accept: bool,
     ) -> (usize, Vec<KeyAnswers>, Vec<(String, String, Instant)>) {
         let now = Instant::now();
-        let (waits, _) = waiting(demand("c1", 1, Some(250)), now);
+        let (waits, _waits_answer) = waiting(demand("c1", 1, Some(250)), now);
         let rounds = matched_one_key(vec![waits], vec![answer(0, &[])]);
         hold_with(rounds, now, accept)
     }
@@ -698,7 +750,7 @@ mod tests {
     #[test]
     fn a_holdable_request_without_a_deadline_is_held_until_now() {
         let now = Instant::now();
-        let (mut waits, _) = waiting(demand("c1", 1, Some(250)), now);
+        let (mut waits, _waits_answer) = waiting(demand("c1", 1, Some(250)), now);
         waits.answer_by = None;
         let rounds = vec![(
             "k".to_owned(),
@@ -735,8 +787,8 @@ mod tests {
     #[test]
     fn granted_sums_the_permits_of_a_rounds_answers() {
         let now = Instant::now();
-        let (a, _) = waiting(demand("c1", 1, None), now);
-        let (b, _) = waiting(demand("c2", 1, None), now);
+        let (a, _a_answer) = waiting(demand("c1", 1, None), now);
+        let (b, _b_answer) = waiting(demand("c2", 1, None), now);
         let rounds = matched_one_key(vec![a, b], vec![answer(2, &[]), answer(3, &[])]);
         let Ok(paired) = &rounds[0].1 else {
             panic!("matched");

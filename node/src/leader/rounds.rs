@@ -310,6 +310,11 @@ impl Rounds {
         let started = Instant::now();
         let (id, woken_before) = (entry.id, entry.woken_before);
         let (command, replies) = into_command(entry.syncs, entry.rounds, crate::now_ms());
+        crate::observe::metrics::requests_abandoned(replies.abandoned);
+        if replies.is_empty() {
+            self.end_entry(id);
+            return;
+        }
         let proposal = propose(&self.inner.raft, &self.inner.leadership, command);
         tokio::pin!(proposal);
         let timeout = tokio::time::sleep(self.inner.commit_timeout);

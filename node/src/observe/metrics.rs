@@ -55,6 +55,7 @@ pub const KEYS_AVAILABLE: &str = "permitd_keys_available";
 pub const BLOCKED: &str = "permitd_blocked_total";
 pub const LEADER_CHANGES: &str = "permitd_leader_changes_total";
 pub const PENDING: &str = "permitd_pending_requests";
+pub const ABANDONED: &str = "permitd_requests_abandoned_total";
 
 /// Most keys with per-key gauges (four series each) in one process.
 pub const MAX_KEYS_WITH_GAUGES: usize = 1_000;
@@ -147,6 +148,10 @@ fn describe() {
     metrics::describe_counter!(BLOCKED, "Permits left queued by a round, by reason.");
     metrics::describe_counter!(LEADER_CHANGES, "Leader changes seen by this node.");
     metrics::describe_gauge!(PENDING, "Requests waiting for a round on this node.");
+    metrics::describe_counter!(
+        ABANDONED,
+        "Requests left out of their round because their caller went away."
+    );
     crate::observe::raft_metrics::describe();
     crate::observe::http_metrics::describe();
     crate::raft::stall_probe::describe();
@@ -158,6 +163,13 @@ fn describe() {
 pub fn round_finished(elapsed: Duration) {
     metrics::counter!(ROUNDS).increment(1);
     metrics::histogram!(ROUND_DURATION).record(elapsed.as_secs_f64());
+}
+
+/// Requests left out of an entry because their caller went away.
+pub fn requests_abandoned(count: usize) {
+    if count > 0 {
+        metrics::counter!(ABANDONED).increment(count as u64);
+    }
 }
 
 pub fn pending_changed(delta: i64) {
