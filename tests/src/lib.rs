@@ -57,7 +57,7 @@ pub use config_file::{
 };
 pub use http::{granted, request, Answer};
 pub use process::{child_commands, free_port, permitctl_bin, permitd_bin, Node};
-pub use wait::{eventually, wait_for_pending};
+pub use wait::{eventually, eventually_seen, wait_for_pending};
 
 /// The peer secret every test cluster uses (opens `/raft/*` only).
 pub const SECRET: &str = "permitd-test-secret-0123456789";

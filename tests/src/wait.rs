@@ -13,29 +13,38 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    eventually_seen(timeout, || {
+        let held = check();
+        async move { (held.await, ()) }
+    })
+    .await
+    .0
+}
+
+/// Polls `look` until what it saw satisfies it or `timeout` passes; returns
+/// whether it did and the last thing seen (for the failure's message).
+pub async fn eventually_seen<T, F, Fut>(timeout: Duration, mut look: F) -> (bool, T)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (bool, T)>,
+{
     let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check().await {
-            return true;
+    loop {
+        let (held, seen) = look().await;
+        if held || Instant::now() >= deadline {
+            return (held, seen);
         }
         tokio::time::sleep(POLL).await;
     }
-    false
 }
 
 /// Waits until node `id`'s `permitd_pending_requests` gauge (requests parked
 /// for a round, or held, on that node) reads `expected`.
 pub async fn wait_for_pending(cluster: &Cluster, id: u64, expected: u64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let (reached, pending) = eventually_seen(Duration::from_secs(20), || async {
         let pending = cluster.metric(id, PENDING_REQUESTS).await;
-        if pending == Some(expected as f64) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pending never reached {expected}: {pending:?}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
+        (pending == Some(expected as f64), pending)
+    })
+    .await;
+    assert!(reached, "pending never reached {expected}: {pending:?}");
 }

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use permitd_tests::{eventually, request, Cluster, Settings, SNAPSHOT_EVERY_LOGS};
+use permitd_tests::{eventually, eventually_seen, request, Cluster, Settings, SNAPSHOT_EVERY_LOGS};
 use serde_json::{json, Value};
 
 /// One scenario at a time: each runs three nodes, and two at once on a small
@@ -54,21 +54,17 @@ async fn views(cluster: &Cluster) -> Vec<(u64, Option<u64>, Option<u64>)> {
 
 /// The leader and term every node agrees on.
 async fn agreed_leader_and_term(cluster: &Cluster) -> (u64, u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let (agreed, seen) = eventually_seen(Duration::from_secs(30), || async {
         let seen = views(cluster).await;
         let first = (seen[0].1, seen[0].2);
-        if let (Some(leader), Some(term)) = first {
-            if seen.iter().all(|view| (view.1, view.2) == first) {
-                return (leader, term);
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the nodes agree on a leader and term: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let agreed = first.0.is_some()
+            && first.1.is_some()
+            && seen.iter().all(|view| (view.1, view.2) == first);
+        (agreed, seen)
+    })
+    .await;
+    assert!(agreed, "the nodes agree on a leader and term: {seen:?}");
+    (seen[0].1.expect("agreed"), seen[0].2.expect("agreed"))
 }
 
 /// Per node: pre-votes asked and answered, stalls of the node's own runtime,
@@ -120,17 +116,11 @@ fn election_log(cluster: &Cluster) -> String {
 async fn assert_unmoved(cluster: &Cluster, scenario: &str, before: (u64, u64), started: Instant) {
     // A node that names no leader yet (its view after a long silence) is
     // waited for; a new term never comes back to the old one.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (seen, settled) = loop {
+    let (settled, seen) = eventually_seen(Duration::from_secs(30), || async {
         let seen = views(cluster).await;
-        if seen.iter().all(|view| view.1.is_some()) {
-            break (seen, true);
-        }
-        if Instant::now() > deadline {
-            break (seen, false);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        (seen.iter().all(|view| view.1.is_some()), seen)
+    })
+    .await;
     let counters = raft_counters(cluster).await;
     eprintln!(
         "{scenario}: leader {} term {} before; after {:?} (node, leader, term); {:.1} s; {counters}",
