@@ -276,6 +276,12 @@ impl Cluster {
             .id
     }
 
+    /// Every node but `leader`.
+    pub fn followers_of(&self, leader: u64) -> Vec<u64> {
+        let ids = self.nodes.iter().map(|node| node.id);
+        ids.filter(|id| *id != leader).collect()
+    }
+
     /// `/cluster/status` of a node, or `None` if it does not answer.
     pub async fn status(&self, id: u64) -> Option<Value> {
         let url = format!("{}/cluster/status", self.node(id).url());

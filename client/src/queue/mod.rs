@@ -15,7 +15,9 @@
 //!    good (it fails closed: [`QueueError::StoreFailed`]);
 //! 3. hand admitted items to `admit` (a spawned task) and send the messages
 //!    (at most one in flight per key and lane; the poll's reports, across its
-//!    keys, in one `POST /v1/batch` call, each key's demand alone: [`send_all`]);
+//!    keys, in one `POST /v1/batch` call, each key's demand alone: [`send_all`];
+//!    a key's releases ride in its request when both leave in one poll, see
+//!    `state::messages`);
 //! 4. wait for an answer, an enqueue or release, or the next timer, and feed it
 //!    to the state.
 //!

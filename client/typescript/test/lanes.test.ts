@@ -4,7 +4,8 @@
  * scenarios, then seeded random runs against a small holder, checking after
  * every poll:
  * - at most one request and one sync in flight per key;
- * - requests carry demand only;
+ * - requests carry demand, and reports only of releases of confirmed claims
+ *   of a key without leases (they ride instead of a sync);
  * - a report never waits behind a request: a key whose report lane is free
  *   (and not waiting out a failure) has nothing left to report;
  * - no request leaves in a poll that hands out admits of its key;
@@ -23,6 +24,7 @@ import {
   reportBatches,
   DEFAULT_STATE_CONFIG,
   type GrantedPermits,
+  type GrantReport,
   type LeaseGrant,
   type Outgoing,
   type PermitSync,
@@ -82,11 +84,21 @@ test("a release is reported while a request waits for its round; one message per
   assert.equal(state.inFlight(), 1);
 });
 
-test("both lanes leave in one poll and fail apart", () => {
-  const state = twoOfThreeAdmitted();
-  state.release("a");
+/** a and b queued at 0; a grant of 1 answered at 1,000 with nextRequestAt passed: the next poll claims it and asks for b. */
+function claimWithDemandDue(): QueueState<string> {
+  const state = new QueueState<string>("runner-1");
+  state.enqueue([item("a"), item("b")], 0);
+  assert.equal(only(state.poll(0)).type, "request");
+  state.onAnswer(KEY, grantAnswer([{ grantId: "G", group: "wf", permits: 1, fence: 1 }], [], 900), 1_000);
+  return state;
+}
+
+test("both lanes leave in one poll and fail apart; a claim never rides in a request", () => {
+  const state = claimWithDemandDue();
   const messages = state.poll(2_100);
   assert.deepEqual(lanes(messages), ["report", "demand"]);
+  assert.deepEqual(messages[0]!.message.grants, [{ grantId: "G", claimed: 1, released: 0 }]);
+  assert.equal(messages[1]!.message.grants, undefined, "admission waits for no round");
   state.onFailure(KEY, "report", 2_200);
   assert.deepEqual(state.poll(2_300), [], "the report lane waits out its retry; the request is still in flight");
   assert.equal(state.nextWakeupMs(2_300), 2_200 + DEFAULT_STATE_CONFIG.failureRetryMs);
@@ -94,6 +106,31 @@ test("both lanes leave in one poll and fail apart", () => {
   state.onFailure(KEY, "demand", 3_300);
   assert.deepEqual(state.poll(3_301), [], "the demand lane waits out its own retry");
   assert.equal(only(state.poll(4_300)).type, "request");
+});
+
+test("releases ride in the request of the same poll; a later release leaves at once as a sync", () => {
+  const state = twoOfThreeAdmitted();
+  state.release("a");
+  const request = only(state.poll(2_100));
+  assert.equal(request.type, "request");
+  assert.deepEqual(request.grants, [{ grantId: "G", claimed: 2, released: 1 }]);
+  assert.equal(state.inFlight(), 1, "the report lane stays free");
+  assert.deepEqual(state.poll(2_101), [], "the release is on its way");
+  state.release("b");
+  assert.deepEqual(only(state.poll(2_102)).grants, [{ grantId: "G", claimed: 2, released: 2 }]);
+  const answer = grantAnswer([], [], 4_000);
+  state.onAnswer(KEY, { ...answer, grantResults: [{ grantId: "G", claimed: 2, status: "ok" }] } as SemaphoreResponse, 2_103);
+  assert.equal(state.keyRecord(KEY)?.grants["G"]?.ackedReleased, 1, "the request's answer acknowledged its release");
+});
+
+test("the releases of a failed request go out on the report lane", () => {
+  const state = twoOfThreeAdmitted();
+  state.release("a");
+  assert.equal(only(state.poll(2_100)).type, "request");
+  state.onFailure(KEY, "demand", 2_200);
+  const sync = only(state.poll(2_200));
+  assert.equal(sync.type, "sync");
+  assert.deepEqual(sync.grants, [{ grantId: "G", claimed: 2, released: 1 }]);
 });
 
 test("no request while a lease awaits confirmation, nor in the poll that drew its permits", () => {
@@ -160,12 +197,16 @@ const KEYS = ["acct-1", "acct-2"];
 const GROUPS = ["wf-a", "wf-b"];
 const LEASE_TTL_MS = 60_000;
 
+/** The holder's answer to grant reports: every claim confirmed as sent. */
+const confirmed = (reports: GrantReport[]) => reports.map((report) => ({ grantId: report.grantId, claimed: report.claimed, status: "ok" as const }));
+
 /** The test's side: what is in flight per key and lane, and a small holder that grants, lends and echoes. */
 class Driver {
   nowMs = 0;
   private nextItem = 0;
   private nextGrant = 0;
-  private readonly demand = new Map<string, string[]>();
+  /** Per key: the request in flight (its demanded groups, its grant reports). */
+  private readonly demand = new Map<string, { groups: string[]; reports: GrantReport[] }>();
   private readonly reports = new Map<string, PermitSync>();
   private readonly reportRetryAtMs = new Map<string, number>();
   private readonly lent = new Map<string, LeaseGrant>();
@@ -206,8 +247,8 @@ class Driver {
   }
 
   private answerDemand(key: string, asLease: boolean, permits: number, periodMs: number): void {
-    const groups = this.demand.get(key);
-    if (!groups) return;
+    const { groups, reports } = this.demand.get(key) ?? {};
+    if (!groups || !reports) return;
     this.demand.delete(key);
     const grants: GrantedPermits[] = [];
     const leases: LeaseGrant[] = [];
@@ -223,7 +264,8 @@ class Driver {
         grants.push({ grantId: `grant-${this.nextGrant}`, group, permits, fence: this.nextGrant });
       }
     }
-    this.state.onAnswer(key, grantAnswer(grants, leases, this.nowMs + periodMs), this.nowMs);
+    const answer = grantAnswer(grants, leases, this.nowMs + periodMs);
+    this.state.onAnswer(key, { ...answer, grantResults: confirmed(reports) } as SemaphoreResponse, this.nowMs);
   }
 
   /** Every claim confirmed, every lease echoed (a retired lease keeps only its drawn permits). */
@@ -231,7 +273,7 @@ class Driver {
     const sync = this.reports.get(key);
     if (!sync) return;
     this.reports.delete(key);
-    const grantResults = (sync.grants ?? []).map((report) => ({ grantId: report.grantId, claimed: report.claimed, status: "ok" as const }));
+    const grantResults = confirmed(sync.grants ?? []);
     const leases = (sync.leases ?? []).map((report) => {
       const lent = this.lent.get(report.leaseId)!;
       return { ...lent, permits: report.retired ? report.drawn : lent.permits };
@@ -245,9 +287,13 @@ class Driver {
     for (const { key, message } of messages) {
       if (message.type === "request") {
         assert.ok(!this.demand.has(key), "two requests in flight");
-        assert.ok(!message.grants?.length, "a request carries demand only");
+        const record = this.state.keyRecord(key);
+        for (const report of message.grants ?? []) {
+          assert.ok(record?.grants[report.grantId]?.claimConfirmed, "a request carries a claim");
+        }
+        assert.ok(!message.grants?.length || Object.keys(record?.leases ?? {}).length === 0, "a request carries reports of a key with leases");
         assert.ok(!admits.some((admitted) => admitted.key === key), "a request left in a poll that admitted items of its key");
-        this.demand.set(key, (message.demand ?? []).map((demand) => demand.group));
+        this.demand.set(key, { groups: (message.demand ?? []).map((demand) => demand.group), reports: message.grants ?? [] });
       } else {
         assert.ok(!this.reports.has(key), "two syncs in flight");
         this.reports.set(key, message);

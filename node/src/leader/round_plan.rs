@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use permitd_core::limits::MAX_REQUEST_WAIT_MS;
 use permitd_core::protocol::{
-    BlockedReason, PermitGrant, PermitRequest, PermitSync, PermitSyncResult,
+    BlockedReason, PermitGrant, PermitRequest, PermitSync, PermitSyncResult, V1,
 };
 use permitd_core::Event;
 use permitd_storage::{Command, KeyRound, KeySync};
@@ -47,6 +47,58 @@ impl WaitingRequest {
             answer_by,
         }
     }
+}
+
+/// What a grant report weighs in an entry besides its id: the JSON around it
+/// and two counts (the leader's bounds count bytes as received; a split-off
+/// report was never received alone).
+const GRANT_REPORT_BYTES: usize = 64;
+
+/// A request's grant reports, split off to be applied with the next entry as
+/// a sync would, while its demand waits for the key's round.
+#[derive(Debug, PartialEq)]
+pub(crate) struct EarlyReports {
+    pub(crate) sync: PermitSync,
+    /// Their share of the request's bytes.
+    pub(crate) bytes: usize,
+}
+
+/// Splits a request's grant reports off into a sync for the next entry and
+/// returns the request to park without them, with the bytes left to it. A
+/// request without grant reports is parked whole. Lease reports stay: they
+/// are heartbeats, and the round's lease pass reads them. `waiting` is made
+/// first, so that whether it may be held still looks at the request as
+/// received ([`holdable`]): a client waiting to hear about its reports is
+/// answered by the first round.
+pub(crate) fn split_early_reports(
+    mut waiting: WaitingRequest,
+) -> (WaitingRequest, Option<EarlyReports>) {
+    if waiting.request.grants.is_empty() {
+        return (waiting, None);
+    }
+    let grants = std::mem::take(&mut waiting.request.grants);
+    let estimate: usize = grants
+        .iter()
+        .map(|report| report.grant_id.len() + GRANT_REPORT_BYTES)
+        .sum();
+    let bytes = estimate.min(waiting.bytes);
+    waiting.bytes -= bytes;
+    let sync = PermitSync {
+        v: V1,
+        client_id: waiting.request.client_id.clone(),
+        grants,
+        leases: None,
+    };
+    (waiting, Some(EarlyReports { sync, bytes }))
+}
+
+/// The answer to a request whose grant reports went ahead: the round's
+/// answer with the early sync's grant results. A remembered answer (a retried
+/// `requestId`) gets them too, in place of the ones it was stored with: the
+/// reports were applied again now, and cumulative reports make that harmless.
+pub(crate) fn with_early_results(mut answer: PermitGrant, early: PermitSyncResult) -> PermitGrant {
+    answer.grant_results = early.grant_results;
+    answer
 }
 
 /// A sync parked until the next entry.
@@ -426,6 +478,85 @@ mod tests {
             holdable(&demand("c", 1, Some(u64::MAX))),
             Some(ms(MAX_REQUEST_WAIT_MS)),
             "capped"
+        );
+    }
+
+    /// A request of `c` with demand, a grant report and a lease report.
+    fn reporting(wait_ms: Option<u64>) -> PermitRequest {
+        let mut request = demand("c", 1, wait_ms);
+        request.grants.push(GrantReport {
+            grant_id: GRANT_ID.into(),
+            claimed: 1,
+            released: 1,
+        });
+        request.leases = Some(vec![LeaseReport {
+            lease_id: "l1".into(),
+            drawn: 1,
+            released: 0,
+            retired: false,
+        }]);
+        request
+    }
+
+    #[test]
+    fn grant_reports_go_ahead_as_a_sync_and_the_rest_parks() {
+        let now = Instant::now();
+        let (arrived, _) = waiting(reporting(Some(500)), now);
+        let (parked, early) = split_early_reports(arrived);
+        let early = early.expect("a grant report goes ahead");
+        assert_eq!(early.sync.client_id, "c");
+        assert_eq!(early.sync.grants, reporting(None).grants);
+        assert_eq!(early.sync.leases, None, "lease reports stay for the round");
+        assert!(parked.request.grants.is_empty());
+        assert_eq!(parked.request.leases, reporting(None).leases);
+        assert_eq!(parked.request.demand, reporting(None).demand);
+        assert_eq!(early.bytes + parked.bytes, 100, "the bytes are shared out");
+        assert_eq!(early.bytes, GRANT_ID.len() + GRANT_REPORT_BYTES);
+        assert_eq!(
+            parked.answer_by, None,
+            "it came with reports: the first round answers it"
+        );
+    }
+
+    #[test]
+    fn a_request_without_grant_reports_parks_whole() {
+        let now = Instant::now();
+        let mut lease_only = reporting(None);
+        lease_only.grants.clear();
+        let (arrived, _) = waiting(lease_only.clone(), now);
+        let (parked, early) = split_early_reports(arrived);
+        assert_eq!(early, None);
+        assert_eq!((parked.request, parked.bytes), (lease_only, 100));
+    }
+
+    #[test]
+    fn a_split_off_report_never_weighs_more_than_its_request() {
+        let (reply, _) = oneshot::channel();
+        let arrived = WaitingRequest::new(reporting(None), reply, 10, Instant::now());
+        let (parked, early) = split_early_reports(arrived);
+        assert_eq!((parked.bytes, early.expect("split").bytes), (0, 10));
+    }
+
+    #[test]
+    fn the_answer_carries_the_early_syncs_grant_results() {
+        let mut round = answer(1, &[]);
+        round.grant_results = serde_json::from_value(json!([
+            {"grantId": GRANT_ID, "claimed": 9, "status": "ok"}
+        ]))
+        .expect("results");
+        let mut early = synced();
+        early.grant_results = serde_json::from_value(json!([
+            {"grantId": GRANT_ID, "claimed": 1, "status": "ok"}
+        ]))
+        .expect("results");
+        let merged = with_early_results(round.clone(), early.clone());
+        assert_eq!(
+            merged.grant_results, early.grant_results,
+            "a remembered answer's results are replaced by the fresh ones"
+        );
+        assert_eq!(
+            (merged.grants, merged.blocked),
+            (round.grants, round.blocked)
         );
     }
 

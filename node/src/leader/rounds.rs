@@ -2,7 +2,14 @@
 //!
 //! A `request` does not become a log entry by itself: it parks in its key's
 //! pending list until the key's round falls due. A `sync` waits only until the
-//! next entry leaves. One `Command::Round` entry carries every sync that arrived
+//! next entry leaves. A request's grant reports do not wait for its round: they
+//! are split off into a sync of the same client that rides the next entry
+//! (docs/protocol.md, "Early reports"), so a runner's release and its next
+//! demand share one message without the release waiting. The request's answer
+//! carries that sync's grant results, and fails if the sync failed. A retried
+//! `requestId` has its reports applied again, which cumulative reports make
+//! harmless, and its remembered answer gets the fresh grant results. Lease
+//! reports stay in the request for the round's lease pass. One `Command::Round` entry carries every sync that arrived
 //! meanwhile (applied first, so the permits they return are granted by the
 //! rounds of the same entry) and the rounds of every key that fell due. The
 //! rules of when (pipelined rounds per key, entries in flight, keys and bytes per
@@ -196,7 +203,8 @@ impl Rounds {
     }
 
     /// Parks `request` (`bytes` as received) for `key`'s next round and waits
-    /// for its answer.
+    /// for its answer. Its grant reports go ahead with the next entry, as a
+    /// sync's would ([`round_plan::split_early_reports`]).
     pub async fn request(
         &self,
         key: &str,
@@ -208,13 +216,39 @@ impl Rounds {
         let (reply, answer) = oneshot::channel();
         let now = Instant::now();
         let waiting = WaitingRequest::new(request, reply, bytes, now);
-        self.schedule().park(key, waiting, bytes, timings, now)?;
-        crate::observe::metrics::pending_changed(1);
+        let (waiting, early) = round_plan::split_early_reports(waiting);
+        let Some(early) = early else {
+            let bytes = waiting.bytes;
+            self.schedule().park(key, waiting, bytes, timings, now)?;
+            crate::observe::metrics::pending_changed(1);
+            self.inner.wake.notify_one();
+            return answered(answer).await;
+        };
+        let (sync_reply, synced) = oneshot::channel();
+        let reports = early.sync.grants.len();
+        let sync = WaitingSync {
+            key: key.to_owned(),
+            sync: early.sync,
+            reply: sync_reply,
+        };
+        let bytes = waiting.bytes;
+        self.schedule().park_behind_sync(
+            key,
+            (waiting, bytes),
+            (sync, early.bytes),
+            timings,
+            now,
+        )?;
+        crate::observe::metrics::pending_changed(2);
+        crate::observe::metrics::early_reports(reports);
         self.inner.wake.notify_one();
-        // The sender is dropped only if the node is shutting down.
-        answer
-            .await
-            .unwrap_or(Err(ProposeError::ShuttingDown.into()))
+        // Answering a round whose reports were not applied would tell the
+        // client they were: a failed early sync fails the request.
+        let early = answered(synced).await?;
+        Ok(round_plan::with_early_results(
+            answered(answer).await?,
+            early,
+        ))
     }
 
     /// Queues `sync` for the next entry and waits for its answer.
@@ -236,9 +270,7 @@ impl Rounds {
             .push_sync(waiting, bytes, wakes, Instant::now())?;
         crate::observe::metrics::pending_changed(1);
         self.inner.wake.notify_one();
-        answer
-            .await
-            .unwrap_or(Err(ProposeError::ShuttingDown.into()))
+        answered(answer).await
     }
 
     /// Something may have freed permits of `key` outside a round (a reclaim, a
@@ -454,6 +486,14 @@ fn fail(replies: Replies, error: RoundError) {
     for (key, replies) in replies.rounds {
         fail_replies(&key, replies, error.clone());
     }
+}
+
+/// Waits for a parked message's answer. The sender is dropped only if the
+/// node is shutting down.
+async fn answered<T>(answer: oneshot::Receiver<Result<T, RoundError>>) -> Result<T, RoundError> {
+    answer
+        .await
+        .unwrap_or(Err(ProposeError::ShuttingDown.into()))
 }
 
 fn millis(duration: Duration) -> u64 {

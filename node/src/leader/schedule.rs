@@ -240,8 +240,8 @@ impl<R, S> Schedule<R, S> {
         }
     }
 
-    /// Whether one more message of `bytes` may park at `now`.
-    fn admit(&self, bytes: usize, now: Instant) -> Result<(), CannotPark> {
+    /// Whether `messages` more messages of `bytes` together may park at `now`.
+    fn admit(&self, messages: usize, bytes: usize, now: Instant) -> Result<(), CannotPark> {
         if let Some(since) = self.stalled_since(now) {
             let for_ms = now.saturating_duration_since(since).as_millis();
             return Err(CannotPark::Stalled {
@@ -249,7 +249,7 @@ impl<R, S> Schedule<R, S> {
             });
         }
         let settings = &self.settings;
-        if self.parked_messages >= settings.max_parked_messages
+        if self.parked_messages.saturating_add(messages) > settings.max_parked_messages
             || self.parked_bytes.saturating_add(bytes) > settings.max_parked_bytes
         {
             return Err(CannotPark::LeaderFull {
@@ -288,12 +288,41 @@ impl<R, S> Schedule<R, S> {
         timings: Timings,
         now: Instant,
     ) -> Result<(), CannotPark> {
-        self.admit(bytes, now)?;
-        let pending = self.keys.entry(key.to_owned()).or_default();
-        let waiting = pending.requests.len() + pending.held.len();
-        if waiting >= self.settings.max_pending_per_key {
-            return Err(CannotPark::KeyFull { pending: waiting });
+        self.park_after(key, (request, bytes), None, timings, now)
+    }
+
+    /// Parks a request for `key`'s next round and queues, for the next entry,
+    /// the sync its reports were split into (each with its bytes): both or
+    /// neither, so that a refused request has applied nothing.
+    pub fn park_behind_sync(
+        &mut self,
+        key: &str,
+        request: (R, usize),
+        sync: (S, usize),
+        timings: Timings,
+        now: Instant,
+    ) -> Result<(), CannotPark> {
+        self.park_after(key, request, Some(sync), timings, now)
+    }
+
+    /// Parks a request with its bytes, after `sync` if it has one. The sync
+    /// needs no wake of its own: the new request wakes the key's held requests.
+    fn park_after(
+        &mut self,
+        key: &str,
+        (request, bytes): (R, usize),
+        sync: Option<(S, usize)>,
+        timings: Timings,
+        now: Instant,
+    ) -> Result<(), CannotPark> {
+        let sync_bytes = sync.as_ref().map_or(0, |(_, bytes)| *bytes);
+        let messages = 1 + usize::from(sync.is_some());
+        self.admit(messages, bytes.saturating_add(sync_bytes), now)?;
+        self.key_has_room(key)?;
+        if let Some((sync, sync_bytes)) = sync {
+            self.queue_sync(sync, sync_bytes, None, now);
         }
+        let pending = self.keys.entry(key.to_owned()).or_default();
         pending.requests.push((request, bytes));
         pending.timings = timings;
         self.parked_messages += 1;
@@ -301,6 +330,15 @@ impl<R, S> Schedule<R, S> {
         // Held requests are older: they join this round, ahead of it.
         self.wake(key, now);
         self.make_due(key, now);
+        Ok(())
+    }
+
+    /// Whether one more request may wait for `key`'s round.
+    fn key_has_room(&self, key: &str) -> Result<(), CannotPark> {
+        let pending = self.pending(key);
+        if pending >= self.settings.max_pending_per_key {
+            return Err(CannotPark::KeyFull { pending });
+        }
         Ok(())
     }
 
@@ -365,7 +403,7 @@ impl<R, S> Schedule<R, S> {
         woken_before: u64,
         now: Instant,
     ) -> Result<(), R> {
-        if answer_by <= now || self.admit(bytes, now).is_err() {
+        if answer_by <= now || self.admit(1, bytes, now).is_err() {
             return Err(request);
         }
         let max_pending = self.settings.max_pending_per_key;
@@ -407,14 +445,19 @@ impl<R, S> Schedule<R, S> {
         wakes: Option<&str>,
         now: Instant,
     ) -> Result<(), CannotPark> {
-        self.admit(bytes, now)?;
+        self.admit(1, bytes, now)?;
+        self.queue_sync(sync, bytes, wakes, now);
+        Ok(())
+    }
+
+    /// Queues an admitted sync.
+    fn queue_sync(&mut self, sync: S, bytes: usize, wakes: Option<&str>, now: Instant) {
         self.syncs.push((sync, bytes));
         self.parked_messages += 1;
         self.parked_bytes += bytes;
         if let Some(key) = wakes {
             self.wake(key, now);
         }
-        Ok(())
     }
 
     /// Requests parked or held for `key`.
@@ -896,6 +939,46 @@ mod tests {
         schedule
             .park("c", 0, 1_000, timings(9, 9), t0 + ms(9))
             .unwrap();
+    }
+
+    #[test]
+    fn a_request_parked_behind_its_sync_sends_the_sync_with_the_next_entry() {
+        let (mut schedule, t0) = schedule();
+        schedule
+            .park_behind_sync("a", (1, 10), ("s1", 5), timings(5, 5), t0)
+            .unwrap();
+        assert_eq!((schedule.parked(), schedule.parked_bytes()), (2, 15));
+        assert_eq!(schedule.next_due(t0), Some(t0), "the sync does not wait");
+        let entry = schedule.take_entry(t0).unwrap();
+        assert_eq!((entry.syncs, entry.rounds.len()), (vec!["s1"], 0));
+        let entry = schedule.take_entry(t0 + ms(5)).unwrap();
+        assert_eq!(entry.rounds, [("a".to_string(), vec![1])], "by its round");
+    }
+
+    #[test]
+    fn a_request_and_its_sync_park_together_or_not_at_all() {
+        let (mut schedule, t0) = schedule();
+        for key in ["a", "b", "c", "d", "e", "f", "g"] {
+            schedule.park(key, 0, 1, timings(9, 9), t0).unwrap();
+        }
+        assert_eq!(
+            schedule.park_behind_sync("h", (0, 1), ("s", 1), timings(9, 9), t0),
+            Err(CannotPark::LeaderFull {
+                messages: 7,
+                bytes: 7
+            }),
+            "room for one message, not two"
+        );
+        assert_eq!(schedule.parked(), 7, "the sync was not queued");
+        let (mut schedule, t0) = self::schedule();
+        for request in 0..4 {
+            schedule.park("a", request, 1, timings(9, 9), t0).unwrap();
+        }
+        assert_eq!(
+            schedule.park_behind_sync("a", (4, 1), ("s", 1), timings(9, 9), t0),
+            Err(CannotPark::KeyFull { pending: 4 })
+        );
+        assert_eq!(schedule.parked(), 4, "the sync was not queued");
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //! - `permitd_blocked_total` (label `reason`): permits left queued, by reason;
 //! - `permitd_leader_changes_total`: leaders this node has seen come and go;
 //! - `permitd_pending_requests`: requests parked for a round on this node;
+//! - `permitd_early_reports_total`: grant reports of requests this node, as
+//!   leader, applied with the next entry instead of the round;
 //! - consensus health (`permitd_has_leader`, `permitd_is_leader`, term, indexes,
 //!   follower lag): see `raft_metrics.rs`;
 //! - HTTP calls by route and status, with latency: see `http_metrics.rs`;
@@ -56,6 +58,7 @@ pub const BLOCKED: &str = "permitd_blocked_total";
 pub const LEADER_CHANGES: &str = "permitd_leader_changes_total";
 pub const PENDING: &str = "permitd_pending_requests";
 pub const ABANDONED: &str = "permitd_requests_abandoned_total";
+pub const EARLY_REPORTS: &str = "permitd_early_reports_total";
 
 /// Most keys with per-key gauges (four series each) in one process.
 pub const MAX_KEYS_WITH_GAUGES: usize = 1_000;
@@ -152,6 +155,10 @@ fn describe() {
         ABANDONED,
         "Requests left out of their round because their caller went away."
     );
+    metrics::describe_counter!(
+        EARLY_REPORTS,
+        "Grant reports of requests applied with the next entry, ahead of the round."
+    );
     crate::observe::raft_metrics::describe();
     crate::observe::http_metrics::describe();
     crate::raft::stall_probe::describe();
@@ -174,6 +181,10 @@ pub fn requests_abandoned(count: usize) {
 
 pub fn pending_changed(delta: i64) {
     metrics::gauge!(PENDING).increment(delta as f64);
+}
+
+pub fn early_reports(reports: usize) {
+    metrics::counter!(EARLY_REPORTS).increment(reports as u64);
 }
 
 pub fn leader_changed(leader: Option<u64>) {

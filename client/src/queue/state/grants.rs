@@ -39,7 +39,13 @@ impl GrantHolding {
 
     /// The holder has not yet seen the claim, or all of the releases.
     pub(super) fn needs_report(&self) -> bool {
-        self.awaits_confirmation() || self.released > self.acked_released
+        self.needs_report_beyond(0)
+    }
+
+    /// As [`Self::needs_report`], when releases up to `riding` are on their
+    /// way in the key's request (`messages`: releases ride with demand).
+    pub(super) fn needs_report_beyond(&self, riding: u64) -> bool {
+        self.awaits_confirmation() || self.released > self.acked_released.max(riding)
     }
 }
 

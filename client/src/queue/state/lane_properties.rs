@@ -3,7 +3,8 @@
 //! grants, lends and echoes what it is told, checking after every poll:
 //! - at most one request and one sync in flight per key, and a message leaves
 //!   only on a free lane;
-//! - requests carry demand only;
+//! - requests carry demand, and reports only when these return permits
+//!   (releases of confirmed claims, no lease held);
 //! - a report never waits behind a request: after a poll, a key whose report
 //!   lane is free (and not waiting out a failure) has nothing left to report;
 //! - no request leaves in a poll that hands out admits of its key;
@@ -14,8 +15,8 @@
 use std::collections::BTreeMap;
 
 use permitd_core::protocol::{
-    GrantResult, GrantStatus, GrantedPermits, LeaseGrant, PermitSyncResult, SemaphoreRequest,
-    SemaphoreResponse, V1,
+    GrantReport, GrantResult, GrantStatus, GrantedPermits, LeaseGrant, PermitSyncResult,
+    SemaphoreRequest, SemaphoreResponse, V1,
 };
 use permitd_core::GrantId;
 use proptest::prelude::*;
@@ -78,8 +79,8 @@ struct Driver {
     now_ms: u64,
     next_item: u64,
     next_grant: u128,
-    /// Per key: the request in flight (its demanded groups).
-    demand: BTreeMap<usize, Vec<String>>,
+    /// Per key: the request in flight (its demanded groups, its grant reports).
+    demand: BTreeMap<usize, (Vec<String>, Vec<GrantReport>)>,
     /// Per key: the sync in flight.
     report: BTreeMap<usize, permitd_core::protocol::PermitSync>,
     /// Per key and lane: the report lane's retry time after a failure.
@@ -124,7 +125,7 @@ impl Driver {
                 permits,
                 period_ms,
             } => {
-                let Some(groups) = self.demand.remove(&key) else {
+                let Some((groups, reports)) = self.demand.remove(&key) else {
                     return Ok(());
                 };
                 let mut grants = Vec::new();
@@ -146,22 +147,17 @@ impl Driver {
                         });
                     }
                 }
-                let answer = grant_answer(grants, leases, self.now_ms + period_ms);
+                let mut answer = grant_answer(grants, leases, self.now_ms + period_ms);
+                if let SemaphoreResponse::Grant(grant) = &mut answer {
+                    grant.grant_results = confirmed(&reports);
+                }
                 state.on_answer(KEYS[key], answer, self.now_ms);
             }
             Step::AnswerReport { key, contended } => {
                 let Some(sync) = self.report.remove(&key) else {
                     return Ok(());
                 };
-                let grant_results = sync
-                    .grants
-                    .iter()
-                    .map(|report| GrantResult {
-                        grant_id: report.grant_id.clone(),
-                        claimed: report.claimed,
-                        status: GrantStatus::Ok,
-                    })
-                    .collect();
+                let grant_results = confirmed(&sync.grants);
                 let leases = sync
                     .leases
                     .iter()
@@ -214,7 +210,19 @@ impl Driver {
             match outgoing.message {
                 SemaphoreRequest::Request(request) => {
                     prop_assert!(!self.demand.contains_key(&key), "two requests in flight");
-                    prop_assert!(request.grants.is_empty(), "a request carries demand only");
+                    let record = state.key_record(&outgoing.key);
+                    for report in &request.grants {
+                        let grant = record.and_then(|record| record.grants.get(&report.grant_id));
+                        prop_assert!(
+                            grant.is_some_and(|grant| grant.claim_confirmed),
+                            "a request carries a claim"
+                        );
+                    }
+                    prop_assert!(
+                        request.grants.is_empty()
+                            || record.is_some_and(|record| record.leases.is_empty()),
+                        "a request carries reports of a key with leases"
+                    );
                     prop_assert!(
                         admits.iter().all(|item| item.key != outgoing.key),
                         "a request left in a poll that admitted items of its key"
@@ -224,7 +232,7 @@ impl Driver {
                         .into_iter()
                         .map(|demand| demand.group)
                         .collect();
-                    self.demand.insert(key, groups);
+                    self.demand.insert(key, (groups, request.grants));
                 }
                 SemaphoreRequest::Sync(sync) => {
                     prop_assert!(!self.report.contains_key(&key), "two syncs in flight");
@@ -254,6 +262,18 @@ impl Driver {
         }
         Ok(())
     }
+}
+
+/// The holder's answer to grant reports: every claim confirmed as sent.
+fn confirmed(reports: &[GrantReport]) -> Vec<GrantResult> {
+    reports
+        .iter()
+        .map(|report| GrantResult {
+            grant_id: report.grant_id.clone(),
+            claimed: report.claimed,
+            status: GrantStatus::Ok,
+        })
+        .collect()
 }
 
 proptest! {

@@ -12,6 +12,14 @@
 //!   and heartbeats, sent as soon as they exist, never behind a demand request
 //!   waiting for its round.
 //!
+//! When a poll sends both, and the reports only return permits (grant releases
+//! of confirmed claims; no claim, no lease), the releases ride in the request
+//! instead: the holder applies a request's grant reports with its next entry,
+//! as a sync's (docs/protocol.md, "Early reports"), so nothing waits and one
+//! message is saved. The report lane stays free: a later report leaves at once
+//! on it. Claims always go in syncs: an item is admitted only once its claim is
+//! confirmed, and a request is answered only after its round.
+//!
 //! Reports are cumulative high-water marks, so the two lanes may be answered in
 //! any order. What a sync reported is kept ([`InFlight`]) so its answer is
 //! matched against what the holder saw, not against what changed since. A failed
@@ -59,6 +67,8 @@ impl Lane {
 pub(super) struct KeyRuntime {
     /// A request is in flight.
     pub(super) demand_in_flight: bool,
+    /// The releases riding in that request, to match its answer against.
+    pub(super) riding: Option<InFlight>,
     /// A sync is in flight, with what it reported.
     pub(super) report_in_flight: Option<InFlight>,
     pub(super) demand_retry_at_ms: u64,
@@ -68,6 +78,14 @@ pub(super) struct KeyRuntime {
 }
 
 impl KeyRuntime {
+    /// The released count riding in the request in flight for `grant_id`.
+    fn riding_released(&self, grant_id: &str) -> u64 {
+        self.riding
+            .as_ref()
+            .and_then(|riding| riding.grants.get(grant_id))
+            .map_or(0, |report| report.released)
+    }
+
     fn busy(&self) -> bool {
         self.demand_in_flight || self.report_in_flight.is_some()
     }
@@ -112,19 +130,36 @@ impl<T: Clone> QueueState<T> {
         for key in keys {
             let drew = self.draw(&key, now_ms) || admitted.contains(&key);
             self.retire_stale_leases(&key, now_ms);
-            if self.report_lane_free(&key, now_ms) && self.reports_due(&key, now_ms) {
+            let report = self.report_lane_free(&key, now_ms) && self.reports_due(&key, now_ms);
+            let demand = !drew && self.demand_due(&key, now_ms);
+            let ride = report && demand && self.only_releases(&key);
+            if report && !ride {
                 outgoing.push(self.take_sync(&key));
             }
-            if !drew && self.demand_due(&key, now_ms) {
-                let message = self.take_request(&key);
-                outgoing.push(Outgoing {
-                    key,
-                    message,
-                    releases: 0,
-                });
+            if demand {
+                outgoing.push(self.take_request(&key, ride));
             }
         }
         outgoing
+    }
+
+    /// Whether everything the key has to report returns permits: releases of
+    /// confirmed grant claims, nothing forced, no lease (leases report every
+    /// sync, and a request's lease reports wait for its round).
+    fn only_releases(&self, key: &str) -> bool {
+        let forced = self
+            .runtime
+            .get(key)
+            .is_some_and(|runtime| runtime.force_report);
+        let Some(record) = self.keys.get(key) else {
+            return false;
+        };
+        !forced
+            && record.leases.is_empty()
+            && record
+                .grants
+                .values()
+                .all(|grant| !grant.awaits_confirmation())
     }
 
     /// When [`Self::poll`] may next have something to do, if ever (absent new
@@ -158,7 +193,7 @@ impl<T: Clone> QueueState<T> {
             if reports_free && (runtime.force_report && !record.is_empty()) {
                 consider(report_at(now_ms));
             }
-            if reports_free && record.grants.values().any(|grant| grant.needs_report()) {
+            if reports_free && grants_need_report(record, runtime) {
                 consider(report_at(now_ms));
             }
             for lease in record.leases.values() {
@@ -194,8 +229,7 @@ impl<T: Clone> QueueState<T> {
             SemaphoreResponse::Grant(_) => {
                 debug_assert!(runtime.demand_in_flight, "a grant answer without a request");
                 runtime.demand_in_flight = false;
-                // Requests carry no reports: nothing of theirs to acknowledge.
-                InFlight::default()
+                runtime.riding.take().unwrap_or_default()
             }
             SemaphoreResponse::Synced(_) => {
                 let Some(sent) = runtime.report_in_flight.take() else {
@@ -244,6 +278,8 @@ impl<T: Clone> QueueState<T> {
             match lane {
                 Lane::Demand => {
                     runtime.demand_in_flight = false;
+                    // Its releases are reported again, on the report lane.
+                    runtime.riding = None;
                     runtime.demand_retry_at_ms = retry_at_ms;
                 }
                 Lane::Report => {
@@ -322,18 +358,36 @@ impl<T: Clone> QueueState<T> {
         if record.is_empty() {
             return false;
         }
-        let forced = self
-            .runtime
-            .get(key)
-            .is_some_and(|runtime| runtime.force_report);
-        forced
-            || record.grants.values().any(|grant| grant.needs_report())
+        let idle = KeyRuntime::default();
+        let runtime = self.runtime.get(key).unwrap_or(&idle);
+        runtime.force_report
+            || grants_need_report(record, runtime)
             || record.leases.values().any(|lease| {
                 lease.needs_report() || lease.heartbeat_due_ms().is_some_and(|due| due <= now_ms)
             })
     }
 
-    fn take_request(&mut self, key: &str) -> SemaphoreRequest {
+    /// The key's request, with its releases riding if `ride` (see the module).
+    fn take_request(&mut self, key: &str, ride: bool) -> Outgoing {
+        let mut request = self.demand_request(key);
+        let mut releases = 0;
+        if ride {
+            request.grants = self.grant_reports(key, false);
+            releases = self.unacknowledged_releases(key, &request.grants, &[]);
+            let riding = InFlight {
+                grants: by_grant_id(&request.grants),
+                leases: BTreeMap::new(),
+            };
+            self.runtime.entry(key.to_string()).or_default().riding = Some(riding);
+        }
+        Outgoing {
+            key: key.to_string(),
+            message: SemaphoreRequest::Request(request),
+            releases,
+        }
+    }
+
+    fn demand_request(&mut self, key: &str) -> PermitRequest {
         let mut demand: Vec<Demand> = self
             .queued
             .get(key)
@@ -355,7 +409,7 @@ impl<T: Clone> QueueState<T> {
             .or_default()
             .demand_in_flight = true;
         let wait_ms = self.config.request_wait_ms;
-        SemaphoreRequest::Request(PermitRequest {
+        PermitRequest {
             v: V1,
             client_id: self.client_id.clone(),
             request_id: None,
@@ -364,7 +418,7 @@ impl<T: Clone> QueueState<T> {
             // Present, though empty: this client takes leases.
             leases: Some(Vec::new()),
             wait_ms: (wait_ms > 0).then_some(wait_ms),
-        })
+        }
     }
 
     fn take_sync(&mut self, key: &str) -> Outgoing {
@@ -374,10 +428,7 @@ impl<T: Clone> QueueState<T> {
         let leases = self.lease_reports(key);
         let releases = self.unacknowledged_releases(key, &grants, &leases);
         let in_flight = InFlight {
-            grants: grants
-                .iter()
-                .map(|report| (report.grant_id.clone(), report.clone()))
-                .collect(),
+            grants: by_grant_id(&grants),
             leases: leases
                 .iter()
                 .map(|report| (report.lease_id.clone(), report.clone()))
@@ -439,6 +490,24 @@ impl<T: Clone> QueueState<T> {
             self.dirty.key(key);
         }
     }
+}
+
+/// Grant reports by grant id, to match an answer's results against.
+fn by_grant_id(grants: &[GrantReport]) -> BTreeMap<String, GrantReport> {
+    grants
+        .iter()
+        .map(|report| (report.grant_id.clone(), report.clone()))
+        .collect()
+}
+
+/// Whether a grant of the key has something the holder has not been sent:
+/// an unconfirmed claim, or releases beyond those acknowledged and those
+/// riding in the request in flight.
+fn grants_need_report(record: &KeyRecord, runtime: &KeyRuntime) -> bool {
+    record
+        .grants
+        .iter()
+        .any(|(grant_id, grant)| grant.needs_report_beyond(runtime.riding_released(grant_id)))
 }
 
 #[cfg(test)]
@@ -553,16 +622,8 @@ mod tests {
     #[test]
     fn both_lanes_leave_in_one_poll_and_fail_apart() {
         let mut state = queue();
-        granted_and_claiming(&mut state, &["a", "b"], 1);
-        answer_claim(
-            &mut state,
-            1,
-            permitd_core::protocol::GrantStatus::Ok,
-            1_200,
-        );
-        assert_eq!(admitted_ids(&mut state), ["a"]);
-        state.release("a");
-        let messages = state.poll(2_100);
+        granted_with_demand_due(&mut state, &["a", "b"], 1);
+        let messages = state.poll(1_100);
         let lanes: Vec<Lane> = messages.iter().map(|out| Lane::of(&out.message)).collect();
         assert_eq!(lanes, [Lane::Report, Lane::Demand]);
         state.on_failure(KEY, Lane::Report, 2_200);
@@ -572,6 +633,96 @@ mod tests {
         );
         assert_eq!(state.next_wakeup_ms(2_300), Some(3_200));
         as_sync(only(state.poll(3_200)));
+    }
+
+    #[test]
+    fn a_claim_never_rides_in_a_request() {
+        let mut state = queue();
+        granted_with_demand_due(&mut state, &["a", "b"], 1);
+        let messages = state.poll(1_100);
+        let claim = as_sync(messages[0].message.clone());
+        assert_eq!((claim.grants[0].claimed, claim.grants[0].released), (1, 0));
+        let request = as_request(messages[1].message.clone());
+        assert!(request.grants.is_empty(), "admission waits for no round");
+        assert_eq!(request.demand[0].count, 1);
+    }
+
+    /// Grant 1 of `permits` claimed and confirmed for the first of `ids`,
+    /// `released` of them released by 2,100, when the next request is due.
+    fn confirmed_then_released(
+        ids: &[&str],
+        permits: u64,
+        released: &[&str],
+    ) -> super::QueueState<u32> {
+        let mut state = queue();
+        granted_and_claiming(&mut state, ids, permits);
+        answer_claim(
+            &mut state,
+            permits,
+            permitd_core::protocol::GrantStatus::Ok,
+            1_200,
+        );
+        assert_eq!(admitted_ids(&mut state).len() as u64, permits);
+        for id in released {
+            state.release(id);
+        }
+        state
+    }
+
+    #[test]
+    fn releases_ride_in_the_request_that_leaves_in_the_same_poll() {
+        let mut state = confirmed_then_released(&["a", "b"], 1, &["a"]);
+        let messages = state.poll(2_100);
+        assert_eq!(messages[0].releases, 1, "the bench times reuse from here");
+        let request = as_request(only(messages));
+        assert_eq!(request.demand[0].count, 1);
+        let report = &request.grants[0];
+        assert_eq!((report.claimed, report.released), (1, 1));
+        assert_eq!(state.in_flight(), 1, "the report lane stays free");
+        assert!(state.poll(2_101).is_empty(), "the release is on its way");
+        assert_ne!(state.next_wakeup_ms(2_101), Some(2_101));
+        answer_request_reports(&mut state, 1, 2_102);
+        assert!(
+            state
+                .key_record(KEY)
+                .is_none_or(|record| record.grants.is_empty()),
+            "the holder acknowledged every release: the grant is forgotten"
+        );
+    }
+
+    #[test]
+    fn a_release_after_riding_ones_leaves_at_once_as_a_sync() {
+        let mut state = confirmed_then_released(&["a", "b", "c"], 2, &["a"]);
+        let request = as_request(only(state.poll(2_100)));
+        assert_eq!(request.grants[0].released, 1);
+        state.release("b");
+        let sync = as_sync(only(state.poll(2_101)));
+        assert_eq!((sync.grants[0].claimed, sync.grants[0].released), (2, 2));
+        assert_eq!(state.in_flight(), 2);
+    }
+
+    #[test]
+    fn the_releases_of_a_failed_request_go_out_on_the_report_lane() {
+        let mut state = confirmed_then_released(&["a", "b"], 1, &["a"]);
+        as_request(only(state.poll(2_100)));
+        state.on_failure(KEY, Lane::Demand, 2_200);
+        let sync = as_sync(only(state.poll(2_200)));
+        assert_eq!(sync.grants[0].released, 1);
+    }
+
+    #[test]
+    fn releases_of_a_key_with_a_lease_do_not_ride() {
+        let mut state = queue();
+        leased(&mut state, &["a"], 1, 60_000, 100);
+        as_sync(only(state.poll(100)));
+        answer_lease(&mut state, 1, 60_000, 100);
+        assert_eq!(admitted_ids(&mut state), ["a"]);
+        state.enqueue(vec![item("b", "wf")], 200).unwrap();
+        state.release("a");
+        let messages = state.poll(3_000);
+        let lanes: Vec<Lane> = messages.iter().map(|out| Lane::of(&out.message)).collect();
+        assert_eq!(lanes, [Lane::Report, Lane::Demand]);
+        assert!(as_request(messages[1].message.clone()).grants.is_empty());
     }
 
     #[test]

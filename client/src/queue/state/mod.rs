@@ -12,9 +12,11 @@
 //! `expired`/`not_found`: `Queued` again) → `release(id)` → `Released`.
 //!
 //! Per key, two lanes each carry at most one message in flight (see
-//! `messages`): `request`s with demand only, and `sync`s with every report
+//! `messages`): `request`s with demand, and `sync`s with every report
 //! (claims, releases, heartbeats) as soon as it exists, so a freed permit never
-//! waits behind a request parked for its round.
+//! waits behind a request parked for its round. Releases leaving in the same
+//! poll as a request ride in it instead (the holder applies them with its next
+//! entry, not the round).
 //!
 //! Invariants:
 //! - an item is admitted only under a confirmed grant claim or a permit drawn

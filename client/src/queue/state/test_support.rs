@@ -116,15 +116,23 @@ pub fn admitted_ids(state: &mut QueueState<u32>) -> Vec<String> {
 /// Enqueues `ids` in group `wf` at time 100 and answers the first request
 /// with a grant of `permits` (grant 1), then returns the claim sync.
 pub fn granted_and_claiming(state: &mut QueueState<u32>, ids: &[&str], permits: u64) -> PermitSync {
+    granted_at_1_100(state, ids, permits, 2_100);
+    as_sync(only(state.poll(1_100)))
+}
+
+/// Enqueues `ids` in group `wf` at time 100 and answers the first request
+/// at 1,100 with a grant of `permits` (grant 1) and `next_request_at_ms`.
+fn granted_at_1_100(
+    state: &mut QueueState<u32>,
+    ids: &[&str],
+    permits: u64,
+    next_request_at_ms: u64,
+) {
     let items = ids.iter().map(|id| item(id, "wf")).collect();
     state.enqueue(items, 100).unwrap();
     as_request(only(state.poll(100)));
-    state.on_answer(
-        KEY,
-        grant_answer(vec![granted(1, "wf", permits)], vec![], 2_100),
-        1_100,
-    );
-    as_sync(only(state.poll(1_100)))
+    let answer = grant_answer(vec![granted(1, "wf", permits)], vec![], next_request_at_ms);
+    state.on_answer(KEY, answer, 1_100);
 }
 
 /// Answers the sync in flight with the holder's result for grant 1's claim.
@@ -134,6 +142,23 @@ pub fn answer_claim(state: &mut QueueState<u32>, claimed: u64, status: GrantStat
         synced(vec![result(1, claimed, status)], vec![], false),
         now_ms,
     );
+}
+
+/// Answers the request in flight with no permits and the holder's result for
+/// the reports of grant 1 it carried (`claimed` confirmed).
+pub fn answer_request_reports(state: &mut QueueState<u32>, claimed: u64, now_ms: u64) {
+    let mut answer = grant_answer(vec![], vec![], now_ms + NEXT_REQUEST_AFTER_MS);
+    if let SemaphoreResponse::Grant(grant) = &mut answer {
+        grant.grant_results = vec![result(1, claimed, GrantStatus::Ok)];
+    }
+    state.on_answer(KEY, answer, now_ms);
+}
+
+/// Enqueues `ids` in group `wf` at time 100 and answers the first request
+/// with a grant of `permits` (grant 1) whose `nextRequestAt` has passed, so
+/// that the next poll both claims it and asks for the rest.
+pub fn granted_with_demand_due(state: &mut QueueState<u32>, ids: &[&str], permits: u64) {
+    granted_at_1_100(state, ids, permits, 1_000);
 }
 
 /// Enqueues `ids` in group `wf` at `now_ms` and answers the first request at

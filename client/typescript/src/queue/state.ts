@@ -21,6 +21,13 @@
  * - the **report** lane carries `sync`s: grant claims, lease claims, releases
  *   and heartbeats, sent as soon as they exist, never behind a request waiting
  *   for its round.
+ * When a poll sends both and the reports only return permits (releases of
+ * confirmed grant claims; no claim, no lease), the releases ride in the
+ * request instead: the holder applies a request's grant reports with its next
+ * entry, as a sync's, so nothing waits and one message is saved; the report
+ * lane stays free for later reports. Claims always go in syncs: an item is
+ * admitted only once its claim is confirmed, and a request is answered only
+ * after its round.
  * Reports are cumulative, so the lanes may be answered in any order; what a
  * sync reported is kept so its answer is matched against what the holder saw.
  * A failed message frees its lane after `failureRetryMs`.
@@ -170,6 +177,8 @@ export function laneOf(message: SemaphoreRequest): Lane {
 
 interface KeyRuntime {
   demandInFlight: boolean;
+  /** The releases riding in that request, to match its answer against. */
+  riding: InFlight | null;
   /** A sync in flight, with what it reported. */
   reportInFlight: InFlight | null;
   demandRetryAtMs: number;
@@ -178,7 +187,7 @@ interface KeyRuntime {
   forceReport: boolean;
 }
 
-const idleRuntime = (): KeyRuntime => ({ demandInFlight: false, reportInFlight: null, demandRetryAtMs: 0, reportRetryAtMs: 0, forceReport: false });
+const idleRuntime = (): KeyRuntime => ({ demandInFlight: false, riding: null, reportInFlight: null, demandRetryAtMs: 0, reportRetryAtMs: 0, forceReport: false });
 const runtimeInFlight = (runtime: KeyRuntime) => Number(runtime.demandInFlight) + Number(runtime.reportInFlight !== null);
 
 type QueuedEntry = { atMs: number; order: number; id: string };
@@ -190,7 +199,12 @@ const isEmptyRecord = (record: KeyRecord) =>
   Object.keys(record.grants).length === 0 && Object.keys(record.leases).length === 0;
 
 const grantAwaitsConfirmation = (grant: GrantHolding) => !grant.claimConfirmed && grant.claimed > 0;
-const grantNeedsReport = (grant: GrantHolding) => grantAwaitsConfirmation(grant) || grant.released > grant.ackedReleased;
+/** An unconfirmed claim, or releases beyond those acknowledged and those riding (up to `riding`) in the request in flight. */
+const grantNeedsReport = (grant: GrantHolding, riding = 0) =>
+  grantAwaitsConfirmation(grant) || grant.released > Math.max(grant.ackedReleased, riding);
+const grantsNeedReport = (record: KeyRecord, runtime: KeyRuntime | undefined) =>
+  Object.entries(record.grants).some(([grantId, grant]) => grantNeedsReport(grant, runtime?.riding?.grants.get(grantId)?.released ?? 0));
+const byGrantId = (grants: GrantReport[]) => new Map(grants.map((report) => [report.grantId, report]));
 const leaseAwaitsConfirmation = (lease: LeaseHolding) => !lease.confirmed && !lease.retired;
 const leaseDrawable = (lease: LeaseHolding, nowMs: number) =>
   lease.confirmed && !lease.retired && lease.drawn < lease.permits && nowMs < lease.expiresAtMs;
@@ -604,10 +618,20 @@ export class QueueState<T> {
     for (const key of this.activeKeys()) {
       const drew = this.draw(key, nowMs) || admitted.has(key);
       this.retireStaleLeases(key, nowMs);
-      if (this.reportLaneFree(key, nowMs) && this.reportsDue(key, nowMs)) outgoing.push({ key, message: this.takeSync(key) });
-      if (!drew && this.demandDue(key, nowMs)) outgoing.push({ key, message: this.takeRequest(key) });
+      const report = this.reportLaneFree(key, nowMs) && this.reportsDue(key, nowMs);
+      const demand = !drew && this.demandDue(key, nowMs);
+      const ride = report && demand && this.onlyReleases(key);
+      if (report && !ride) outgoing.push({ key, message: this.takeSync(key) });
+      if (demand) outgoing.push({ key, message: this.takeRequest(key, ride) });
     }
     return outgoing;
+  }
+
+  /** Whether everything the key has to report returns permits: releases of confirmed claims, nothing forced, no lease. */
+  private onlyReleases(key: string): boolean {
+    const record = this.keys.get(key);
+    if (!record || (this.runtime.get(key)?.forceReport ?? false)) return false;
+    return Object.keys(record.leases).length === 0 && !Object.values(record.grants).some(grantAwaitsConfirmation);
   }
 
   /** Reports only (never demand) for every key with something to report: what shutdown sends. */
@@ -634,7 +658,7 @@ export class QueueState<T> {
       const reportsFree = runtime.reportInFlight === null;
       const reportAt = (at: number) => Math.max(at, runtime.reportRetryAtMs);
       if (reportsFree && runtime.forceReport && !isEmptyRecord(record)) consider(reportAt(nowMs));
-      if (reportsFree && Object.values(record.grants).some(grantNeedsReport)) consider(reportAt(nowMs));
+      if (reportsFree && grantsNeedReport(record, runtime)) consider(reportAt(nowMs));
       for (const lease of Object.values(record.leases)) {
         if (reportsFree && leaseNeedsReport(lease)) consider(reportAt(nowMs));
         const due = leaseHeartbeatDueMs(lease);
@@ -657,8 +681,8 @@ export class QueueState<T> {
     if (answer.type === "grant") {
       if (!runtime.demandInFlight) return;
       runtime.demandInFlight = false;
-      // Requests carry no reports: nothing of theirs to acknowledge.
-      sent = { grants: new Map(), leases: new Map() };
+      sent = runtime.riding ?? { grants: new Map(), leases: new Map() };
+      runtime.riding = null;
     } else {
       if (!runtime.reportInFlight) return;
       sent = runtime.reportInFlight;
@@ -684,6 +708,8 @@ export class QueueState<T> {
     const retryAtMs = nowMs + this.config.failureRetryMs;
     if (lane === "demand") {
       runtime.demandInFlight = false;
+      // Its releases are reported again, on the report lane.
+      runtime.riding = null;
       runtime.demandRetryAtMs = retryAtMs;
     } else {
       runtime.reportInFlight = null;
@@ -724,7 +750,7 @@ export class QueueState<T> {
     if (!record || isEmptyRecord(record)) return false;
     return (
       (this.runtime.get(key)?.forceReport ?? false) ||
-      Object.values(record.grants).some(grantNeedsReport) ||
+      grantsNeedReport(record, this.runtime.get(key)) ||
       Object.values(record.leases).some((lease) => {
         const due = leaseHeartbeatDueMs(lease);
         return leaseNeedsReport(lease) || (due !== null && due <= nowMs);
@@ -737,31 +763,42 @@ export class QueueState<T> {
     const forced = runtime.forceReport;
     runtime.forceReport = false;
     const record = this.keys.get(key);
-    const grants = sortedEntries(record?.grants ?? {})
-      .filter(([, grant]) => forced || grantNeedsReport(grant))
-      .slice(0, MAX_GRANT_REPORTS)
-      .map(([grantId, grant]) => ({ grantId, claimed: grant.claimed, released: grant.released }));
+    const grants = this.grantReports(key, forced);
     // Unconfirmed leases first: one left out until its claim deadline is reclaimed.
     const leaseEntries = sortedEntries(record?.leases ?? {});
     const leases = [...leaseEntries.filter(([, lease]) => !lease.confirmed), ...leaseEntries.filter(([, lease]) => lease.confirmed)]
       .slice(0, MAX_LEASE_REPORTS)
       .map(([leaseId, lease]) => leaseReport(leaseId, lease));
     runtime.reportInFlight = {
-      grants: new Map(grants.map((report) => [report.grantId, report])),
+      grants: byGrantId(grants),
       leases: new Map(leases.map((report) => [report.leaseId, report])),
     };
     return { grants, leases };
   }
 
-  private takeRequest(key: string): SemaphoreRequest {
+  /** Reports of every grant that needs one (every grant when `forced`), capped. */
+  private grantReports(key: string, forced: boolean): GrantReport[] {
+    return sortedEntries(this.keys.get(key)?.grants ?? {})
+      .filter(([, grant]) => forced || grantNeedsReport(grant))
+      .slice(0, MAX_GRANT_REPORTS)
+      .map(([grantId, grant]) => ({ grantId, claimed: grant.claimed, released: grant.released }));
+  }
+
+  /** The key's request; with its releases riding if `ride` (see the module). */
+  private takeRequest(key: string, ride: boolean): SemaphoreRequest {
     const demand = [...(this.queued.get(key) ?? new Map<string, QueuedEntry[]>())]
       .filter(([, entries]) => entries.length > 0)
       .map(([group, entries]) => ({ group, count: entries.length, oldestAt: entries[0]!.atMs }))
       .sort((a, b) => a.oldestAt - b.oldestAt || (a.group < b.group ? -1 : a.group > b.group ? 1 : 0))
       .slice(0, MAX_DEMAND_ENTRIES);
-    this.runtimeOf(key).demandInFlight = true;
-    // Demand only (reports travel on the report lane); `leases` present, though empty: this client takes leases.
-    return { type: "request", v: 1, clientId: this.clientId, demand, leases: [] };
+    const runtime = this.runtimeOf(key);
+    runtime.demandInFlight = true;
+    // `leases` present, though empty: this client takes leases.
+    const request: SemaphoreRequest = { type: "request", v: 1, clientId: this.clientId, demand, leases: [] };
+    if (!ride) return request;
+    const grants = this.grantReports(key, false);
+    runtime.riding = { grants: byGrantId(grants), leases: new Map() };
+    return { ...request, grants };
   }
 
   private takeSync(key: string): SemaphoreRequest {
