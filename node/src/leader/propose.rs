@@ -6,7 +6,7 @@
 //! is the "reply lost after commit" case the design accepts.
 
 use openraft::error::{ClientWriteError, RaftError};
-use permitd_storage::{Command, CommandResult, NodeId};
+use permitd_storage::{Command, CommandResult, NodeId, TypeConfig};
 use tokio::sync::watch;
 
 use crate::leader::leadership::{lost, Leadership};
@@ -25,24 +25,64 @@ pub enum ProposeError {
     Raft(String),
 }
 
-/// Proposes `command` if this node leads, and waits for its apply result.
-pub async fn propose(
+/// The apply result of a submitted entry, once it commits.
+type ResultReceiver = tokio::sync::oneshot::Receiver<openraft::raft::ClientWriteResult<TypeConfig>>;
+
+/// An entry handed to openraft, not yet answered.
+#[derive(Debug)]
+pub struct Submitted {
+    result: ResultReceiver,
+    /// The leadership it was submitted under.
+    started: Leadership,
+}
+
+/// Hands `command` to openraft if this node leads, without waiting for it to
+/// commit. Entries submitted one after the other from one task take log
+/// indexes in that order; [`propose`] from separate tasks does not promise it.
+pub async fn submit(
     raft: &Raft,
     leadership: &watch::Receiver<Leadership>,
     command: Command,
-) -> Result<(CommandResult, u64), ProposeError> {
+) -> Result<Submitted, ProposeError> {
     let started = *leadership.borrow();
     if !started.is_leader {
         return Err(ProposeError::NotLeader {
             leader: started.leader,
         });
     }
+    let result = raft
+        .client_write_ff(command)
+        .await
+        .map_err(|fatal| map_write_error(RaftError::Fatal(fatal)))?;
+    Ok(Submitted { result, started })
+}
+
+/// Waits for a submitted entry's apply result (and its log index), or for the
+/// leadership it was submitted under to end.
+pub async fn outcome(
+    submitted: Submitted,
+    leadership: &watch::Receiver<Leadership>,
+) -> Result<(CommandResult, u64), ProposeError> {
     tokio::select! {
-        result = raft.client_write(command) => result
-            .map(|response| (response.data, response.log_id.index))
-            .map_err(map_write_error),
-        () = lost(leadership.clone(), started) => Err(ProposeError::LeaderChanged),
+        result = submitted.result => match result {
+            Ok(written) => written
+                .map(|response| (response.data, response.log_id.index))
+                .map_err(|error| map_write_error(RaftError::APIError(error))),
+            // openraft's core dropped the answer: it stopped.
+            Err(_) => Err(ProposeError::ShuttingDown),
+        },
+        () = lost(leadership.clone(), submitted.started) => Err(ProposeError::LeaderChanged),
     }
+}
+
+/// Proposes `command` if this node leads, and waits for its apply result.
+pub async fn propose(
+    raft: &Raft,
+    leadership: &watch::Receiver<Leadership>,
+    command: Command,
+) -> Result<(CommandResult, u64), ProposeError> {
+    let submitted = submit(raft, leadership, command).await?;
+    outcome(submitted, leadership).await
 }
 
 fn map_write_error(

@@ -42,7 +42,7 @@ use tokio::sync::{broadcast, oneshot, watch, Notify};
 use tracing::Instrument;
 
 use super::leadership::Leadership;
-use super::propose::{propose, ProposeError};
+use super::propose::{self, ProposeError};
 use super::round_error::RoundError;
 use super::round_plan::{
     self, granted, into_command, match_answers, returns_permits, returns_permits_of, KeyAnswers,
@@ -97,6 +97,15 @@ impl RoundLimits {
 }
 
 type LeaderSchedule = Schedule<WaitingRequest, WaitingSync>;
+
+/// An entry handed to openraft: where its answers go, and what the schedule
+/// needs back once it ends.
+struct Submitted {
+    id: super::schedule::EntryId,
+    woken_before: u64,
+    replies: Replies,
+    started: Instant,
+}
 
 /// The batcher's handle; cheap to clone.
 #[derive(Debug, Clone)]
@@ -317,7 +326,7 @@ impl Rounds {
                 (entry, schedule.next_wake(now))
             };
             if let Some(entry) = entry {
-                tokio::spawn(self.clone().run_entry(entry));
+                self.submit(entry).await;
                 continue;
             }
             if let Some(due) = next_wake.filter(|due| timer_set_for != Some(*due)) {
@@ -331,7 +340,15 @@ impl Rounds {
         }
     }
 
-    async fn run_entry(self, entry: Entry<WaitingRequest, WaitingSync>) {
+    /// Hands an entry to openraft, here in the driver so that entries take log
+    /// indexes in the order they left the schedule: a sync that left first is
+    /// applied first, and a wake counted against an entry (`woken_before`) is
+    /// one whose sync comes later in the log. (Proposing from a task per entry
+    /// let a later round overtake an earlier sync under load: a held request
+    /// woken by that sync's release then met its round before the release, was
+    /// held again, and waited out its `waitMs`.) Waiting for the commit runs in
+    /// a task of its own.
+    async fn submit(&self, entry: Entry<WaitingRequest, WaitingSync>) {
         let parked = entry.syncs.len() + entry.rounds.iter().map(|r| r.1.len()).sum::<usize>();
         crate::observe::metrics::pending_changed(-(parked as i64));
         let span = tracing::info_span!(
@@ -347,7 +364,30 @@ impl Rounds {
             self.end_entry(id);
             return;
         }
-        let proposal = propose(&self.inner.raft, &self.inner.leadership, command);
+        let submitted = propose::submit(&self.inner.raft, &self.inner.leadership, command).await;
+        let entry = Submitted {
+            id,
+            woken_before,
+            replies,
+            started,
+        };
+        tokio::spawn(self.clone().run_entry(entry, submitted).instrument(span));
+    }
+
+    /// Waits for a submitted entry to commit and answers its messages.
+    async fn run_entry(
+        self,
+        entry: Submitted,
+        submitted: Result<propose::Submitted, ProposeError>,
+    ) {
+        let Submitted {
+            id,
+            woken_before,
+            replies,
+            started,
+        } = entry;
+        let leadership = self.inner.leadership.clone();
+        let proposal = async move { propose::outcome(submitted?, &leadership).await };
         tokio::pin!(proposal);
         let timeout = tokio::time::sleep(self.inner.commit_timeout);
         let result = tokio::select! {
@@ -360,13 +400,12 @@ impl Rounds {
                 for_ms: millis(started.elapsed()),
             };
             fail(replies, error);
-            let _ = proposal.instrument(span).await;
+            let _ = proposal.await;
             self.schedule().entry_done(id, Instant::now());
             self.inner.wake.notify_one();
             return;
         };
         let elapsed = started.elapsed();
-        let _entered = span.enter();
         let answered = match result {
             Ok((result, _)) => result.into_round().map_err(RoundError::from),
             Err(error) => Err(error.into()),
