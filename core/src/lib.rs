@@ -27,6 +27,7 @@
 
 pub mod answers;
 pub mod batch;
+pub mod batch_msgpack;
 pub mod config;
 pub mod contract;
 pub mod force_release;
