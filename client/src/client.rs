@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use permitd_core::batch::{BatchItem, BatchRequest, BatchResponse};
-use permitd_core::batch_msgpack;
 use permitd_core::contract::{headers, paths, ClusterStatus, ErrorAnswer};
 use permitd_core::protocol::{
     PermitGrant, PermitRequest, PermitSync, PermitSyncResult, SemaphoreRequest, SemaphoreResponse,
@@ -84,53 +83,10 @@ pub struct ClientConfig {
     /// endpoints; it replaces the system roots.
     pub ca_file: Option<std::path::PathBuf>,
     /// Send every call over HTTP/2, many on one connection per node: by prior
-    /// knowledge on `http://`, by ALPN on `https://` (the node must be one that
-    /// serves it). Off by default: HTTP/1.1 with a pool of connections
-    /// (docs/operations.md, "HTTP/2 and MessagePack" has the measured costs).
+    /// knowledge on `http://`, by ALPN on `https://`. Off by default: HTTP/1.1
+    /// with a pool of connections, cheaper for a process with few calls in
+    /// flight (docs/operations.md, "HTTP/2" has the measured costs).
     pub http2: bool,
-    /// The body of [`SemaphoreClient::batch`] calls and of their answers: JSON
-    /// (the default) or MessagePack. Every other call is JSON.
-    pub batch_encoding: BodyEncoding,
-}
-
-/// How a call's body is written and its answer read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum BodyEncoding {
-    #[default]
-    Json,
-    /// `application/msgpack` both ways (docs/protocol.md, "Batches").
-    MsgPack,
-}
-
-impl BodyEncoding {
-    fn media_type(self) -> &'static str {
-        match self {
-            Self::Json => "application/json",
-            Self::MsgPack => batch_msgpack::MEDIA_TYPE,
-        }
-    }
-
-    fn encode<B: Serialize>(self, body: &B) -> Vec<u8> {
-        match self {
-            Self::Json => serde_json::to_vec(body).expect("protocol values always serialise"),
-            Self::MsgPack => batch_msgpack::encode(body),
-        }
-    }
-
-    fn decode<R: DeserializeOwned>(
-        self,
-        url: &reqwest::Url,
-        body: &[u8],
-    ) -> Result<R, ClientError> {
-        let decoded = match self {
-            Self::Json => serde_json::from_slice(body).map_err(|error| error.to_string()),
-            Self::MsgPack => batch_msgpack::decode(body),
-        };
-        decoded.map_err(|reason| ClientError::UnexpectedAnswer {
-            url: url.to_string(),
-            reason,
-        })
-    }
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -142,7 +98,6 @@ impl std::fmt::Debug for ClientConfig {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("ca_file", &self.ca_file)
             .field("http2", &self.http2)
-            .field("batch_encoding", &self.batch_encoding)
             .finish_non_exhaustive()
     }
 }
@@ -160,7 +115,6 @@ impl ClientConfig {
             token: None,
             ca_file: None,
             http2: false,
-            batch_encoding: BodyEncoding::Json,
         }
     }
 }
@@ -274,14 +228,7 @@ impl SemaphoreClient {
         let path = paths::segments(paths::SEMAPHORE, &[key]);
         let message = SemaphoreRequest::Request(request);
         let answer = self
-            .call_until(
-                Method::POST,
-                &path,
-                &[],
-                Some(&message),
-                BodyEncoding::Json,
-                deadline,
-            )
+            .call_until(Method::POST, &path, &[], Some(&message), deadline)
             .await?;
         match answer {
             SemaphoreResponse::Grant(grant) => {
@@ -320,11 +267,7 @@ impl SemaphoreClient {
         }
         let path = paths::segments(paths::BATCH, &[]);
         let body = BatchRequest { v: V1, items };
-        let encoding = self.inner.config.batch_encoding;
-        let deadline = Instant::now() + self.inner.config.call_timeout;
-        let answer: BatchResponse = self
-            .call_until(Method::POST, &path, &[], Some(&body), encoding, deadline)
-            .await?;
+        let answer: BatchResponse = self.call(Method::POST, &path, Some(&body)).await?;
         if answer.items.len() != body.items.len() {
             return Err(ClientError::UnexpectedAnswer {
                 url: paths::BATCH.to_owned(),
@@ -506,7 +449,7 @@ impl SemaphoreClient {
         if !status.is_success() {
             return Err(rejected(status, &body));
         }
-        BodyEncoding::Json.decode(&url, &body)
+        decode(&url, &body)
     }
 
     /// Remembers the key's `nextRequestAt`, believed at most
@@ -576,9 +519,7 @@ impl SemaphoreClient {
         body: Option<&B>,
     ) -> Result<R, ClientError> {
         let deadline = Instant::now() + self.inner.config.call_timeout;
-        let json = BodyEncoding::Json;
-        self.call_until(method, path, query, body, json, deadline)
-            .await
+        self.call_until(method, path, query, body, deadline).await
     }
 
     /// [`Self::call_with_query`] inside a deadline the caller already started.
@@ -588,11 +529,13 @@ impl SemaphoreClient {
         path: &[String],
         query: &[(&str, String)],
         body: Option<&B>,
-        encoding: BodyEncoding,
         deadline: Instant,
     ) -> Result<R, ClientError> {
         let config = &self.inner.config;
-        let body = body.map(|body| encoding.encode(body));
+        let body = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .expect("protocol values always serialise");
         let mut backoff = Backoff::new(config.backoff_initial_ms, config.backoff_max_ms);
         let mut attempts = 0u32;
         loop {
@@ -605,17 +548,10 @@ impl SemaphoreClient {
                 url.query_pairs_mut().extend_pairs(query);
             }
             let attempt = self
-                .attempt(
-                    &endpoint,
-                    method.clone(),
-                    &url,
-                    body.as_deref(),
-                    encoding,
-                    timeout,
-                )
+                .attempt(&endpoint, method.clone(), &url, body.as_deref(), timeout)
                 .await;
             let (reason, retry_after_ms, unavailable) = match attempt {
-                Attempt::Done(Ok(bytes)) => return encoding.decode(&url, &bytes),
+                Attempt::Done(Ok(bytes)) => return decode(&url, &bytes),
                 Attempt::Done(Err(error)) => return Err(error),
                 Attempt::Retry {
                     reason,
@@ -659,7 +595,6 @@ impl SemaphoreClient {
         method: Method,
         url: &reqwest::Url,
         body: Option<&[u8]>,
-        encoding: BodyEncoding,
         timeout: Duration,
     ) -> Attempt {
         let mut builder = self
@@ -669,11 +604,8 @@ impl SemaphoreClient {
             .timeout(timeout);
         if let Some(body) = body {
             builder = builder
-                .header(reqwest::header::CONTENT_TYPE, encoding.media_type())
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(body.to_vec());
-        }
-        if encoding != BodyEncoding::Json {
-            builder = builder.header(reqwest::header::ACCEPT, encoding.media_type());
         }
         if let Some(token) = &self.inner.config.token {
             builder = builder.bearer_auth(token);
@@ -812,6 +744,13 @@ fn rejected(status: StatusCode, body: &[u8]) -> ClientError {
             }
         }
     }
+}
+
+fn decode<R: DeserializeOwned>(url: &reqwest::Url, body: &[u8]) -> Result<R, ClientError> {
+    serde_json::from_slice(body).map_err(|error| ClientError::UnexpectedAnswer {
+        url: url.to_string(),
+        reason: error.to_string(),
+    })
 }
 
 /// The `nextRequestAt` a client acts on: the holder's, but at most

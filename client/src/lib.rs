@@ -39,7 +39,7 @@ pub mod permit;
 pub mod queue;
 pub mod run;
 
-pub use client::{BodyEncoding, ClientConfig, ItemResult, SemaphoreClient};
+pub use client::{ClientConfig, ItemResult, SemaphoreClient};
 pub use error::{AcquireError, ClientError, QueueError};
 pub use permit::AcquireOptions;
 pub use permitd_core::batch::BatchItem;

@@ -114,7 +114,7 @@ pub fn parse_batch(body: &[u8]) -> Result<Vec<ParsedItem>, InvalidInput> {
     Ok(items)
 }
 
-pub(crate) fn count_items(len: usize) -> Result<(), InvalidInput> {
+fn count_items(len: usize) -> Result<(), InvalidInput> {
     if len == 0 {
         return Err(InvalidInput::Empty {
             field: "items".into(),
@@ -132,7 +132,7 @@ pub(crate) fn count_items(len: usize) -> Result<(), InvalidInput> {
 
 /// Distinct keys among the items that parsed: each may hold the call until
 /// its round, so they bound one call's fan-out.
-pub(crate) fn count_keys(items: &[ParsedItem]) -> Result<(), InvalidInput> {
+fn count_keys(items: &[ParsedItem]) -> Result<(), InvalidInput> {
     let keys: BTreeSet<&str> = items
         .iter()
         .filter_map(|item| item.message.as_ref().ok())
@@ -149,18 +149,17 @@ pub(crate) fn count_keys(items: &[ParsedItem]) -> Result<(), InvalidInput> {
 }
 
 fn parse_item(raw: &RawValue) -> ParsedItem {
-    let item = serde_json::from_str::<BatchItem>(raw.get()).map_err(|error| error.to_string());
-    checked_item(item, raw.get().len())
-}
-
-/// An item as decoded from `bytes` of the body (in either encoding), validated.
-pub(crate) fn checked_item(item: Result<BatchItem, String>, bytes: usize) -> ParsedItem {
-    let message = item.map_err(InvalidInput::Malformed).and_then(|item| {
-        validate_key(&item.key)?;
-        validate_request(&item.message)?;
-        Ok((item.key, item.message))
-    });
-    ParsedItem { bytes, message }
+    let message = serde_json::from_str::<BatchItem>(raw.get())
+        .map_err(|error| InvalidInput::Malformed(error.to_string()))
+        .and_then(|item| {
+            validate_key(&item.key)?;
+            validate_request(&item.message)?;
+            Ok((item.key, item.message))
+        });
+    ParsedItem {
+        bytes: raw.get().len(),
+        message,
+    }
 }
 
 #[cfg(test)]

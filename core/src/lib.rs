@@ -27,7 +27,6 @@
 
 pub mod answers;
 pub mod batch;
-pub mod batch_msgpack;
 pub mod config;
 pub mod contract;
 pub mod force_release;

@@ -1,25 +1,20 @@
-//! HTTP/2 and MessagePack between clients and nodes (docs/operations.md,
-//! "HTTP/2 and MessagePack"), against real clusters.
+//! HTTP/2 between clients and nodes (docs/operations.md, "HTTP/2"), against
+//! real clusters.
 //!
 //! The checks:
 //! - the API listener speaks HTTP/2 by prior knowledge in cleartext and by
 //!   ALPN over TLS, and HTTP/1.1 to every client that asks for it;
 //! - a `SemaphoreClient` with `http2` is answered over both, through a
-//!   follower (which forwards to the leader) as through the leader;
-//! - a MessagePack batch round-trips through `SemaphoreClient` and through a
-//!   follower, a malformed item fails alone, the answer is MessagePack only
-//!   when `Accept` asks for it, and an envelope error stays a JSON 400.
+//!   follower (which forwards to the leader) as through the leader, and the
+//!   default client still is over HTTP/1.1.
 
-use permitd_client::{BatchItem, BodyEncoding, ClientConfig, SemaphoreClient};
-use permitd_core::batch::BatchResponse;
-use permitd_core::batch_msgpack;
+use permitd_client::{BatchItem, ClientConfig, SemaphoreClient};
 use permitd_core::contract::paths;
 use permitd_core::protocol::{
     Demand, PermitRequest, PermitSync, SemaphoreRequest, SemaphoreResponse, V1,
 };
 use permitd_tests::{certs, Cluster, Settings, ADMIN_TOKEN};
 use reqwest::Version;
-use serde_json::json;
 
 fn one_permit(client_id: &str) -> SemaphoreRequest {
     SemaphoreRequest::Request(PermitRequest {
@@ -150,64 +145,4 @@ async fn tls_nodes_offer_http2_in_alpn_and_keep_http1() {
         version_of(&cluster, leader, &offers_both).await,
         Version::HTTP_2
     );
-}
-
-/// Posts `body` as a MessagePack batch to node `id`, with `accept`.
-async fn post_msgpack(
-    cluster: &Cluster,
-    id: u64,
-    body: Vec<u8>,
-    accept: &str,
-) -> reqwest::Response {
-    let url = format!("{}{}", cluster.node(id).url(), paths::BATCH);
-    cluster
-        .http
-        .post(url)
-        .header(reqwest::header::CONTENT_TYPE, batch_msgpack::MEDIA_TYPE)
-        .header(reqwest::header::ACCEPT, accept)
-        .body(body)
-        .send()
-        .await
-        .expect("batch")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_msgpack_batch_round_trips_and_a_bad_item_fails_alone() {
-    let cluster = Cluster::start(Settings::default()).await;
-    let leader = cluster.wait_for_leader().await;
-    let follower = cluster.follower_of(leader);
-    let msgpack = client(&cluster, follower, |config| {
-        config.batch_encoding = BodyEncoding::MsgPack;
-    });
-    is_answered(&msgpack, "mp").await;
-
-    let item = |key: &str, message: &SemaphoreRequest| json!({"key": key, "message": message});
-    let body = batch_msgpack::encode(&json!({"v": 1, "items": [
-        item("mp-raw", &one_permit("c-1")),
-        {"key": "mp-raw", "message": {"type": "nope", "v": 1, "clientId": "c-1"}},
-        7,
-        item("", &sync("c-1")),
-        item("mp-raw", &sync("c-1")),
-    ]}));
-    let answer = post_msgpack(&cluster, follower, body.clone(), batch_msgpack::MEDIA_TYPE).await;
-    assert_eq!(answer.status(), 200);
-    let media_type = answer.headers()[reqwest::header::CONTENT_TYPE].clone();
-    assert_eq!(media_type, batch_msgpack::MEDIA_TYPE);
-    let bytes = answer.bytes().await.expect("answer");
-    let answers: BatchResponse = batch_msgpack::decode(&bytes).expect("a MessagePack answer");
-    let statuses: Vec<u16> = answers.items.iter().map(|item| item.status).collect();
-    assert_eq!(statuses, [200, 400, 400, 400, 200]);
-
-    // Without `Accept: application/msgpack` the answer is JSON.
-    let answer = post_msgpack(&cluster, leader, body, "application/json").await;
-    assert_eq!(answer.status(), 200);
-    let answers: BatchResponse = answer.json().await.expect("a JSON answer");
-    assert_eq!(answers.items.len(), 5);
-
-    // The envelope fails the call, with the JSON error body of every error.
-    let broken = batch_msgpack::encode(&json!({"v": 1, "items": [], "more": 1}));
-    let answer = post_msgpack(&cluster, follower, broken, batch_msgpack::MEDIA_TYPE).await;
-    assert_eq!(answer.status(), 400);
-    let error: serde_json::Value = answer.json().await.expect("a JSON error");
-    assert_eq!(error["error"]["code"], "bad_request", "{error}");
 }

@@ -154,7 +154,7 @@ impl Tls {
         builder: reqwest::ClientBuilder,
     ) -> Result<reqwest::ClientBuilder, reqwest::Error> {
         // HTTP/1.1 whatever a peer's ALPN offers: forwarding and Raft calls
-        // stay as they were measured (docs/operations.md, "HTTP/2 and MessagePack").
+        // stay as they were measured (docs/operations.md, "HTTP/2").
         Ok(builder
             .http1_only()
             .use_rustls_tls()

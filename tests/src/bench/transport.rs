@@ -1,12 +1,10 @@
 //! How the bench's clients reach the nodes, to compare transports on the same
-//! rows (docs/operations.md, "HTTP/2 and MessagePack"):
+//! rows (docs/operations.md, "HTTP/2"):
 //!
 //! - `PERMITD_BENCH_HTTP=2`: every client call over HTTP/2, many on one
 //!   connection (prior knowledge in cleartext, ALPN over TLS); HTTP/1.1 with
 //!   pooled connections otherwise, as clients send by default;
-//! - `PERMITD_BENCH_TLS=1`: the cluster serves HTTPS (generated certificates);
-//! - `PERMITD_BENCH_BODY=msgpack`: the queue runners' `POST /v1/batch` bodies
-//!   and answers in MessagePack instead of JSON.
+//! - `PERMITD_BENCH_TLS=1`: the cluster serves HTTPS (generated certificates).
 
 use crate::Cluster;
 
@@ -15,15 +13,10 @@ use crate::Cluster;
 pub struct Transport {
     pub http2: bool,
     pub tls: bool,
-    pub msgpack: bool,
 }
 
 /// The variables [`transport`] reads, for the report's header.
-pub const VARIABLES: [&str; 3] = [
-    "PERMITD_BENCH_HTTP",
-    "PERMITD_BENCH_TLS",
-    "PERMITD_BENCH_BODY",
-];
+pub const VARIABLES: [&str; 2] = ["PERMITD_BENCH_HTTP", "PERMITD_BENCH_TLS"];
 
 /// The transport the environment asks for.
 pub fn transport() -> Transport {
@@ -31,7 +24,6 @@ pub fn transport() -> Transport {
     Transport {
         http2: var("PERMITD_BENCH_HTTP") == "2",
         tls: var("PERMITD_BENCH_TLS") == "1",
-        msgpack: var("PERMITD_BENCH_BODY").eq_ignore_ascii_case("msgpack"),
     }
 }
 
@@ -53,9 +45,6 @@ impl Transport {
     /// `config` speaking this transport to `cluster`.
     pub fn client(self, cluster: &Cluster, config: &mut permitd_client::ClientConfig) {
         config.http2 = self.http2;
-        if self.msgpack {
-            config.batch_encoding = permitd_client::BodyEncoding::MsgPack;
-        }
         config.ca_file = cluster.certs.as_ref().map(|certs| certs.ca_file.clone());
     }
 }

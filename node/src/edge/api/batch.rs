@@ -7,16 +7,13 @@
 //! a `sync` with the next entry. A follower forwards the batch as one call.
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap};
-use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::future::join_all;
 use permitd_core::batch::{parse_batch, BatchItemAnswer, BatchRequest, BatchResponse, ParsedItem};
-use permitd_core::batch_msgpack;
 use permitd_core::contract::paths;
 use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse, V1};
 
-use super::extract::{accepts_msgpack, BatchBytes};
+use super::extract::JsonBytes;
 use super::semaphores::{deliver, parse_off_the_runtime};
 use crate::app::App;
 use crate::edge::auth::roles::ItemGate;
@@ -34,9 +31,8 @@ use crate::edge::error::ApiError;
 pub async fn post(
     State(app): State<App>,
     gate: Option<Extension<ItemGate>>,
-    headers: HeaderMap,
-    body: BatchBytes,
-) -> Result<Response, ApiError> {
+    JsonBytes(body): JsonBytes,
+) -> Result<Json<BatchResponse>, ApiError> {
     // The auth layer always leaves a gate; without one, refuse rather than
     // let every item through.
     let Some(Extension(gate)) = gate else {
@@ -44,24 +40,13 @@ pub async fn post(
             "batch reached without an item gate".into(),
         ));
     };
-    let items = match body {
-        BatchBytes::Json(body) => parse_off_the_runtime(body, parse_batch).await?,
-        BatchBytes::MsgPack(body) => {
-            parse_off_the_runtime(body, batch_msgpack::parse_batch).await?
-        }
-    };
+    let items = parse_off_the_runtime(body, parse_batch).await?;
     metrics::counter!("permitd_batch_items_total").increment(items.len() as u64);
     let answers = join_all(items.into_iter().map(|item| answer(&app, &gate, item))).await;
-    let answer = BatchResponse {
+    Ok(Json(BatchResponse {
         v: V1,
         items: answers,
-    };
-    Ok(if accepts_msgpack(&headers) {
-        let body = batch_msgpack::encode(&answer);
-        ([(header::CONTENT_TYPE, batch_msgpack::MEDIA_TYPE)], body).into_response()
-    } else {
-        Json(answer).into_response()
-    })
+    }))
 }
 
 /// One item's answer, or its error as its own call would have answered it.

@@ -8,7 +8,6 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::{header, request::Parts, StatusCode};
-use permitd_core::batch_msgpack::MEDIA_TYPE as MSGPACK;
 use permitd_core::limits::MAX_BODY_BYTES;
 use permitd_core::InvalidInput;
 use serde::de::DeserializeOwned;
@@ -41,40 +40,6 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
     }
 }
 
-/// A `POST /v1/batch` body as bytes, in JSON or MessagePack
-/// (docs/protocol.md, "Batches").
-#[derive(Debug)]
-pub enum BatchBytes {
-    Json(Bytes),
-    MsgPack(Bytes),
-}
-
-impl<S: Send + Sync> FromRequest<S> for BatchBytes {
-    type Rejection = ApiError;
-
-    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        if !is_media_type(request.headers().get(header::CONTENT_TYPE), MSGPACK) {
-            let JsonBytes(bytes) = JsonBytes::from_request(request, state).await?;
-            return Ok(Self::Json(bytes));
-        }
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(body_rejection)?;
-        Ok(Self::MsgPack(bytes))
-    }
-}
-
-/// Whether the caller's `Accept` names MessagePack: then a batch is answered
-/// in it (errors of the whole call stay JSON, as every error body).
-pub fn accepts_msgpack(headers: &header::HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|range| essence(range).eq_ignore_ascii_case(MSGPACK))
-}
-
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
@@ -87,19 +52,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
 }
 
 fn is_json(content_type: Option<&header::HeaderValue>) -> bool {
-    is_media_type(content_type, "application/json")
-}
-
-fn is_media_type(content_type: Option<&header::HeaderValue>, media_type: &str) -> bool {
     let Some(value) = content_type.and_then(|value| value.to_str().ok()) else {
         return false;
     };
-    essence(value).eq_ignore_ascii_case(media_type)
-}
-
-/// A media type without its parameters.
-fn essence(value: &str) -> &str {
-    value.split(';').next().unwrap_or("").trim()
+    let essence = value.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case("application/json")
 }
 
 /// Whether a body is shaped as a JSON object. Every body of the API is one,
@@ -150,19 +107,6 @@ mod tests {
         assert!(is_json(Some(&value("Application/JSON; charset=utf-8"))));
         assert!(!is_json(Some(&value("text/plain"))));
         assert!(!is_json(None));
-    }
-
-    #[test]
-    fn msgpack_is_accepted_when_named_among_others() {
-        let accept = |text: &'static str| {
-            let mut headers = header::HeaderMap::new();
-            headers.insert(header::ACCEPT, header::HeaderValue::from_static(text));
-            accepts_msgpack(&headers)
-        };
-        assert!(accept("application/msgpack"));
-        assert!(accept("application/json;q=0.5, Application/MsgPack"));
-        assert!(!accept("application/json"));
-        assert!(!accepts_msgpack(&header::HeaderMap::new()));
     }
 
     #[test]

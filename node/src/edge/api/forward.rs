@@ -27,8 +27,7 @@ use crate::leader::leadership::Leadership;
 use crate::raft::Raft;
 
 /// Headers copied in both directions; everything else is hop-by-hop or ours.
-const REQUEST_HEADERS: &[HeaderName] =
-    &[header::CONTENT_TYPE, header::ACCEPT, header::AUTHORIZATION];
+const REQUEST_HEADERS: &[HeaderName] = &[header::CONTENT_TYPE, header::AUTHORIZATION];
 const RESPONSE_HEADERS: &[HeaderName] = &[header::CONTENT_TYPE, header::RETRY_AFTER];
 
 /// What forwarding needs from the node, handed over by the router that mounts
