@@ -82,6 +82,11 @@ pub struct ClientConfig {
     /// PEM file of the CA that signed the nodes' certificates, for `https://`
     /// endpoints; it replaces the system roots.
     pub ca_file: Option<std::path::PathBuf>,
+    /// Send every call over HTTP/2, many on one connection per node: by prior
+    /// knowledge on `http://`, by ALPN on `https://`. Off by default: HTTP/1.1
+    /// with a pool of connections, cheaper for a process with few calls in
+    /// flight (docs/operations.md, "HTTP/2" has the measured costs).
+    pub http2: bool,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -92,6 +97,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("attempt_timeout", &self.attempt_timeout)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("ca_file", &self.ca_file)
+            .field("http2", &self.http2)
             .finish_non_exhaustive()
     }
 }
@@ -108,6 +114,7 @@ impl ClientConfig {
             backoff_max_ms: DEFAULT_MAX_DELAY_MS,
             token: None,
             ca_file: None,
+            http2: false,
         }
     }
 }
@@ -690,6 +697,12 @@ fn http_client(config: &ClientConfig) -> Result<reqwest::Client, ClientError> {
     let mut builder = reqwest::Client::builder()
         .connect_timeout(config.connect_timeout)
         .tcp_nodelay(true);
+    // Never HTTP/2 unasked, not even where a node's ALPN offers it.
+    builder = if config.http2 {
+        builder.http2_prior_knowledge()
+    } else {
+        builder.http1_only()
+    };
     if let Some(path) = &config.ca_file {
         let pem = std::fs::read(path)
             .map_err(|error| build(format!("cannot read {}: {error}", path.display())))?;

@@ -67,3 +67,18 @@ pub fn foreign_ca(dir: &Path) -> PathBuf {
     let other = generate(&dir.join("foreign"));
     other.ca_file
 }
+
+/// `builder` trusting only the test CA of `certs`, when the cluster has them.
+pub fn trusting(
+    builder: reqwest::ClientBuilder,
+    certs: Option<&TestCerts>,
+) -> reqwest::ClientBuilder {
+    let Some(certs) = certs else {
+        return builder;
+    };
+    let pem = std::fs::read(&certs.ca_file).expect("the test CA");
+    let ca = reqwest::Certificate::from_pem(&pem).expect("the test CA");
+    builder
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+}

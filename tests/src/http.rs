@@ -21,13 +21,9 @@ pub(crate) fn http_client(
         headers.insert(reqwest::header::AUTHORIZATION, value);
         builder = builder.default_headers(headers);
     }
-    if let Some(certs) = certs {
-        let pem = std::fs::read(&certs.ca_file).expect("ca.pem");
-        builder = builder
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("CA"));
-    }
-    builder.build().expect("http client")
+    certs::trusting(builder, certs)
+        .build()
+        .expect("http client")
 }
 
 /// One HTTP answer (an event stream's: its status and headers, body `null`).

@@ -1,6 +1,6 @@
 //! Clients that open connections and stall are cut off, and do not starve the
 //! others (the finding "300 connections that send half a request header and stop
-//! are never closed").
+//! are never closed"), over HTTP/1.1, HTTP/2 and TLS.
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,11 @@ use tokio::net::TcpStream;
 const HALF_HEADERS: usize = 300;
 /// Connections that send nothing at all.
 const SILENT: usize = 50;
+/// HTTP/2 connections that stall: half a preface, or a whole one and its
+/// SETTINGS and then no request (closed after GOAWAY goes unanswered).
+const HTTP2_STALLED: usize = 20;
+/// The HTTP/2 connection preface and an empty SETTINGS frame.
+const HTTP2_OPENING: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
 /// The node's header-read timeout in this test, in ms (short, to keep it quick).
 const HEADER_READ_TIMEOUT_MS: u64 = 1_000;
 /// How long past the timeout a connection may stay open: the machine is shared.
@@ -35,6 +40,19 @@ async fn stalled_connections_are_closed_and_others_are_served_meanwhile() {
     }
     for _ in 0..SILENT {
         stalled.push(TcpStream::connect(&addr).await.expect("connect"));
+    }
+    for index in 0..HTTP2_STALLED {
+        let mut stream = TcpStream::connect(&addr).await.expect("connect");
+        let sent = if index % 2 == 0 {
+            16
+        } else {
+            HTTP2_OPENING.len()
+        };
+        stream
+            .write_all(&HTTP2_OPENING[..sent])
+            .await
+            .expect("write");
+        stalled.push(stream);
     }
     let opened = Instant::now();
 

@@ -129,8 +129,8 @@ impl Tls {
         identity_pem.push(b'\n');
         identity_pem.extend_from_slice(&key_pem);
         Ok(Self {
-            api_server: Arc::new(with_http11(api_server)),
-            raft_server: Arc::new(with_http11(raft_server)),
+            api_server: Arc::new(with_alpn(api_server, API_ALPN)),
+            raft_server: Arc::new(with_alpn(raft_server, RAFT_ALPN)),
             ca_pem,
             identity_pem,
         })
@@ -153,7 +153,10 @@ impl Tls {
         &self,
         builder: reqwest::ClientBuilder,
     ) -> Result<reqwest::ClientBuilder, reqwest::Error> {
+        // HTTP/1.1 whatever a peer's ALPN offers: forwarding and Raft calls
+        // stay as they were measured (docs/operations.md, "HTTP/2").
         Ok(builder
+            .http1_only()
             .use_rustls_tls()
             .tls_built_in_root_certs(false)
             .add_root_certificate(reqwest::Certificate::from_pem(&self.ca_pem)?)
@@ -161,8 +164,14 @@ impl Tls {
     }
 }
 
-fn with_http11(mut config: ServerConfig) -> ServerConfig {
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+/// What the API listener offers in ALPN: HTTP/2 to clients that ask for it
+/// (`edge/serve.rs` serves each connection as agreed), HTTP/1.1 to the rest.
+const API_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
+/// Peers speak HTTP/1.1 to each other.
+const RAFT_ALPN: &[&[u8]] = &[b"http/1.1"];
+
+fn with_alpn(mut config: ServerConfig, protocols: &[&[u8]]) -> ServerConfig {
+    config.alpn_protocols = protocols.iter().map(|protocol| protocol.to_vec()).collect();
     config
 }
 

@@ -1,7 +1,7 @@
 //! The HTTP edge: everything between a socket and the node.
 //!
 //! - [`serve`]: the accept loop of both listeners (TLS handshake, timeouts,
-//!   connection limit, graceful stop);
+//!   connection limit, graceful stop), with [`http2`] for HTTP/2 connections;
 //! - [`api`]: the public and internal routers and their handlers, including
 //!   forwarding to the leader ([`api::forward`]);
 //! - [`auth`]: who may call what (tokens and roles), checked on the leader;
@@ -16,5 +16,6 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod http2;
 pub mod raft_inbound;
 pub mod serve;

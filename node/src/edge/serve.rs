@@ -16,23 +16,26 @@
 //!   and counted against the same connection permits, so a silent client can
 //!   neither stall the accept loop nor hold a connection for long.
 //!
-//! permitd speaks HTTP/1.1 only: with HTTP/2 detection a connection that sends
-//! nothing would wait before any timer starts.
+//! - speaks HTTP/1.1 and HTTP/2 ([`super::http2`]): over TLS as ALPN agrees, in
+//!   cleartext HTTP/2 by prior knowledge (its preface read under the same
+//!   header-read timeout, so a connection that sends nothing still closes);
+//!   an HTTP/2 connection idle for that timeout gets GOAWAY.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tower_http::timeout::{RequestBodyTimeout, RequestBodyTimeoutLayer};
 
+use super::http2::{sniff, Protocol};
 use crate::config::EdgeLimits;
 use crate::shutdown::Shutdown;
 
@@ -53,10 +56,17 @@ pub async fn serve(
         .layer(RequestBodyTimeoutLayer::new(limits.body_read_timeout))
         .service(router);
     let service = TowerToHyperService::new(service);
-    let mut builder = http1::Builder::new();
-    builder
+    let mut http1 = http1::Builder::new();
+    http1
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
+    let connections = Connections {
+        http1,
+        http2: super::http2::builder(),
+        service,
+        timeout: limits.header_read_timeout,
+        stop: stop.clone(),
+    };
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     loop {
@@ -67,21 +77,11 @@ pub async fn serve(
         let Some((stream, permit)) = accepted else {
             continue;
         };
-        let (builder, service, watcher, tls) = (
-            builder.clone(),
-            service.clone(),
-            graceful.watcher(),
-            tls.clone(),
-        );
+        let (connections, watcher, tls) = (connections.clone(), graceful.watcher(), tls.clone());
         tokio::spawn(async move {
             match tls {
-                None => serve_connection(&builder, stream, service, watcher).await,
-                Some(acceptor) => {
-                    let timeout = limits.header_read_timeout;
-                    if let Some(stream) = handshake(&acceptor, stream, timeout).await {
-                        serve_connection(&builder, stream, service, watcher).await;
-                    }
-                }
+                None => connections.cleartext(stream, watcher).await,
+                Some(acceptor) => connections.tls(&acceptor, stream, watcher).await,
             }
             drop(permit);
         });
@@ -89,8 +89,57 @@ pub async fn serve(
     graceful.shutdown().await;
 }
 
+/// What every connection of a listener is served with.
+#[derive(Clone)]
+struct Connections {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+    service: EdgeService,
+    /// The header-read timeout: also bounds a TLS handshake, the HTTP/2
+    /// preface and an HTTP/2 connection's idle time.
+    timeout: Duration,
+    stop: Shutdown,
+}
+
+impl Connections {
+    /// A cleartext connection: HTTP/2 when it opens with the preface.
+    async fn cleartext(self, stream: TcpStream, watcher: Watcher) {
+        if let Some((protocol, stream)) = sniff(stream, self.timeout).await {
+            self.serve(protocol, stream, watcher).await;
+        }
+    }
+
+    /// A TLS connection: the handshake, then the protocol ALPN agreed on.
+    async fn tls(self, acceptor: &TlsAcceptor, stream: TcpStream, watcher: Watcher) {
+        let Some(stream) = handshake(acceptor, stream, self.timeout).await else {
+            return;
+        };
+        let protocol = match stream.get_ref().1.alpn_protocol() {
+            Some(b"h2") => Protocol::Http2,
+            _ => Protocol::Http1,
+        };
+        self.serve(protocol, stream, watcher).await;
+    }
+
+    async fn serve<T>(self, protocol: Protocol, stream: T, watcher: Watcher)
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        match protocol {
+            Protocol::Http1 => serve_connection(&self.http1, stream, self.service, watcher).await,
+            Protocol::Http2 => {
+                // Watched by hand (the stop signal, the idle timer); holding the
+                // watcher keeps the listener's graceful stop waiting for it.
+                let timeout = self.timeout;
+                super::http2::serve(&self.http2, stream, self.service, self.stop, timeout).await;
+                drop(watcher);
+            }
+        }
+    }
+}
+
 /// The router as hyper serves it: body reads bounded in time.
-type EdgeService = TowerToHyperService<RequestBodyTimeout<Router>>;
+pub(super) type EdgeService = TowerToHyperService<RequestBodyTimeout<Router>>;
 
 /// One connection's requests, until it closes or the server stops.
 async fn serve_connection<T>(
@@ -112,9 +161,9 @@ async fn serve_connection<T>(
 /// The TLS handshake, dropped after `timeout`; `None` when it fails.
 async fn handshake(
     acceptor: &TlsAcceptor,
-    stream: tokio::net::TcpStream,
+    stream: TcpStream,
     timeout: Duration,
-) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
         Ok(Ok(stream)) => Some(stream),
         Ok(Err(error)) => {
@@ -133,7 +182,7 @@ async fn handshake(
 async fn accept(
     listener: &TcpListener,
     permits: &Arc<Semaphore>,
-) -> Option<(tokio::net::TcpStream, tokio::sync::OwnedSemaphorePermit)> {
+) -> Option<(TcpStream, tokio::sync::OwnedSemaphorePermit)> {
     let permit = Arc::clone(permits).acquire_owned().await.ok()?;
     match listener.accept().await {
         Ok((stream, _)) => {

@@ -37,7 +37,7 @@ pub async fn run(cluster: &mut Cluster, kills: usize) -> FailoverResult {
     let config = json!({"limit": 1_000_000, "roundWaitMs": 1, "roundPeriodMs": 1,
         "grantTimeoutMs": 1_000});
     set_key_config(cluster, leader, key, &config).await;
-    let http = bench_http();
+    let http = bench_http(cluster);
     let mut samples_ms = Vec::with_capacity(kills);
     for kill in 0..kills {
         let leader = cluster.wait_for_leader().await;

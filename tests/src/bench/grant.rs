@@ -82,7 +82,7 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &GrantRun, tag: &str) -> G
                 "grantTimeoutMs": run.grant_timeout_ms}),
     )
     .await;
-    let http = bench_http();
+    let http = bench_http(cluster);
     let url = cluster.node(leader).url();
     let started = Instant::now();
     let window_start = started + run.warmup;
@@ -137,14 +137,17 @@ fn summarise(mut total: ClientTally, run: &GrantRun, cost: Cost) -> GrantResult 
     }
 }
 
-/// The bench's own HTTP client: pooled keep-alive connections, no Nagle.
-pub fn bench_http() -> reqwest::Client {
+/// The bench's own HTTP client to `cluster`: pooled keep-alive connections (or
+/// HTTP/2, [`super::transport`]), no Nagle.
+pub fn bench_http(cluster: &Cluster) -> reqwest::Client {
     // Auth is on in the harness: every bench call carries the admin token.
     let mut headers = reqwest::header::HeaderMap::new();
     let bearer = format!("Bearer {ADMIN_TOKEN}");
     let value = reqwest::header::HeaderValue::from_str(&bearer).expect("a header value");
     headers.insert(reqwest::header::AUTHORIZATION, value);
-    reqwest::Client::builder()
+    let builder = reqwest::Client::builder();
+    super::transport::transport()
+        .http(cluster, builder)
         .default_headers(headers)
         .tcp_nodelay(true)
         .timeout(CALL_TIMEOUT)

@@ -114,6 +114,7 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
     set_key_config(cluster, leader, key, &config).await;
     let mut client_config = ClientConfig::new(cluster.nodes.iter().map(|node| node.url()));
     client_config.token = Some(ADMIN_TOKEN.to_string());
+    super::transport::transport().client(cluster, &mut client_config);
     let client = SemaphoreClient::new(client_config).expect("client");
     let cycles = Arc::new(AtomicU64::new(0));
     let lease_cycles = Arc::new(AtomicU64::new(0));

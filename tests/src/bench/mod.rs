@@ -36,6 +36,7 @@ mod report;
 pub mod reuse;
 pub mod scale;
 pub mod stats;
+pub mod transport;
 
 use std::time::{Duration, Instant};
 
@@ -183,6 +184,7 @@ fn settings() -> Settings {
         nodes: NODES,
         defaults: "limit = 32\nroundWaitMs = 1\nroundPeriodMs = 1\ngrantTimeoutMs = 60000\n".into(),
         worker_threads: Some(threads_per_process()),
+        tls: transport::transport().tls,
         extra_toml: std::env::var("PERMITD_BENCH_TOML").unwrap_or_default(),
         raft_timings_ms: std::env::var("PERMITD_BENCH_RAFT_TIMINGS")
             .ok()

@@ -400,7 +400,11 @@ impl Report {
             self.leader_changes
                 .map_or_else(|| "not measured".to_owned(), |count| count.to_string())
         );
-        for name in ["PERMITD_BENCH_TOML", "PERMITD_BENCH_RAFT_TIMINGS"] {
+        let transport = super::transport::VARIABLES;
+        for name in ["PERMITD_BENCH_TOML", "PERMITD_BENCH_RAFT_TIMINGS"]
+            .into_iter()
+            .chain(transport)
+        {
             if let Ok(value) = std::env::var(name) {
                 let _ = writeln!(text, "Overridden: {name}={value:?}.\n");
             }

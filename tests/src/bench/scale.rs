@@ -135,7 +135,7 @@ async fn populate(cluster: &Cluster, leader: u64, from: usize, to: usize) {
     let defaults = serde_json::json!({"limit": 32, "roundWaitMs": 1, "roundPeriodMs": 1,
         "grantTimeoutMs": LIVE_GRANT_TIMEOUT_MS});
     super::stats::set_defaults(cluster, leader, &defaults).await;
-    let http = bench_http();
+    let http = bench_http(cluster);
     let url = cluster.node(leader).url();
     let next = Arc::new(AtomicUsize::new(from));
     let demand_at = permitd_client::client::now_ms();
