@@ -11,9 +11,10 @@
 //! every node agrees on, runs its work, and fails if any node ends on another
 //! term or leader, or if the work itself did not succeed.
 //!
-//! Three scenarios are `#[ignore]`d because the term still moves in them (each
-//! reason says what was seen; issue 25, item 2, is the fix): the bursts, the
-//! 100,000 keys and the mixed load. Run them with `--include-ignored`.
+//! Three scenarios are `#[ignore]`d because the term still moves in them on
+//! this project's loaded two-core test machine (each reason says what was
+//! seen): the bursts, the 100,000 keys and the mixed load. Run them with
+//! `--include-ignored`; `PERMITD_BIN` runs them on a release binary.
 //!
 //! Sizes and durations, for longer runs: `SHIPPED_TIMINGS_BURSTS` (default 2;
 //! the issue's target is 10), `SHIPPED_TIMINGS_CALLERS` (120),
@@ -332,9 +333,9 @@ async fn large_burst(cluster: &Cluster, via: u64, key: &str, bodies: &[Arc<Vec<u
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "term moves: 120 × 628 KB to the leader, term 1 -> 2 and 1 -> 3 in the first burst \
-            (2 of 2 runs; 32 callers: 1 -> 4), the leader stalled and both followers won a \
-            pre-vote; issue 25 item 2"]
+#[ignore = "debug builds lose the term: 120 × 628 KB, term 1 -> 2 to 1 -> 15 under load; release \
+            binaries (PERMITD_BIN) held 7 of 7 runs with the Raft runtime (one runtime: 3 of 5); \
+            docs/operations.md, Tested with these timings"]
 async fn bursts_of_large_requests() {
     let _one = ONE_AT_A_TIME.lock().await;
     let bursts = env_or("SHIPPED_TIMINGS_BURSTS", 2);
@@ -379,9 +380,9 @@ async fn bursts_of_large_requests() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "term moves: 1 of 4 runs, term 1 -> 6 while the keys were written (503 leader_changed \
-            at ~79,000 keys, after many pre-votes granted to followers); the other 3 held term 1 \
-            with 300-600 stalls on the leader, 72-92 s; issue 25 item 2"]
+#[ignore = "term moves: 1 of 4 runs before the Raft runtime, term 1 -> 6 while the keys were \
+            written (503 leader_changed at ~79,000 keys); the other 3 held term 1 with 300-600 \
+            stalls on the leader, 72-92 s; not re-measured since; a few minutes long"]
 async fn snapshot_at_100k_keys() {
     let _one = ONE_AT_A_TIME.lock().await;
     let keys = env_or("SHIPPED_TIMINGS_KEYS", 100_000) as usize;
@@ -676,10 +677,9 @@ fn reader_load(cluster: &Arc<Cluster>, stop: Arc<AtomicBool>) -> tokio::task::Jo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "term moves with its bursts of 8 large requests: 2 of 2 runs (a 503 leader_changed at \
-            33 s; term 1 -> 13 in 60 s); without them (SHIPPED_TIMINGS_MIXED_LARGE=0) term 1 held \
-            in 3 of 3 (37,570 and 62,522 answers all 200; 53,068 with one 503); a minute by \
-            definition; issue 25 item 2"]
+#[ignore = "term moves with its bursts of 8 large requests on a loaded 2-core machine: release \
+            binaries passed 1 of 2 minutes (one runtime: 0 of 2, its term held once but with 503s), 30 minutes went 1 -> 7 with 393 of \
+            2.74 million calls answered 503; docs/operations.md, Tested with these timings"]
 async fn mixed_load_one_minute() {
     let _one = ONE_AT_A_TIME.lock().await;
     let seconds = env_or("SHIPPED_TIMINGS_MIXED_SECONDS", 60);
