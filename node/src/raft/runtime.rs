@@ -31,19 +31,34 @@ use tokio::runtime::{Builder, Handle, Runtime};
 /// Worker threads of the Raft runtime.
 pub const RAFT_WORKER_THREADS: usize = 2;
 
-/// How much nicer than the process the API runtime's threads run (CFS gives a
-/// nice-0 thread about 3× the CPU of a nice-5 one when both are runnable).
+/// How much nicer than the process the API runtime's threads run by default
+/// (CFS gives a nice-0 thread about 3× the CPU of a nice-5 one when both are
+/// runnable); `PERMITD_API_NICENESS` (0–19) overrides it, 0 turns it off.
 pub const API_NICENESS: i32 = 5;
+/// The variable that overrides [`API_NICENESS`].
+pub const API_NICENESS_ENV: &str = "PERMITD_API_NICENESS";
+
+/// [`API_NICENESS`], or the valid value of [`API_NICENESS_ENV`].
+fn api_niceness() -> i32 {
+    static NICENESS: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *NICENESS.get_or_init(|| {
+        std::env::var(API_NICENESS_ENV)
+            .ok()
+            .and_then(|value| value.trim().parse::<i32>().ok())
+            .filter(|value| (0..=MAX_NICENESS).contains(value))
+            .unwrap_or(API_NICENESS)
+    })
+}
 /// The niceness ceiling on Linux.
 const MAX_NICENESS: i32 = 19;
 
-/// Lowers the calling thread's CPU priority by [`API_NICENESS`]; the API
+/// Lowers the calling thread's CPU priority by [`api_niceness`]; the API
 /// runtime calls it as each of its threads starts. A failure is logged and
 /// ignored: the node still works, only without the priority split.
 pub fn lower_this_threads_priority() {
     let thread = Some(rustix::thread::gettid());
     let lowered = rustix::process::getpriority_process(thread).and_then(|now| {
-        rustix::process::setpriority_process(thread, (now + API_NICENESS).min(MAX_NICENESS))
+        rustix::process::setpriority_process(thread, (now + api_niceness()).min(MAX_NICENESS))
     });
     if let Err(error) = lowered {
         tracing::warn!(%error, "cannot lower an API thread's CPU priority");
@@ -120,7 +135,7 @@ mod tests {
         })
         .join()
         .expect("thread");
-        assert_eq!(lowered, (base + API_NICENESS).min(MAX_NICENESS));
+        assert_eq!(lowered, (base + api_niceness()).min(MAX_NICENESS));
         assert_eq!(
             inherited, lowered,
             "why Raft's threads must not start from API ones"
