@@ -41,20 +41,21 @@ impl GapBuckets {
         Self(buckets)
     }
 
+    /// The count in the bucket bounded by `bound` (0 when there is none).
+    fn count_at(&self, bound: f64) -> u64 {
+        self.0
+            .iter()
+            .find(|(other, _)| *other == bound)
+            .map_or(0, |(_, count)| *count)
+    }
+
     /// The gaps recorded between `earlier` and `self` (a node that recorded
     /// nothing at the opening counts from zero).
     pub fn since(&self, earlier: &Self) -> Self {
-        let before = |bound: f64| {
-            earlier
-                .0
-                .iter()
-                .find(|(other, _)| *other == bound)
-                .map_or(0, |(_, count)| *count)
-        };
         Self(
             self.0
                 .iter()
-                .map(|&(bound, count)| (bound, count.saturating_sub(before(bound))))
+                .map(|&(bound, count)| (bound, count.saturating_sub(earlier.count_at(bound))))
                 .collect(),
         )
     }
@@ -64,17 +65,10 @@ impl GapBuckets {
         if self.0.is_empty() {
             return other.clone();
         }
-        let theirs = |bound: f64| {
-            other
-                .0
-                .iter()
-                .find(|(other, _)| *other == bound)
-                .map_or(0, |(_, count)| *count)
-        };
         Self(
             self.0
                 .iter()
-                .map(|&(bound, count)| (bound, count + theirs(bound)))
+                .map(|&(bound, count)| (bound, count + other.count_at(bound)))
                 .collect(),
         )
     }
