@@ -50,7 +50,11 @@ async function getText(path) {
   return answer.ok ? answer.text() : null;
 }
 
+/** True from a refused (or missing) token until a token is submitted. */
+let awaitingToken = false;
+
 function showSignIn(message) {
+  awaitingToken = true;
   $("#board").hidden = true;
   $("#sign-out").hidden = true;
   $("#sign-in").hidden = false;
@@ -390,6 +394,7 @@ function start() {
     event.preventDefault();
     sessionStorage.setItem(TOKEN_STORAGE, $("#token-input").value.trim());
     $("#token-input").value = "";
+    awaitingToken = false;
     refresh();
   });
   $("#sign-out").addEventListener("click", () => {
@@ -400,10 +405,19 @@ function start() {
     openHoldersKey = null;
     $("#holders").hidden = true;
   });
-  refresh();
-  setInterval(() => {
-    if (!$("#board").hidden) refresh();
-  }, REFRESH_MS);
+  refreshForever();
+}
+
+/**
+ * Refreshes every REFRESH_MS, one refresh at a time, unless the page waits for
+ * a token. A refresh that failed (a 503 while the cluster elects, a node
+ * restarting) is tried again: only a refused token stops the loop's calls.
+ */
+async function refreshForever() {
+  for (;;) {
+    if (!awaitingToken) await refresh();
+    await new Promise((resolve) => setTimeout(resolve, REFRESH_MS));
+  }
 }
 
 start();

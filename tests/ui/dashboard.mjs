@@ -2,7 +2,11 @@
 // tests/tests/dashboard.rs. The Rust test owns the cluster and sends one
 // command per line on stdin; each is answered on stdout with `ok …` or
 // `fail …` (then the script exits 1):
-//   sign-in              the page asks for a token; type it and submit
+//   sign-in              the page asks for a token; type it and submit; wait
+//                        until the board shows
+//   submit-token         the page asks for a token; type it and submit
+//   refresh-failed       wait until the page says its last refresh failed
+//   board                wait until the board shows
 //   granted KEY N        wait until KEY's row shows N permits granted
 //   holders KEY N        wait until KEY's row shows N clients holding
 //   lag NODE             wait until NODE's row shows a replication lag
@@ -48,9 +52,22 @@ async function waitForText(selector, expected) {
 
 const commands = {
   async "sign-in"() {
+    await commands["submit-token"]();
+    await commands.board();
+  },
+  async "submit-token"() {
     await page.waitForSelector("#token-input", { state: "visible", timeout: WAIT_MS });
     await page.fill("#token-input", process.env.PERMITD_TOKEN);
     await page.click("#token-form button[type=submit]");
+  },
+  async "refresh-failed"() {
+    await page.waitForFunction(
+      () => document.querySelector("#refreshed")?.textContent.startsWith("last refresh failed"),
+      null,
+      { timeout: WAIT_MS },
+    );
+  },
+  async board() {
     await page.waitForSelector("#board", { state: "visible", timeout: WAIT_MS });
   },
   async granted(key, count) {
