@@ -92,3 +92,30 @@ async fn a_leader_without_its_followers_answers_no_quorum_within_the_commit_time
     .await;
     assert!(served, "service resumes once the followers are back");
 }
+
+/// A read confirms the leadership with a quorum, and openraft gives each
+/// confirmation one heartbeat interval. Followers silent for a few hundred
+/// milliseconds (busy with large appends, here SIGSTOPped) must not make a
+/// leader that still leads answer a read `503 no_quorum`: the leader asks
+/// again, for up to a second (before: 503 after ~40 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_outlasts_a_short_silence_of_the_followers() {
+    let cluster = Cluster::start(Settings::default()).await;
+    let leader = cluster.wait_for_leader().await;
+    let path = "/v1/semaphores/k/usage";
+    cluster.take(leader, "k", "a", 1).await;
+    let followers = cluster.followers_of(leader);
+    for &id in &followers {
+        signal(&cluster, id, Signal::SIGSTOP);
+    }
+    let read = cluster.get(leader, path);
+    let resume = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for &id in &followers {
+            signal(&cluster, id, Signal::SIGCONT);
+        }
+    };
+    let (answer, ()) = tokio::join!(read, resume);
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["granted"], 1, "{}", answer.body);
+}

@@ -59,6 +59,7 @@ pub const LEADER_CHANGES: &str = "permitd_leader_changes_total";
 pub const PENDING: &str = "permitd_pending_requests";
 pub const ABANDONED: &str = "permitd_requests_abandoned_total";
 pub const EARLY_REPORTS: &str = "permitd_early_reports_total";
+pub const READS_CONFIRMED_AGAIN: &str = "permitd_read_confirmations_retried_total";
 
 /// Most keys with per-key gauges (four series each) in one process.
 pub const MAX_KEYS_WITH_GAUGES: usize = 1_000;
@@ -158,6 +159,10 @@ fn describe() {
     metrics::describe_counter!(
         EARLY_REPORTS,
         "Grant reports of requests applied with the next entry, ahead of the round."
+    );
+    metrics::describe_counter!(
+        READS_CONFIRMED_AGAIN,
+        "Leadership confirmations for a linearizable read asked again because a quorum did not answer within a heartbeat interval."
     );
     crate::observe::raft_metrics::describe();
     crate::observe::http_metrics::describe();

@@ -9,33 +9,43 @@
 //! light load took the leadership on 7 of 7 tries, because after SIGCONT its
 //! overdue timer fired before it read the heartbeats waiting for it.
 //!
-//! So openraft's elections start disabled (`Config::enable_elect = false`), and
-//! this guard turns them on only while they are warranted:
+//! So openraft's own election timer stays off (`Config::enable_elect = false`)
+//! and this guard decides when a node stands:
 //!
-//! 1. while this node hears its leader (an append within
-//!    `election_timeout_min`), elections stay off;
-//! 2. a node that was itself stalled (its 10 ms guard tick woke more than a
+//! 1. each time this node starts to wait for a leader it draws its patience,
+//!    uniformly within `[election_timeout_min, election_timeout_max]`, afresh
+//!    for every wait (openraft 0.9 draws one timeout per process, so two
+//!    followers that drew close values would split their votes on every
+//!    failover);
+//! 2. while it hears its leader within its patience (an append received, or
+//!    one still being received and handled), it does nothing;
+//! 3. a node that was itself stalled (its 10 ms guard tick woke more than a
 //!    heartbeat interval late: a pause, a starved CPU) counts its silence from
-//!    the moment it woke, and gives the leader an election timeout to reach it;
-//! 3. after `election_timeout_min` of silence, the guard asks every other voter
-//!    (`POST /raft/prevote`). A voter grants when it is not the leader, has not
-//!    heard a leader for `election_timeout_min` itself, and the asker's last
-//!    log id is at least its own (Raft thesis §9.6). With grants from a
-//!    majority (this node counts) elections are turned on, and openraft's own
-//!    randomised timer decides when to stand; the grant holds for
-//!    `election_timeout_max`, then the guard asks again;
-//! 4. a single-voter cluster elects freely.
+//!    the moment it woke, and gives the leader its patience to reach it;
+//! 4. after its patience, it asks every other voter (`POST /raft/prevote`). A
+//!    voter grants when it is not the leader, has not heard a leader for
+//!    `election_timeout_min` itself, and the asker's last log id is at least
+//!    its own (Raft thesis §9.6). With grants from a majority (this node
+//!    counts), and neither a leader heard nor a vote cast meanwhile, it stands
+//!    at once (`Trigger::elect`); otherwise it asks again after a fresh
+//!    patience;
+//! 5. a single-voter cluster elects freely (openraft's timer, turned on).
+//!
+//! openraft's leader lease (a voter refuses a vote while it heard a leader
+//! within `election_timeout_max` of *openraft's* config) is set to this
+//! cluster's `election_timeout_min` (`app::raft_config`): every voter that
+//! granted the pre-vote has been silent that long, so the vote that follows
+//! is not refused by a lease the pre-vote already checked. With openraft's
+//! lease at the cluster's maximum and its timer on top, a follower stood only
+//! after 360–480 ms of silence with the shipped timings, and a failover took
+//! 550 ms at the median; now it stands after the configured 120–240 ms.
 //!
 //! A follower that cannot reach a majority keeps its term (it never wins a
 //! pre-vote) and so keeps naming its old leader in openraft's metrics; the
-//! guard says when that leader has been silent for longer than the leader lease
-//! plus the minimum election timeout ([`ElectionGuard::leader_silent`]), and the
-//! node's view of the leadership (`leader/leadership.rs`) then names no leader, as it
-//! did when such a node stood for election.
-//!
-//! A failover is not slowed: openraft stands only after the leader lease plus
-//! its election timeout (360–480 ms by default), and the pre-vote is done by
-//! 120 ms of silence plus one round trip.
+//! guard says when that leader has been silent for longer than the maximum
+//! plus the minimum election timeout ([`ElectionGuard::leader_silent`]), and
+//! the node's view of the leadership (`leader/leadership.rs`) then names no
+//! leader, as it did when such a node stood for election.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -89,19 +99,21 @@ pub fn grants(request: &PreVoteRequest, voter: &VoterView, timeout_min: Duration
 /// What the guard last decided.
 #[derive(Debug, Clone, Copy, Default)]
 struct Decision {
-    /// Elections may run until then (`None`: off).
+    /// Elections may run until then (`None`: off); a single voter only.
     elect_until: Option<Instant>,
-    /// After a denied pre-vote: the next one not before then.
+    /// After a pre-vote (denied, or granted and stood on): the next one not
+    /// before then.
     ask_after: Option<Instant>,
+    /// How long this wait for a leader lasts before a pre-vote; drawn when
+    /// the wait starts (`None`: this node hears its leader, or leads).
+    patience: Option<Duration>,
 }
 
-impl Decision {
-    fn elect_until(until: Instant) -> Self {
-        Self {
-            elect_until: Some(until),
-            ask_after: None,
-        }
-    }
+/// A patience within `[min, max]`, uniformly.
+fn draw_patience(min: Duration, max: Duration) -> Duration {
+    use rand::Rng;
+    let (min_ms, max_ms) = (min.as_millis() as u64, max.as_millis() as u64);
+    Duration::from_millis(rand::rng().random_range(min_ms..=max_ms.max(min_ms)))
 }
 
 /// The node's guard: its timings and what it heard.
@@ -116,7 +128,7 @@ pub struct ElectionGuard {
     woke_at_ms: AtomicU64,
     started: Instant,
     /// True while this node follows a leader it has not heard for longer than
-    /// the leader lease plus the minimum election timeout.
+    /// the maximum plus the minimum election timeout.
     leader_silent: watch::Sender<bool>,
 }
 
@@ -229,15 +241,24 @@ impl ElectionGuard {
             return Decision::default();
         }
         if voters.len() == 1 {
-            return Decision::elect_until(now + self.timeout_max);
+            return Decision {
+                elect_until: Some(now + self.timeout_max),
+                ..Decision::default()
+            };
         }
         if self.silent_for(now) < self.timeout_min {
+            // Hearing the leader: the next wait draws a new patience.
             return Decision::default();
         }
-        if last.elect_until.is_some_and(|until| now < until)
-            || last.ask_after.is_some_and(|after| now < after)
-        {
-            return last;
+        let patience = last
+            .patience
+            .unwrap_or_else(|| draw_patience(self.timeout_min, self.timeout_max));
+        let waiting = Decision {
+            patience: Some(patience),
+            ..last
+        };
+        if self.silent_for(now) < patience || last.ask_after.is_some_and(|after| now < after) {
+            return waiting;
         }
         let peers: Vec<(NodeId, PeerNode)> = voters
             .iter()
@@ -257,22 +278,37 @@ impl ElectionGuard {
         let outcome = if won { "granted" } else { "denied" };
         metrics::counter!(PREVOTES, "outcome" => outcome).increment(1);
         let done = Instant::now();
-        if won {
-            tracing::info!(
-                granted,
-                voters = voters.len(),
-                "pre-vote granted: this node may stand for election"
-            );
-            Decision::elect_until(done + self.timeout_max)
-        } else {
-            // A node cut off from the others asks again only after another
-            // minimum election timeout, not every tick.
+        // Whatever comes of it, the next pre-vote waits a fresh patience, so
+        // two nodes whose campaigns split do not ask again in step.
+        let next = Decision {
+            elect_until: None,
+            ask_after: Some(done + draw_patience(self.timeout_min, self.timeout_max)),
+            patience: None,
+        };
+        if !won {
             tracing::debug!(granted, voters = voters.len(), "pre-vote denied");
-            Decision {
-                elect_until: None,
-                ask_after: Some(done + self.timeout_min),
-            }
+            return next;
         }
+        // A leader heard, or a vote cast for another candidate, while the
+        // pre-vote was out: standing now would only disrupt.
+        let vote_kept = raft.metrics().borrow().vote == metrics.vote;
+        if !vote_kept || self.silent_for(done) < patience {
+            tracing::debug!(
+                vote_kept,
+                "pre-vote granted, but the cluster moved meanwhile"
+            );
+            return next;
+        }
+        tracing::info!(
+            granted,
+            voters = voters.len(),
+            patience_ms = patience.as_millis() as u64,
+            "pre-vote granted: this node stands for election"
+        );
+        if let Err(error) = raft.trigger().elect().await {
+            tracing::warn!(%error, "cannot stand for election");
+        }
+        next
     }
 
     /// Asks every peer at once; how many granted within the minimum election
@@ -366,6 +402,19 @@ mod tests {
             grants(&ask(None), &follower(None, None), MIN),
             "a new cluster"
         );
+    }
+
+    #[test]
+    fn a_patience_lies_within_the_election_timeouts_and_varies() {
+        let (min, max) = (MIN, Duration::from_millis(240));
+        let drawn: Vec<Duration> = (0..200).map(|_| draw_patience(min, max)).collect();
+        assert!(drawn.iter().all(|patience| (min..=max).contains(patience)));
+        let first = drawn[0];
+        assert!(
+            drawn.iter().any(|patience| *patience != first),
+            "drawn afresh"
+        );
+        assert_eq!(draw_patience(min, min), min, "an empty range");
     }
 
     #[test]
