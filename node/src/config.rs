@@ -246,10 +246,10 @@ impl NodeLimits {
 }
 
 /// Raft timings, in milliseconds. The defaults suit loopback or one LAN: a
-/// follower stands for election after a silence drawn from the election
-/// timeouts and a pre-vote (`raft/election_guard.rs`), so a dead leader is
-/// replaced in about `election_timeout_max_ms` plus three round trips at worst
-/// (see `cluster.toml`).
+/// follower stands for election after the leader lease (openraft 0.9 sets it to
+/// `election_timeout_max_ms`) plus an election timeout drawn from min..max, and
+/// a pre-vote (`raft/election_guard.rs`), so a dead leader is replaced in about
+/// `2 × election_timeout_max_ms` at worst (see `cluster.toml`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RaftTimings {
@@ -386,14 +386,10 @@ impl ClusterConfig {
         }
         let raft = &self.raft;
         if raft.heartbeat_interval_ms == 0
-            // openraft needs a timer strictly between the heartbeat and its
-            // lease, which is the election minimum (`app::raft_config`).
-            || raft.election_timeout_min_ms <= raft.heartbeat_interval_ms + 1
+            || raft.election_timeout_min_ms <= raft.heartbeat_interval_ms
             || raft.election_timeout_max_ms <= raft.election_timeout_min_ms
         {
-            return invalid(
-                "need 0 < heartbeat, heartbeat + 1 < election min < election max".into(),
-            );
+            return invalid("need 0 < heartbeat < election min < election max".into());
         }
         if raft.snapshot_every_ms < MIN_SNAPSHOT_EVERY_MS {
             return invalid(format!(

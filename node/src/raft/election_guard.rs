@@ -12,33 +12,31 @@
 //! So openraft's own election timer stays off (`Config::enable_elect = false`)
 //! and this guard decides when a node stands:
 //!
-//! 1. each time this node starts to wait for a leader it draws its patience,
-//!    uniformly within `[election_timeout_min, election_timeout_max]`, afresh
-//!    for every wait (openraft 0.9 draws one timeout per process, so two
-//!    followers that drew close values would split their votes on every
-//!    failover);
-//! 2. while it hears its leader within its patience (an append received, or
-//!    one still being received and handled), it does nothing;
+//! 1. each time this node starts to wait for a leader it draws its patience:
+//!    openraft's leader lease (`election_timeout_max`) plus a timeout drawn
+//!    uniformly from `[election_timeout_min, election_timeout_max]`, as
+//!    openraft's timer would wait, but drawn afresh for every wait (openraft
+//!    0.9 draws its timeout once per process, so two followers that drew close
+//!    values split their votes on every failover) and checked every 10 ms, not
+//!    on openraft's 60 ms tick;
+//! 2. while it hears its leader (an append received, or one still being
+//!    received and handled), it does nothing;
 //! 3. a node that was itself stalled (its 10 ms guard tick woke more than a
 //!    heartbeat interval late: a pause, a starved CPU) counts its silence from
 //!    the moment it woke, and gives the leader its patience to reach it;
 //! 4. after its patience, it asks every other voter (`POST /raft/prevote`). A
-//!    voter grants when it is not the leader, has not heard a leader for
-//!    `election_timeout_min` itself, and the asker's last log id is at least
-//!    its own (Raft thesis §9.6). With grants from a majority (this node
-//!    counts), and neither a leader heard nor a vote cast meanwhile, it stands
-//!    at once (`Trigger::elect`); otherwise it asks again after a fresh
-//!    patience;
+//!    voter grants when it is not the leader, has not heard a leader for the
+//!    lease itself (so the vote that follows is not refused by it), and the
+//!    asker's last log id is at least its own (Raft thesis §9.6). With grants
+//!    from a majority (this node counts), and neither a leader heard nor a
+//!    vote cast meanwhile, it stands at once (`Trigger::elect`); otherwise it
+//!    asks again after a fresh election timeout;
 //! 5. a single-voter cluster elects freely (openraft's timer, turned on).
 //!
-//! openraft's leader lease (a voter refuses a vote while it heard a leader
-//! within `election_timeout_max` of *openraft's* config) is set to this
-//! cluster's `election_timeout_min` (`app::raft_config`): every voter that
-//! granted the pre-vote has been silent that long, so the vote that follows
-//! is not refused by a lease the pre-vote already checked. With openraft's
-//! lease at the cluster's maximum and its timer on top, a follower stood only
-//! after 360–480 ms of silence with the shipped timings, and a failover took
-//! 550 ms at the median; now it stands after the configured 120–240 ms.
+//! The tolerance of a silent leader is what it was with openraft's timer
+//! (360–480 ms with the shipped timings); a failover is faster (bench: p50
+//! 549 → ~400 ms) because the first of the two followers to run out of patience
+//! stands, without waiting for a timer tick.
 //!
 //! A follower that cannot reach a majority keeps its term (it never wins a
 //! pre-vote) and so keeps naming its old leader in openraft's metrics; the
@@ -89,10 +87,8 @@ pub struct VoterView {
 }
 
 /// The voter's rule (step 3 of the module docs).
-pub fn grants(request: &PreVoteRequest, voter: &VoterView, timeout_min: Duration) -> bool {
-    let leader_gone = voter
-        .leader_silent_for
-        .is_none_or(|silent| silent >= timeout_min);
+pub fn grants(request: &PreVoteRequest, voter: &VoterView, lease: Duration) -> bool {
+    let leader_gone = voter.leader_silent_for.is_none_or(|silent| silent >= lease);
     !voter.is_leader && leader_gone && request.last_log_id >= voter.last_log_id
 }
 
@@ -109,8 +105,8 @@ struct Decision {
     patience: Option<Duration>,
 }
 
-/// A patience within `[min, max]`, uniformly.
-fn draw_patience(min: Duration, max: Duration) -> Duration {
+/// An election timeout within `[min, max]`, drawn uniformly.
+fn draw_timeout(min: Duration, max: Duration) -> Duration {
     use rand::Rng;
     let (min_ms, max_ms) = (min.as_millis() as u64, max.as_millis() as u64);
     Duration::from_millis(rand::rng().random_range(min_ms..=max_ms.max(min_ms)))
@@ -176,7 +172,7 @@ impl ElectionGuard {
             },
             last_log_id: raft.data_metrics().borrow().last_log,
         };
-        let granted = grants(request, &view, self.timeout_min);
+        let granted = grants(request, &view, self.timeout_max);
         tracing::debug!(
             candidate = request.candidate,
             granted,
@@ -252,7 +248,7 @@ impl ElectionGuard {
         }
         let patience = last
             .patience
-            .unwrap_or_else(|| draw_patience(self.timeout_min, self.timeout_max));
+            .unwrap_or_else(|| self.timeout_max + draw_timeout(self.timeout_min, self.timeout_max));
         let waiting = Decision {
             patience: Some(patience),
             ..last
@@ -278,11 +274,11 @@ impl ElectionGuard {
         let outcome = if won { "granted" } else { "denied" };
         metrics::counter!(PREVOTES, "outcome" => outcome).increment(1);
         let done = Instant::now();
-        // Whatever comes of it, the next pre-vote waits a fresh patience, so
-        // two nodes whose campaigns split do not ask again in step.
+        // Whatever comes of it, the next pre-vote waits a fresh election
+        // timeout, so two nodes whose campaigns split do not ask in step.
         let next = Decision {
             elect_until: None,
-            ask_after: Some(done + draw_patience(self.timeout_min, self.timeout_max)),
+            ask_after: Some(done + draw_timeout(self.timeout_min, self.timeout_max)),
             patience: None,
         };
         if !won {
@@ -352,6 +348,8 @@ mod tests {
     use super::*;
 
     const MIN: Duration = Duration::from_millis(120);
+    /// openraft's leader lease: the maximum election timeout.
+    const LEASE: Duration = Duration::from_millis(240);
 
     fn log(term: u64, index: u64) -> Option<LogId<NodeId>> {
         Some(LogId::new(CommittedLeaderId::new(term, 1), index))
@@ -376,45 +374,45 @@ mod tests {
     fn a_voter_that_hears_its_leader_refuses() {
         assert!(!grants(
             &ask(log(3, 10)),
-            &follower(Some(40), log(3, 10)),
-            MIN
+            &follower(Some(200), log(3, 10)),
+            LEASE
         ));
         let leader = VoterView {
             is_leader: true,
             ..follower(None, None)
         };
-        assert!(!grants(&ask(log(9, 99)), &leader, MIN));
+        assert!(!grants(&ask(log(9, 99)), &leader, LEASE));
     }
 
     #[test]
     fn a_voter_whose_leader_went_silent_grants_an_asker_as_up_to_date() {
         assert!(grants(
             &ask(log(3, 10)),
-            &follower(Some(120), log(3, 10)),
-            MIN
+            &follower(Some(240), log(3, 10)),
+            LEASE
         ));
         assert!(grants(
             &ask(log(4, 2)),
             &follower(Some(500), log(3, 10)),
-            MIN
+            LEASE
         ));
         assert!(
-            grants(&ask(None), &follower(None, None), MIN),
+            grants(&ask(None), &follower(None, None), LEASE),
             "a new cluster"
         );
     }
 
     #[test]
-    fn a_patience_lies_within_the_election_timeouts_and_varies() {
-        let (min, max) = (MIN, Duration::from_millis(240));
-        let drawn: Vec<Duration> = (0..200).map(|_| draw_patience(min, max)).collect();
-        assert!(drawn.iter().all(|patience| (min..=max).contains(patience)));
+    fn a_timeout_lies_within_the_election_timeouts_and_is_drawn_afresh() {
+        let (min, max) = (MIN, LEASE);
+        let drawn: Vec<Duration> = (0..200).map(|_| draw_timeout(min, max)).collect();
+        assert!(drawn.iter().all(|timeout| (min..=max).contains(timeout)));
         let first = drawn[0];
         assert!(
-            drawn.iter().any(|patience| *patience != first),
+            drawn.iter().any(|timeout| *timeout != first),
             "drawn afresh"
         );
-        assert_eq!(draw_patience(min, min), min, "an empty range");
+        assert_eq!(draw_timeout(min, min), min, "an empty range");
     }
 
     #[test]
@@ -422,8 +420,12 @@ mod tests {
         assert!(!grants(
             &ask(log(3, 9)),
             &follower(Some(500), log(3, 10)),
-            MIN
+            LEASE
         ));
-        assert!(!grants(&ask(log(2, 50)), &follower(None, log(3, 10)), MIN));
+        assert!(!grants(
+            &ask(log(2, 50)),
+            &follower(None, log(3, 10)),
+            LEASE
+        ));
     }
 }
