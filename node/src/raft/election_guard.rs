@@ -20,14 +20,17 @@
 //!    values split their votes on every failover) and checked every 10 ms, not
 //!    on openraft's 60 ms tick;
 //! 2. while it hears its leader (an append received, or one still being
-//!    received and handled), it does nothing;
+//!    received and handled), it does nothing; a vote it casts for another
+//!    node starts its wait again, as it restarts Raft's election timer;
 //! 3. a node that was itself stalled (its 10 ms guard tick woke more than a
 //!    heartbeat interval late: a pause, a starved CPU) counts its silence from
 //!    the moment it woke, and gives the leader its patience to reach it;
 //! 4. after its patience, it asks every other voter (`POST /raft/prevote`). A
 //!    voter grants when it is not the leader, has not heard a leader for the
-//!    lease itself (so the vote that follows is not refused by it), and the
-//!    asker's last log id is at least its own (Raft thesis §9.6). With grants
+//!    lease itself (so the vote that follows is not refused by it), is not
+//!    yet in the term the asker would stand in (a candidate of that term, or
+//!    a node that voted in it, refuses), and the asker's last log id is at
+//!    least its own (Raft thesis §9.6). With grants
 //!    from a majority (this node counts), and neither a leader heard nor a
 //!    vote cast meanwhile, it stands at once (`Trigger::elect`); otherwise it
 //!    asks again after a fresh election timeout;
@@ -69,6 +72,10 @@ pub const STALLS: &str = "permitd_raft_stalls_total";
 pub struct PreVoteRequest {
     pub candidate: NodeId,
     pub last_log_id: Option<LogId<NodeId>>,
+    /// The term the asker would stand in (its current term plus one); `None`
+    /// from a node that predates it (no term check then).
+    #[serde(default)]
+    pub term: Option<u64>,
 }
 
 /// The answer to a [`PreVoteRequest`].
@@ -84,12 +91,16 @@ pub struct VoterView {
     /// Since the last append from a leader; `None` if none came since start.
     pub leader_silent_for: Option<Duration>,
     pub last_log_id: Option<LogId<NodeId>>,
+    pub term: u64,
 }
 
-/// The voter's rule (step 3 of the module docs).
+/// The voter's rule (step 4 of the module docs). A voter already in the term
+/// the asker would stand in (a candidate of it, or a node that voted in it)
+/// refuses: the asker would only split or disrupt that election.
 pub fn grants(request: &PreVoteRequest, voter: &VoterView, lease: Duration) -> bool {
     let leader_gone = voter.leader_silent_for.is_none_or(|silent| silent >= lease);
-    !voter.is_leader && leader_gone && request.last_log_id >= voter.last_log_id
+    let newer_term = request.term.is_none_or(|term| term > voter.term);
+    !voter.is_leader && leader_gone && newer_term && request.last_log_id >= voter.last_log_id
 }
 
 /// What the guard last decided.
@@ -122,6 +133,8 @@ pub struct ElectionGuard {
     heartbeat: Duration,
     /// Milliseconds since `started` at which the guard last woke from a stall.
     woke_at_ms: AtomicU64,
+    /// Milliseconds since `started` at which this node last voted for another.
+    voted_at_ms: AtomicU64,
     started: Instant,
     /// True while this node follows a leader it has not heard for longer than
     /// the maximum plus the minimum election timeout.
@@ -141,6 +154,7 @@ impl ElectionGuard {
             timeout_max,
             heartbeat,
             woke_at_ms: AtomicU64::new(0),
+            voted_at_ms: AtomicU64::new(0),
             started: Instant::now(),
             leader_silent: watch::channel(false).0,
         }
@@ -151,12 +165,40 @@ impl ElectionGuard {
         self.leader_silent.subscribe()
     }
 
-    /// How long this node has heard no leader, counted from its start or its
-    /// last stall at the earliest.
+    /// How long this node has heard no leader, counted from its start, its
+    /// last stall or the last vote it cast for another node at the earliest.
     fn silent_for(&self, now: Instant) -> Duration {
-        let woke = self.started + Duration::from_millis(self.woke_at_ms.load(Ordering::Relaxed));
+        let since_start =
+            |at_ms: &AtomicU64| self.started + Duration::from_millis(at_ms.load(Ordering::Relaxed));
+        let woke = since_start(&self.woke_at_ms).max(since_start(&self.voted_at_ms));
         let heard = self.contact.heard_at(now).map_or(woke, |at| at.max(woke));
         now.saturating_duration_since(heard)
+    }
+
+    /// Notes a vote this node cast for another node: like Raft's election
+    /// timer, the wait for a leader starts again (that node may be about to
+    /// lead; standing now would split or disrupt its election).
+    fn note_vote(
+        &self,
+        vote: &openraft::Vote<NodeId>,
+        last: &mut openraft::Vote<NodeId>,
+        now: Instant,
+    ) {
+        if vote == last {
+            return;
+        }
+        *last = *vote;
+        if vote
+            .leader_id()
+            .voted_for()
+            .is_some_and(|voted| voted != self.id)
+        {
+            let since_start = now.saturating_duration_since(self.started).as_millis();
+            self.voted_at_ms.store(
+                u64::try_from(since_start).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+        }
     }
 
     /// This node's answer to a pre-vote.
@@ -171,6 +213,7 @@ impl ElectionGuard {
                     .map(|at| now.saturating_duration_since(at))
             },
             last_log_id: raft.data_metrics().borrow().last_log,
+            term: metrics.current_term,
         };
         let granted = grants(request, &view, self.timeout_max);
         tracing::debug!(
@@ -186,6 +229,7 @@ impl ElectionGuard {
     pub fn start(self: Arc<Self>, raft: Raft, network: Network) {
         tokio::spawn(async move {
             let mut decision = Decision::default();
+            let mut vote = raft.metrics().borrow().vote;
             raft.runtime_config().elect(false);
             loop {
                 let asked = Instant::now();
@@ -197,6 +241,7 @@ impl ElectionGuard {
                 if now.saturating_duration_since(asked) > GUARD_TICK + self.heartbeat {
                     self.stalled(now);
                 }
+                self.note_vote(&raft.metrics().borrow().vote, &mut vote, now);
                 let silent = self.silent_for(now) >= self.timeout_max + self.timeout_min;
                 self.leader_silent.send_if_modified(|seen| {
                     let changed = *seen != silent;
@@ -268,6 +313,7 @@ impl ElectionGuard {
         let request = PreVoteRequest {
             candidate: self.id,
             last_log_id: raft.data_metrics().borrow().last_log,
+            term: Some(metrics.current_term + 1),
         };
         let granted = 1 + self.ask(network, &peers, &request).await;
         let won = granted * 2 > voters.len();
@@ -359,6 +405,7 @@ mod tests {
         PreVoteRequest {
             candidate: 2,
             last_log_id,
+            term: Some(4),
         }
     }
 
@@ -367,6 +414,7 @@ mod tests {
             is_leader: false,
             leader_silent_for: silent_ms.map(Duration::from_millis),
             last_log_id,
+            term: 3,
         }
     }
 
@@ -400,6 +448,25 @@ mod tests {
             grants(&ask(None), &follower(None, None), LEASE),
             "a new cluster"
         );
+    }
+
+    #[test]
+    fn a_voter_already_in_the_askers_term_refuses() {
+        let voter = follower(Some(500), log(3, 10));
+        let in_term_4 = VoterView { term: 4, ..voter };
+        assert!(
+            grants(&ask(log(3, 10)), &voter, LEASE),
+            "term 4 is new to it"
+        );
+        assert!(
+            !grants(&ask(log(3, 10)), &in_term_4, LEASE),
+            "a candidate of term 4, or a node that voted in it"
+        );
+        let from_an_older_node = PreVoteRequest {
+            term: None,
+            ..ask(log(3, 10))
+        };
+        assert!(grants(&from_an_older_node, &in_term_4, LEASE));
     }
 
     #[test]
