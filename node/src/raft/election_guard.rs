@@ -38,7 +38,7 @@
 //!
 //! The tolerance of a silent leader is what it was with openraft's timer
 //! (360–480 ms with the shipped timings); a failover is faster (bench: p50
-//! 549 → ~400 ms) because the first of the two followers to run out of patience
+//! 549 → 375 ms on a fresh cluster) because the first of the two followers to run out of patience
 //! stands, without waiting for a timer tick.
 //!
 //! A follower that cannot reach a majority keeps its term (it never wins a
