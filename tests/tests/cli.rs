@@ -187,3 +187,36 @@ async fn serve_without_config_initialises_itself_and_resumes() {
     .await;
     assert!(resumed, "the restarted node kept its grant");
 }
+
+/// A client that opened a connection and sent nothing yet (a browser's
+/// preconnect, a pool warming up) does not hold up a stop: the node used to
+/// wait out the header-read timeout for it (10 s), leading all the while.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_does_not_hold_up_a_stop() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let api = format!("127.0.0.1:{}", free_port());
+    let raft = format!("127.0.0.1:{}", free_port());
+    let mut guard = Guard(
+        Command::new(permitd_bin())
+            .args(["serve", "--api-addr", &api, "--raft-addr", &raft])
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("permitd serve starts"),
+    );
+    let http = reqwest::Client::new();
+    let up = eventually(Duration::from_secs(15), || async {
+        let answer = http.get(format!("http://{api}/healthz")).send().await;
+        answer.is_ok_and(|answer| answer.status() == 200)
+    })
+    .await;
+    assert!(up, "the node serves");
+    let _silent = std::net::TcpStream::connect(&api).expect("a connection is accepted");
+    let _silent_peer = std::net::TcpStream::connect(&raft).expect("a connection is accepted");
+    sigterm(&guard.0);
+    assert!(
+        wait_exit(&mut guard, Duration::from_secs(3)),
+        "stopped with silent connections open"
+    );
+}
