@@ -24,6 +24,20 @@ fn sigterm(child: &Child) {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal sent");
 }
 
+/// `permitd serve` with no cluster file (one self-initialising node) in `dir`,
+/// on the given API and Raft addresses.
+fn serve_solo(dir: &std::path::Path, api: &str, raft: &str) -> Guard {
+    Guard(
+        Command::new(permitd_bin())
+            .args(["serve", "--api-addr", api, "--raft-addr", raft])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("permitd serve starts"),
+    )
+}
+
 /// Waits for the child to exit by itself; kills it after `timeout`.
 fn wait_exit(guard: &mut Guard, timeout: Duration) -> bool {
     let deadline = std::time::Instant::now() + timeout;
@@ -123,17 +137,7 @@ async fn serve_without_config_initialises_itself_and_resumes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let api = format!("127.0.0.1:{}", free_port());
     let raft = format!("127.0.0.1:{}", free_port());
-    let start = || {
-        Guard(
-            Command::new(permitd_bin())
-                .args(["serve", "--api-addr", &api, "--raft-addr", &raft])
-                .current_dir(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("permitd serve starts"),
-        )
-    };
+    let start = || serve_solo(dir.path(), &api, &raft);
     let http = reqwest::Client::new();
     let url = format!("http://{api}/v1/semaphores/solo");
     let mut guard = start();
@@ -196,15 +200,7 @@ async fn a_silent_connection_does_not_hold_up_a_stop() {
     let dir = tempfile::tempdir().expect("temp dir");
     let api = format!("127.0.0.1:{}", free_port());
     let raft = format!("127.0.0.1:{}", free_port());
-    let mut guard = Guard(
-        Command::new(permitd_bin())
-            .args(["serve", "--api-addr", &api, "--raft-addr", &raft])
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("permitd serve starts"),
-    );
+    let mut guard = serve_solo(dir.path(), &api, &raft);
     let http = reqwest::Client::new();
     let up = eventually(Duration::from_secs(15), || async {
         let answer = http.get(format!("http://{api}/healthz")).send().await;
