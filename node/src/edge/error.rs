@@ -67,6 +67,17 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// openraft's "this node does not lead": `not_leader` naming the leader it
+    /// knows, `no_quorum` while it knows none (an election runs).
+    pub fn to_leader(leader: Option<NodeId>) -> Self {
+        match leader {
+            Some(leader) => Self::NotLeader {
+                leader: Some(leader),
+            },
+            None => Self::NoQuorum,
+        }
+    }
+
     /// The code; its status follows from it ([`ErrorCode::status`]).
     fn code(&self) -> ErrorCode {
         match self {
@@ -138,8 +149,7 @@ impl From<Refused> for ApiError {
 impl From<ProposeError> for ApiError {
     fn from(error: ProposeError) -> Self {
         match error {
-            ProposeError::NotLeader { leader: None } => Self::NoQuorum,
-            ProposeError::NotLeader { leader } => Self::NotLeader { leader },
+            ProposeError::NotLeader { leader } => Self::to_leader(leader),
             ProposeError::LeaderChanged => Self::LeaderChanged,
             ProposeError::ShuttingDown => Self::ShuttingDown,
             ProposeError::Raft(detail) => Self::Internal(detail),

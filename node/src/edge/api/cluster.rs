@@ -167,12 +167,7 @@ pub async fn members(
     match result {
         Ok(_) => Ok(Json(current_status(&app))),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-            Err(match forward.leader_id {
-                Some(leader) => ApiError::NotLeader {
-                    leader: Some(leader),
-                },
-                None => ApiError::NoQuorum,
-            })
+            Err(ApiError::to_leader(forward.leader_id))
         }
         Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(error))) => {
             Err(ApiError::Conflict {

@@ -286,12 +286,7 @@ pub async fn linearizable(app: &App) -> Result<(), ApiError> {
         return match result {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
-                Err(match forward.leader_id {
-                    Some(leader) => ApiError::NotLeader {
-                        leader: Some(leader),
-                    },
-                    None => ApiError::NoQuorum,
-                })
+                Err(ApiError::to_leader(forward.leader_id))
             }
             Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
                 if tokio::time::Instant::now() + CONFIRM_AGAIN_AFTER < confirm_until {
