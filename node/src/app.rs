@@ -250,6 +250,11 @@ fn leader_client(tls: Option<&Tls>) -> Result<reqwest::Client, reqwest::Error> {
     builder.build()
 }
 
+/// Most entries in one AppendEntries. openraft's 300 made every step of a new
+/// leader's search through a follower's log read and decode 300 entries (~10 ms
+/// of ~4.6 KB entries); a busy leader appends a few entries at a time anyway.
+const MAX_ENTRIES_PER_APPEND: u64 = 64;
+
 fn raft_config(id: NodeId, timings: &RaftTimings) -> Result<openraft::Config, StartError> {
     // Staggered, so the nodes of a cluster do not build at the same log index.
     let every = crate::leader::snapshots::staggered(id, timings.snapshot_every_logs);
@@ -260,6 +265,7 @@ fn raft_config(id: NodeId, timings: &RaftTimings) -> Result<openraft::Config, St
         election_timeout_max: timings.election_timeout_max_ms,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(every),
         max_in_snapshot_log_to_keep: timings.log_kept_after_snapshot,
+        max_payload_entries: MAX_ENTRIES_PER_APPEND,
         // openraft's 200 ms default is too short for a chunk plus the install
         // of the last one on a busy node.
         install_snapshot_timeout: timings.rpc_timeout_ms,

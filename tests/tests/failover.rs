@@ -179,3 +179,47 @@ async fn a_leader_that_loses_leadership_fails_its_waiting_requests_with_leader_c
     assert_eq!(body["error"]["code"], "leader_changed", "{body}");
     assert!(retry_after, "with Retry-After");
 }
+
+/// A new leader knows nothing of its followers' logs and searches them from
+/// its oldest entry; a follower whose vote said it holds a run gets an empty
+/// probe for it instead of the run (`node/src/raft/peer_logs.rs`). The cluster
+/// then goes on as before: the new leader grants, the follower applies
+/// everything, and the killed node, back, catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_probes_the_runs_its_follower_holds_instead_of_sending_them() {
+    let mut cluster = Cluster::start(Settings::default()).await;
+    let leader = cluster.wait_for_leader().await;
+    // Far more entries than one append carries (64), all held by the followers.
+    for client in 0..200 {
+        let key = format!("run-{}", client % 10);
+        let answer = cluster
+            .post(
+                leader,
+                &format!("/v1/semaphores/{key}"),
+                &request(&format!("c{client}"), &[("g", 1, 1)]),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    cluster.wait_applied_everywhere(leader).await;
+    cluster.kill(leader);
+    let new_leader = cluster.wait_for_leader().await;
+    let answer = cluster
+        .post(
+            new_leader,
+            "/v1/semaphores/after",
+            &request("after", &[("g", 1, 1)]),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(granted(&answer.body), 1);
+    let probed = cluster
+        .metric(new_leader, "permitd_raft_runs_found_held_total")
+        .await
+        .unwrap_or(0.0);
+    assert!(probed >= 1.0, "runs found held: {probed}");
+    cluster.wait_applied_everywhere(new_leader).await;
+    cluster.restart(leader);
+    cluster.wait_healthy().await;
+    cluster.wait_applied_everywhere(new_leader).await;
+}

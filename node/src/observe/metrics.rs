@@ -167,6 +167,7 @@ fn describe() {
     crate::observe::raft_metrics::describe();
     crate::observe::http_metrics::describe();
     crate::raft::stall_probe::describe();
+    crate::raft::peer_logs::describe();
     crate::raft::election_guard::describe();
     permitd_storage::describe_snapshot_metrics();
     permitd_storage::describe_wal_metrics();

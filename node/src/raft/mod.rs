@@ -8,6 +8,7 @@
 
 pub mod election_guard;
 pub mod network;
+pub mod peer_logs;
 pub mod runtime;
 pub mod stall_probe;
 pub mod wire;

@@ -41,6 +41,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
+use super::peer_logs::{PeerLogs, RUNS_FOUND_HELD};
 use super::wire::SnapshotChunk;
 use super::{bearer, SECRET_HEADER};
 use crate::credentials::Secret;
@@ -73,6 +74,8 @@ pub struct Network {
     retry_unreachable: Duration,
     /// `http` or `https`.
     scheme: &'static str,
+    /// Where each peer's log ends, as its vote answers said.
+    peer_logs: PeerLogs,
 }
 
 impl Network {
@@ -101,6 +104,7 @@ impl Network {
             rpc_timeout,
             retry_unreachable,
             scheme: crate::credentials::tls::scheme(tls),
+            peer_logs: PeerLogs::default(),
         })
     }
 }
@@ -213,12 +217,21 @@ impl Connection {
 
     /// Sends an append with entries in its own task, or joins the one under way
     /// that covers it (see the module docs).
-    async fn send_entries(&mut self, request: AppendEntriesRequest<TypeConfig>) -> AppendResult {
+    async fn send_entries(
+        &mut self,
+        request: AppendEntriesRequest<TypeConfig>,
+        option: &RPCOption,
+    ) -> AppendResult {
         let asked = *request
             .entries
             .last()
             .map(|entry| &entry.log_id)
             .expect("entries");
+        if self.network.peer_logs.may_hold(self.target, &asked) {
+            if let Some(answer) = self.probe(&request, asked, option).await? {
+                return Ok(answer);
+            }
+        }
         if self
             .append
             .as_ref()
@@ -270,6 +283,36 @@ impl Connection {
         self.append = None;
         let answer = joined.map_err(|error| RPCError::Network(NetworkError::new(&error)))??;
         Ok(cover(answer, sent, asked))
+    }
+
+    /// Asks whether the peer holds `asked`, the last entry of `request`, with an
+    /// empty append (see [`super::peer_logs`]); the answer to `request` if that
+    /// settles it, `None` if the entries must go.
+    async fn probe(
+        &self,
+        request: &AppendEntriesRequest<TypeConfig>,
+        asked: LogId<NodeId>,
+        option: &RPCOption,
+    ) -> RpcResult<Option<AppendEntriesResponse<NodeId>>> {
+        let probe = AppendEntriesRequest::<TypeConfig> {
+            vote: request.vote,
+            prev_log_id: Some(asked),
+            leader_commit: request.leader_commit,
+            entries: Vec::new(),
+        };
+        let answer = self.send("append", &probe, option).await?;
+        tracing::debug!(target = self.target, %asked, %answer, "probed for a run");
+        match answer {
+            AppendEntriesResponse::Success => {
+                metrics::counter!(RUNS_FOUND_HELD).increment(1);
+                Ok(Some(AppendEntriesResponse::Success))
+            }
+            higher @ AppendEntriesResponse::HigherVote(_) => Ok(Some(higher)),
+            AppendEntriesResponse::Conflict | AppendEntriesResponse::PartialSuccess(_) => {
+                self.network.peer_logs.forget(self.target);
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -343,7 +386,7 @@ impl RaftNetwork<TypeConfig> for Connection {
         if request.entries.is_empty() {
             return self.send("append", &request, &option).await;
         }
-        self.send_entries(request).await
+        self.send_entries(request, &option).await
     }
 
     async fn install_snapshot(
@@ -360,14 +403,18 @@ impl RaftNetwork<TypeConfig> for Connection {
         request: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>> {
-        self.send("vote", &request, &option).await
+        let answer: VoteResponse<NodeId> = self.send("vote", &request, &option).await?;
+        if let Some(end) = answer.last_log_id {
+            self.network.peer_logs.ends_at(self.target, end);
+        }
+        Ok(answer)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     use openraft::CommittedLeaderId;
 
@@ -392,6 +439,10 @@ mod tests {
         assert_eq!(cover(partial(), log_id(5), log_id(8)), partial());
         assert_eq!(cover(partial(), log_id(5), log_id(4)), Success);
         assert_eq!(cover(Conflict, log_id(5), log_id(8)), Conflict);
+    }
+
+    fn option() -> RPCOption {
+        RPCOption::new(Duration::from_secs(1))
     }
 
     /// A peer nobody listens on: nothing here may reach it.
@@ -437,7 +488,8 @@ mod tests {
     async fn a_run_of_entries_too_large_is_answered_with_how_many_fit() {
         let mut connection = nowhere();
         let request = append_of(4, 3 * 1024 * 1024);
-        let Err(RPCError::PayloadTooLarge(too_large)) = connection.send_entries(request).await
+        let Err(RPCError::PayloadTooLarge(too_large)) =
+            connection.send_entries(request, &option()).await
         else {
             panic!("12 MiB of entries are not sent");
         };
@@ -449,7 +501,7 @@ mod tests {
     async fn one_entry_always_goes_however_large() {
         let mut connection = nowhere();
         let request = append_of(1, MAX_APPEND_BYTES + 1);
-        let answer = connection.send_entries(request).await;
+        let answer = connection.send_entries(request, &option()).await;
         assert!(
             matches!(answer, Err(RPCError::Unreachable(_))),
             "sent (nobody answers): {answer:?}"
@@ -473,12 +525,17 @@ mod tests {
                 }
             }),
         );
+        (connection_to(router).await, calls)
+    }
+
+    /// A connection to a peer served by `router` on loopback.
+    async fn connection_to(router: axum::Router) -> Connection {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move { axum::serve(listener, router).await });
         let mut connection = nowhere();
         connection.target_node.raft_addr = addr;
-        (connection, calls)
+        connection
     }
 
     #[tokio::test]
@@ -487,21 +544,88 @@ mod tests {
         // openraft gives up after its heartbeat interval...
         let first = tokio::time::timeout(
             Duration::from_millis(20),
-            connection.send_entries(append_of(2, 10)),
+            connection.send_entries(append_of(2, 10), &option()),
         )
         .await;
         assert!(first.is_err(), "cut off by the caller");
         // ...and asks again, for more entries: the send under way answers.
-        let again = connection.send_entries(append_of(3, 10)).await;
+        let again = connection.send_entries(append_of(3, 10), &option()).await;
         assert_eq!(
             again.expect("answered"),
             AppendEntriesResponse::PartialSuccess(Some(log_id(2)))
         );
         assert_eq!(calls.load(Ordering::SeqCst), 1, "sent once");
         // The rest goes in a new send.
-        let rest = connection.send_entries(append_of(3, 10)).await;
+        let rest = connection.send_entries(append_of(3, 10), &option()).await;
         assert_eq!(rest.expect("answered"), AppendEntriesResponse::Success);
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// A peer whose log holds entries 1 to `held` as the leader has them: an
+    /// append is answered as openraft's follower would; every append is recorded
+    /// as (previous index, entries carried).
+    async fn peer_holding(held: u64) -> (Connection, Arc<Mutex<Vec<(u64, usize)>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        let router = axum::Router::new().route(
+            "/raft/append",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let recorded = recorded.clone();
+                async move {
+                    let request: AppendEntriesRequest<TypeConfig> =
+                        codec::decode(&body).expect("an append");
+                    let prev = request.prev_log_id.map_or(0, |id| id.index);
+                    recorded.lock().unwrap().push((prev, request.entries.len()));
+                    let answer = if prev <= held {
+                        AppendEntriesResponse::<NodeId>::Success
+                    } else {
+                        AppendEntriesResponse::Conflict
+                    };
+                    let answer: Result<_, RaftError<NodeId>> = Ok(answer);
+                    codec::encode(&answer).expect("encodes")
+                }
+            }),
+        );
+        (connection_to(router).await, seen)
+    }
+
+    #[tokio::test]
+    async fn a_run_the_follower_said_it_holds_is_probed_not_sent() {
+        let (mut connection, seen) = peer_holding(10).await;
+        connection.network.peer_logs.ends_at(2, log_id(10));
+        let answer = connection.send_entries(append_of(3, 10), &option()).await;
+        assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![(3, 0)],
+            "one empty probe at entry 3"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_run_the_follower_does_not_hold_is_sent_after_a_failed_probe() {
+        let (mut connection, seen) = peer_holding(1).await;
+        // It said its log reached entry 10, but holds only entry 1 now.
+        connection.network.peer_logs.ends_at(2, log_id(10));
+        let answer = connection.send_entries(append_of(3, 10), &option()).await;
+        assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![(3, 0), (0, 3)],
+            "probe, then the run"
+        );
+        // Proved wrong once: the next run goes without a probe.
+        seen.lock().unwrap().clear();
+        let _ = connection.send_entries(append_of(3, 10), &option()).await;
+        assert_eq!(*seen.lock().unwrap(), vec![(0, 3)]);
+    }
+
+    #[tokio::test]
+    async fn a_run_past_the_follower_log_end_is_sent_without_a_probe() {
+        let (mut connection, seen) = peer_holding(2).await;
+        connection.network.peer_logs.ends_at(2, log_id(2));
+        let _ = connection.send_entries(append_of(3, 10), &option()).await;
+        assert_eq!(*seen.lock().unwrap(), vec![(0, 3)]);
     }
 
     #[test]
