@@ -51,23 +51,10 @@ mod tests {
     use super::*;
     use crate::{Command, KeyRound, TypeConfig};
     use openraft::{Entry, EntryPayload, LogId};
-    use permitd_core::protocol::{Demand, PermitRequest, V1};
 
     #[test]
     fn a_round_entry_round_trips_and_is_smaller_than_json() {
-        let request = PermitRequest {
-            v: V1,
-            client_id: "worker-1".into(),
-            request_id: None,
-            demand: vec![Demand {
-                group: "g".into(),
-                count: 2,
-                oldest_at_ms: 1_700_000_000_000,
-            }],
-            grants: Vec::new(),
-            leases: None,
-            wait_ms: None,
-        };
+        let request = crate::command_decode::tests::a_request();
         let entry: Entry<TypeConfig> = Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(3, 1), 42),
             payload: EntryPayload::Normal(Command::Round {

@@ -12,6 +12,8 @@ use permitd_core::tokens::{TokenInfo, TokenSpec};
 use permitd_core::{Event, InvalidInput, KeyLimitReached};
 use serde::{Deserialize, Serialize};
 
+use crate::command_decode::commands;
+
 /// One key's share of a round entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -29,75 +31,78 @@ pub struct KeySync {
     pub sync: PermitSync,
 }
 
-/// A Raft log entry's payload.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "camelCase")]
-pub enum Command {
-    /// Syncs that arrived since the last entry left, then the rounds of the keys
-    /// that fell due, at the leader's `now`. Syncs apply first, in arrival
-    /// order, so the permits they return are granted by the rounds of the same
-    /// entry.
-    #[serde(rename_all = "camelCase")]
-    Round {
-        now_ms: u64,
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        syncs: Vec<KeySync>,
-        keys: Vec<KeyRound>,
-    },
-    /// One client's sync of one key, alone (logs from before syncs rode rounds).
-    #[serde(rename_all = "camelCase")]
-    Sync {
-        now_ms: u64,
-        key: String,
-        sync: PermitSync,
-    },
-    /// Reclaim passes (claim-deadline timers) of one or more keys.
-    #[serde(rename_all = "camelCase")]
-    Reclaim { now_ms: u64, keys: Vec<String> },
-    /// Replace a key's configuration; omitted fields take the defaults.
-    #[serde(rename_all = "camelCase")]
-    SetKeyConfig {
-        key: String,
-        update: KeyConfigUpdate,
-    },
-    /// Set one group's cap and permission.
-    #[serde(rename_all = "camelCase")]
-    SetGroup {
-        key: String,
-        group: String,
-        config: GroupConfig,
-    },
-    /// Remove one group's settings.
-    #[serde(rename_all = "camelCase")]
-    RemoveGroup { key: String, group: String },
-    /// Replace the cluster-wide defaults.
-    #[serde(rename_all = "camelCase")]
-    SetDefaults { defaults: KeyConfig },
-    /// Drop everything kept for a key.
-    #[serde(rename_all = "camelCase")]
-    RemoveKey { key: String },
-    /// Add an API token; its id is the entry's log index. Carries the secret's
-    /// hash only: the secret itself never enters the log.
-    #[serde(rename_all = "camelCase")]
-    CreateToken {
-        now_ms: u64,
-        hash: String,
-        spec: TokenSpec,
-    },
-    /// Revoke an API token.
-    #[serde(rename_all = "camelCase")]
-    RevokeToken { id: u64 },
-    /// An operator drops one client's grants, leases and remembered answers on a
-    /// key (a runner that died for good), at the leader's `now`.
-    #[serde(rename_all = "camelCase")]
-    ForceRelease {
-        now_ms: u64,
-        key: String,
-        client_id: String,
-    },
-    /// Write a backup into a new cluster (one that holds no key yet).
-    #[serde(rename_all = "camelCase")]
-    Restore { backup: Backup },
+commands! {
+    /// A Raft log entry's payload. Decoded by [`crate::command_decode`] (same
+    /// format, without serde's copy of the whole map first).
+    #[derive(Debug, Clone, PartialEq, Serialize)]
+    #[serde(tag = "op", rename_all = "camelCase")]
+    pub enum Command {
+        /// Syncs that arrived since the last entry left, then the rounds of the keys
+        /// that fell due, at the leader's `now`. Syncs apply first, in arrival
+        /// order, so the permits they return are granted by the rounds of the same
+        /// entry.
+        #[serde(rename_all = "camelCase")]
+        Round {
+            now_ms: u64,
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            syncs: Vec<KeySync>,
+            keys: Vec<KeyRound>,
+        },
+        /// One client's sync of one key, alone (logs from before syncs rode rounds).
+        #[serde(rename_all = "camelCase")]
+        Sync {
+            now_ms: u64,
+            key: String,
+            sync: PermitSync,
+        },
+        /// Reclaim passes (claim-deadline timers) of one or more keys.
+        #[serde(rename_all = "camelCase")]
+        Reclaim { now_ms: u64, keys: Vec<String> },
+        /// Replace a key's configuration; omitted fields take the defaults.
+        #[serde(rename_all = "camelCase")]
+        SetKeyConfig {
+            key: String,
+            update: KeyConfigUpdate,
+        },
+        /// Set one group's cap and permission.
+        #[serde(rename_all = "camelCase")]
+        SetGroup {
+            key: String,
+            group: String,
+            config: GroupConfig,
+        },
+        /// Remove one group's settings.
+        #[serde(rename_all = "camelCase")]
+        RemoveGroup { key: String, group: String },
+        /// Replace the cluster-wide defaults.
+        #[serde(rename_all = "camelCase")]
+        SetDefaults { defaults: KeyConfig },
+        /// Drop everything kept for a key.
+        #[serde(rename_all = "camelCase")]
+        RemoveKey { key: String },
+        /// Add an API token; its id is the entry's log index. Carries the secret's
+        /// hash only: the secret itself never enters the log.
+        #[serde(rename_all = "camelCase")]
+        CreateToken {
+            now_ms: u64,
+            hash: String,
+            spec: TokenSpec,
+        },
+        /// Revoke an API token.
+        #[serde(rename_all = "camelCase")]
+        RevokeToken { id: u64 },
+        /// An operator drops one client's grants, leases and remembered answers on a
+        /// key (a runner that died for good), at the leader's `now`.
+        #[serde(rename_all = "camelCase")]
+        ForceRelease {
+            now_ms: u64,
+            key: String,
+            client_id: String,
+        },
+        /// Write a backup into a new cluster (one that holds no key yet).
+        #[serde(rename_all = "camelCase")]
+        Restore { backup: Backup },
+    }
 }
 
 /// What applying a [`Command`] answers; the leader replies from it.

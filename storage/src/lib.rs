@@ -37,6 +37,7 @@ mod apply_fuzz;
 pub mod audit;
 pub mod codec;
 pub mod command;
+mod command_decode;
 mod error;
 mod format;
 pub mod fsync;
