@@ -24,6 +24,25 @@ const MAX_ENTRIES_PER_READ: usize = 1_024;
 /// Most entry bytes one `limited_get_log_entries` call returns (at least one entry).
 const MAX_BYTES_PER_READ: u64 = 8 * 1024 * 1024;
 
+/// Most entry bytes `try_get_log_entries` reads between two yields.
+const MAX_BYTES_PER_YIELD: u64 = 1024 * 1024;
+
+/// `range` as `start..end`.
+fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    use std::ops::Bound;
+    let start = match range.start_bound() {
+        Bound::Included(&index) => index,
+        Bound::Excluded(&index) => index.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&index) => index.saturating_add(1),
+        Bound::Excluded(&index) => index,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
 /// The Raft log store. Cloning is cheap and shares the log: openraft's log
 /// readers are clones, and read while the store appends.
 #[derive(Debug, Clone)]
@@ -43,14 +62,39 @@ impl LogStore {
     }
 }
 
+impl LogStore {
+    /// The entries in `range`, read `slice_bytes` at a time, yielding between
+    /// slices: openraft reads every entry it applies through here, possibly
+    /// thousands at once, on the Raft runtime's one worker.
+    async fn read_in_slices(
+        &self,
+        range: impl RangeBounds<u64>,
+        slice_bytes: u64,
+    ) -> Result<Vec<Entry<TypeConfig>>, RaftError> {
+        let (mut start, end) = bounds(&range);
+        let mut entries = Vec::new();
+        while start < end {
+            let slice = self
+                .wal
+                .read(start..end, usize::MAX, slice_bytes)
+                .map_err(read_logs)?;
+            let Some(last) = slice.last() else { break };
+            start = last.log_id.index + 1;
+            entries.extend(slice);
+            if start < end {
+                tokio::task::yield_now().await;
+            }
+        }
+        Ok(entries)
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, RaftError> {
-        self.wal
-            .read(range, usize::MAX, u64::MAX)
-            .map_err(read_logs)
+        self.read_in_slices(range, MAX_BYTES_PER_YIELD).await
     }
 
     async fn limited_get_log_entries(
@@ -120,5 +164,64 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), RaftError> {
         tracing::debug!(%log_id, "purging the log up to this entry");
         self.wal.purge(log_id).await.map_err(write_logs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+    use crate::wal::{Presence, WalOptions};
+
+    fn blank(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    fn indexes(entries: &[Entry<TypeConfig>]) -> Vec<u64> {
+        entries.iter().map(|entry| entry.log_id.index).collect()
+    }
+
+    #[tokio::test]
+    async fn a_read_in_slices_returns_what_one_read_does_for_every_kind_of_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = WalOptions {
+            segment_max_bytes: 256,
+            presence: Presence::CreateIfMissing,
+        };
+        let wal = Wal::open(dir.path(), options).unwrap();
+        let (sender, synced) = tokio::sync::oneshot::channel();
+        let done: crate::wal::AppendDone = Box::new(move |result| {
+            let _ = sender.send(result);
+        });
+        wal.append((1..=40).map(blank).collect::<Vec<_>>(), done)
+            .unwrap();
+        synced.await.unwrap().unwrap();
+        let store = LogStore::new(wal);
+        // One byte per slice: every entry is a slice of its own.
+        assert_eq!(
+            indexes(&store.read_in_slices(.., 1).await.unwrap()),
+            (1..=40).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            indexes(&store.read_in_slices(5..=9, 1).await.unwrap()),
+            vec![5, 6, 7, 8, 9]
+        );
+        assert_eq!(
+            indexes(&store.read_in_slices(38.., 1).await.unwrap()),
+            vec![38, 39, 40]
+        );
+        assert_eq!(
+            indexes(&store.read_in_slices(..3, 1).await.unwrap()),
+            vec![1, 2]
+        );
+        assert!(store.read_in_slices(41.., 1).await.unwrap().is_empty());
+        assert_eq!(
+            indexes(&store.read_in_slices(.., MAX_BYTES_PER_YIELD).await.unwrap()),
+            (1..=40).collect::<Vec<_>>()
+        );
     }
 }

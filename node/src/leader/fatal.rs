@@ -20,14 +20,20 @@ pub fn stopped(raft: &Raft) -> Option<String> {
 }
 
 /// Resolves when the Raft core stops, with the reason.
+///
+/// Waits on the server metrics, which change only with the vote, the role or
+/// the membership, and whose sender the core drops when it ends: openraft
+/// sends the full metrics after every turn of its loop, several times per log
+/// entry, and a waiter on those was woken (a futex and a context switch on
+/// this thread) for each of them.
 pub async fn wait(raft: &Raft) -> String {
-    let mut metrics = raft.metrics();
+    let mut server = raft.server_metrics();
     loop {
-        if let Err(fatal) = &metrics.borrow_and_update().running_state {
-            return fatal.to_string();
+        if let Some(fatal) = stopped(raft) {
+            return fatal;
         }
-        if metrics.changed().await.is_err() {
-            return "the Raft core ended without a report".into();
+        if server.changed().await.is_err() {
+            return stopped(raft).unwrap_or_else(|| "the Raft core ended without a report".into());
         }
     }
 }

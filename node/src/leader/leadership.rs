@@ -1,4 +1,4 @@
-//! Who leads, as this node sees it: a watch over openraft's metrics reduced to the
+//! Who leads, as this node sees it: a watch over openraft's server metrics reduced to the
 //! few facts the round batcher and the API act on.
 
 use openraft::ServerState;
@@ -25,7 +25,8 @@ impl Leadership {
     }
 }
 
-/// Follows `raft`'s metrics and the election guard's word on whether the
+/// Follows `raft`'s server metrics (vote, role, leader: they change with the
+/// leadership, not with every entry as the full metrics do) and the election guard's word on whether the
 /// leader went silent (then no leader is named: openraft keeps naming a leader
 /// it has not heard until this node stands for election, which the guard holds
 /// back); the receiver changes only when the leadership does.
@@ -33,7 +34,7 @@ pub fn watch_leadership(
     raft: &Raft,
     mut leader_silent: watch::Receiver<bool>,
 ) -> watch::Receiver<Leadership> {
-    let mut metrics = raft.metrics();
+    let mut metrics = raft.server_metrics();
     let (sender, receiver) = watch::channel(Leadership::default());
     tokio::spawn(async move {
         loop {
@@ -43,7 +44,7 @@ pub fn watch_leadership(
                 let is_leader = metrics.state == ServerState::Leader;
                 Leadership {
                     leader: metrics.current_leader.filter(|_| is_leader || !silent),
-                    term: metrics.current_term,
+                    term: metrics.vote.leader_id().get_term(),
                     is_leader: metrics.state == ServerState::Leader
                         && metrics.current_leader == Some(metrics.id),
                 }

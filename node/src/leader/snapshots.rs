@@ -28,39 +28,46 @@ pub fn start(raft: Raft, id: NodeId, every_ms: u64) {
     tokio::spawn(run(raft, interval));
 }
 
+/// How often the task looks whether a snapshot was built meanwhile (by the
+/// entry budget, or installed from the leader), so the time budget counts from
+/// it. It looks instead of waiting on the metrics: openraft sends those after
+/// every turn of its loop, several times per entry, and each send would wake
+/// this task.
+fn look_every(interval: Duration) -> Duration {
+    (interval / 8).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
 async fn run(raft: Raft, interval: Duration) {
-    let mut metrics = raft.metrics();
+    let metrics = raft.data_metrics();
     let mut last = Taken {
         log_id: metrics.borrow().snapshot,
         at: Instant::now(),
     };
     loop {
         let due = last.at + interval;
-        tokio::select! {
-            changed = metrics.changed() => {
-                if changed.is_err() {
+        tokio::time::sleep_until(due.min(Instant::now() + look_every(interval))).await;
+        if metrics.has_changed().is_err() {
+            return; // Raft shut down.
+        }
+        let (applied, snapshot) = {
+            let metrics = metrics.borrow();
+            (metrics.last_applied, metrics.snapshot)
+        };
+        if snapshot != last.log_id {
+            // Built by either budget, or installed from the leader.
+            last = Taken {
+                log_id: snapshot,
+                at: Instant::now(),
+            };
+        } else if Instant::now() >= due {
+            if applied.map(|log_id| log_id.index) > snapshot.map(|log_id| log_id.index) {
+                if let Err(error) = raft.trigger().snapshot().await {
+                    tracing::warn!(%error, "cannot ask for a snapshot");
                     return;
                 }
-                let snapshot = metrics.borrow_and_update().snapshot;
-                if snapshot != last.log_id {
-                    // Built by either budget, or installed from the leader.
-                    last = Taken { log_id: snapshot, at: Instant::now() };
-                }
             }
-            () = tokio::time::sleep_until(due) => {
-                let (applied, snapshot) = {
-                    let metrics = metrics.borrow();
-                    (metrics.last_applied, metrics.snapshot)
-                };
-                if applied.map(|log_id| log_id.index) > snapshot.map(|log_id| log_id.index) {
-                    if let Err(error) = raft.trigger().snapshot().await {
-                        tracing::warn!(%error, "cannot ask for a snapshot");
-                        return;
-                    }
-                }
-                // Counted from the request: a build in progress is not asked for again.
-                last.at = Instant::now();
-            }
+            // Counted from the request: a build in progress is not asked for again.
+            last.at = Instant::now();
         }
     }
 }

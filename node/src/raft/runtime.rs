@@ -10,8 +10,16 @@
 //! own, Raft work waits only for the OS scheduler, which shares the cores
 //! between runnable threads within milliseconds.
 //!
-//! Two workers: one can send heartbeats and answer appends while the other
-//! applies a large entry or encodes a snapshot.
+//! One worker. Every log entry passes through openraft's core, both
+//! replication tasks, the state machine and the peers' HTTP, task to task;
+//! with two workers those hand-offs went from thread to thread, each a futex
+//! wake and a context switch, ~60 of them per entry on every node. One worker
+//! cut the CPU of a contended permit cycle by ~30 % (docs/operations.md,
+//! "The Raft runtime's one worker"). What could hold that worker for long is
+//! kept short or sent apart: snapshots are encoded and installed on blocking
+//! threads, appends of more than two entries are encoded there, large appends
+//! are decoded there, and reads and applies of many entries yield to the
+//! runtime every slice, so heartbeats and append answers go out between two.
 //!
 //! A runtime of its own is not enough when the cores are saturated: three
 //! nodes and their clients on two cores left Raft's threads waiting in the
@@ -29,7 +37,7 @@ use std::io;
 use tokio::runtime::{Builder, Handle, Runtime};
 
 /// Worker threads of the Raft runtime.
-pub const RAFT_WORKER_THREADS: usize = 2;
+pub const RAFT_WORKER_THREADS: usize = 1;
 
 /// How much nicer than the process the API runtime's threads run by default
 /// (CFS gives a nice-0 thread about 3× the CPU of a nice-5 one when both are
