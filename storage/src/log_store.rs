@@ -60,9 +60,7 @@ impl LogStore {
     pub fn wal_sync_counts(&self) -> (u64, u64) {
         self.wal.sync_counts()
     }
-}
 
-impl LogStore {
     /// The entries in `range`, read `slice_bytes` at a time, yielding between
     /// slices: openraft reads every entry it applies through here, possibly
     /// thousands at once, on the Raft runtime's one worker.
