@@ -1,5 +1,5 @@
-//! Held requests (docs/protocol.md "Held requests"): a pure demand request with
-//! `waitMs` that a round leaves empty-handed is not answered with nothing but
+//! Held requests (docs/protocol.md "Held requests"): a demand request with
+//! `waitMs` (and no claim or lease report) that a round leaves empty-handed is not answered with nothing but
 //! held until its key is woken — a permit returned, a raised limit — or until
 //! its wait is over; without `waitMs` the first round answers it as before.
 
@@ -63,18 +63,19 @@ fn send_later(
 }
 
 /// Waits (at most [`WOKEN_WITHIN`]) for a held request's answer, which must
-/// grant it one permit because `woken_by` happened; returns when it came.
+/// grant it one permit because `woken_by` happened; returns the answer and
+/// when it came.
 async fn answered_with_a_permit(
     held: tokio::task::JoinHandle<(u16, Value, Instant)>,
     woken_by: &str,
-) -> Instant {
+) -> (Value, Instant) {
     let (status, answer, answered) = tokio::time::timeout(WOKEN_WITHIN, held)
         .await
         .unwrap_or_else(|_| panic!("not answered once {woken_by}"))
         .expect("task");
     assert_eq!(status, 200, "{answer:?}");
     assert_eq!(answer["grants"][0]["permits"], 1, "{answer:?}");
-    answered
+    (answer, answered)
 }
 
 /// After rounds that could have answered `held` have been answered: the leader
@@ -114,8 +115,44 @@ async fn a_held_request_is_answered_with_the_permit_once_it_is_released() {
         "grants": [{"grantId": grant_id, "claimed": 1, "released": 1}]});
     let synced = cluster.post(leader, KEY, &sync).await;
     assert_eq!(synced.status, 200, "{:?}", synced.body);
-    let answered = answered_with_a_permit(held, "the permit came back").await;
+    let (_, answered) = answered_with_a_permit(held, "the permit came back").await;
     assert!(answered >= released);
+}
+
+/// A request whose grant reports give back everything they claimed awaits
+/// nothing but its round, so it is held like pure demand: its release frees
+/// the permit with the next entry (the older held request gets it), and its
+/// own answer comes with the next permit, carrying the release's results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_gives_back_all_it_claimed_is_held_and_answered_with_its_results() {
+    let (cluster, leader, a_grant) = key_taken_by_a(1).await;
+    let b = send_later(&cluster, leader, request("b", Some(HELD_WAIT_MS)));
+    wait_for_pending(&cluster, leader, 1).await;
+    // A round that includes b, or runs after b's own, has been answered: b is
+    // held, so it joins a's round ahead of a (not in a round of its own that
+    // a's could overtake while it is in flight).
+    let other = cluster.post(leader, KEY, &request("c", None)).await;
+    assert_eq!(other.body["grants"], json!([]), "{:?}", other.body);
+    still_held(&cluster, leader, &b).await;
+
+    let mut release_and_ask = request("a", Some(HELD_WAIT_MS));
+    release_and_ask["demand"][0]["oldestAt"] = json!(2);
+    release_and_ask["grants"] = json!([{"grantId": a_grant, "claimed": 1, "released": 1}]);
+    let a = send_later(&cluster, leader, release_and_ask);
+    let (answer, _) = answered_with_a_permit(b, "a gave its permit back").await;
+    let b_grant = answer["grants"][0]["grantId"].as_str().unwrap().to_owned();
+    still_held(&cluster, leader, &a).await;
+
+    let sync = json!({"type": "sync", "v": 1, "clientId": "b",
+        "grants": [{"grantId": b_grant, "claimed": 1, "released": 1}]});
+    let synced = cluster.post(leader, KEY, &sync).await;
+    assert_eq!(synced.status, 200, "{:?}", synced.body);
+    let (answer, _) = answered_with_a_permit(a, "b gave the permit back").await;
+    assert_eq!(
+        answer["grantResults"],
+        json!([{"grantId": a_grant, "claimed": 1, "status": "ok"}]),
+        "{answer:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

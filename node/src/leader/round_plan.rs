@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use permitd_core::limits::MAX_REQUEST_WAIT_MS;
 use permitd_core::protocol::{
-    BlockedReason, PermitGrant, PermitRequest, PermitSync, PermitSyncResult, V1,
+    BlockedReason, GrantReport, PermitGrant, PermitRequest, PermitSync, PermitSyncResult, V1,
 };
 use permitd_core::Event;
 use permitd_storage::{Command, KeyRound, KeySync};
@@ -68,7 +68,7 @@ pub(crate) struct EarlyReports {
 /// request without grant reports is parked whole. Lease reports stay: they
 /// are heartbeats, and the round's lease pass reads them. `waiting` is made
 /// first, so that whether it may be held still looks at the request as
-/// received ([`holdable`]): a client waiting to hear about its reports is
+/// received ([`holdable`]): a client waiting to hear about its claims is
 /// answered by the first round.
 pub(crate) fn split_early_reports(
     mut waiting: WaitingRequest,
@@ -302,13 +302,26 @@ pub(crate) fn granted(answers: &[(RoundReply, PermitGrant)]) -> u64 {
         .sum()
 }
 
-/// How long a request may be held, if at all: a pure demand request (no
-/// reports, whose answers the client may be waiting for) with a `waitMs`.
+/// How long a request may be held, if at all: a demand request with a
+/// `waitMs` whose client awaits nothing from the answer but the round's: no
+/// lease reports, and grant reports only that give back everything they
+/// claim ([`gives_back_all_it_claims`]).
 pub(crate) fn holdable(request: &PermitRequest) -> Option<Duration> {
     let wait_ms = request.wait_ms.unwrap_or(0).min(MAX_REQUEST_WAIT_MS);
-    let reports =
-        !request.grants.is_empty() || request.leases.as_ref().is_some_and(|l| !l.is_empty());
-    (wait_ms > 0 && !reports && !request.demand.is_empty()).then(|| Duration::from_millis(wait_ms))
+    let lease_reports = request.leases.as_ref().is_some_and(|l| !l.is_empty());
+    let awaited_reports = lease_reports || !request.grants.iter().all(gives_back_all_it_claims);
+    (wait_ms > 0 && !awaited_reports && !request.demand.is_empty())
+        .then(|| Duration::from_millis(wait_ms))
+}
+
+/// A grant report after which the client holds nothing of the grant: every
+/// permit it claimed is released. Its result cannot change what the client
+/// runs (nothing runs under the grant any more), so the request carrying it
+/// may wait for a later round; its release takes effect with the next entry
+/// all the same ("Early reports"). A claim, by contrast, is answered by the
+/// first round: the client admits work only once its claim is confirmed.
+fn gives_back_all_it_claims(report: &GrantReport) -> bool {
+    report.claimed > 0 && report.released >= report.claimed
 }
 
 /// A round's answer that tells the client nothing new: no grant, no lease,
@@ -346,7 +359,7 @@ pub(crate) fn returns_permits(sync: &PermitSync) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use permitd_core::protocol::{Blocked, Demand, GrantReport, LeaseReport, V1};
+    use permitd_core::protocol::{Blocked, Demand, LeaseReport, V1};
     use serde_json::json;
     use tokio::sync::oneshot::{self, error::TryRecvError};
 
@@ -445,7 +458,7 @@ mod tests {
     }
 
     #[test]
-    fn a_request_may_be_held_only_if_it_is_pure_demand_with_a_wait() {
+    fn a_request_may_be_held_only_if_its_client_awaits_nothing_but_the_round() {
         assert_eq!(holdable(&demand("c", 1, Some(500))), Some(ms(500)));
         assert_eq!(holdable(&demand("c", 1, None)), None, "no waitMs");
         assert_eq!(holdable(&demand("c", 1, Some(0))), None, "waitMs 0");
@@ -455,7 +468,25 @@ mod tests {
             claimed: 1,
             released: 0,
         });
-        assert_eq!(holdable(&reports), None, "grant reports wait for nobody");
+        assert_eq!(holdable(&reports), None, "a claim is answered at once");
+        reports.grants[0].released = 1;
+        assert_eq!(
+            holdable(&reports),
+            Some(ms(500)),
+            "a release of all it claimed awaits nothing"
+        );
+        reports.grants.push(GrantReport {
+            grant_id: "g2".into(),
+            claimed: 3,
+            released: 1,
+        });
+        assert_eq!(holdable(&reports), None, "g2 still runs two permits");
+        reports.grants[1] = GrantReport {
+            grant_id: "g2".into(),
+            claimed: 0,
+            released: 0,
+        };
+        assert_eq!(holdable(&reports), None, "an empty report asks something");
         let mut leases = demand("c", 1, Some(500));
         leases.leases = Some(vec![LeaseReport {
             lease_id: "l1".into(),
