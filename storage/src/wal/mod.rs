@@ -50,6 +50,11 @@
 //! - **A torn tail is cut at open** ([`recovery`]): the first record that is
 //!   short or fails its CRC ends the log; it and everything after it were never
 //!   acknowledged (by the invariant above), so cutting loses nothing promised.
+//!   The zero-filled space ahead of the active segment's records (below) reads
+//!   as such a record and is cut the same way.
+//! - **Only the active segment has space ahead of its records**: a segment is
+//!   cut to its records' length when the writer rolls past it, and that cut is
+//!   synced by the round that makes the next segment's first records durable.
 //! - **The active segment restates the whole Raft state**: its head plus its
 //!   own records give the vote, committed and purge point, so any older
 //!   segment none of whose live entries remain can be deleted.
@@ -63,6 +68,19 @@
 //!   segment is deleted (and a reader's open handle outlives even that).
 //! - **The first failed write or fsync is final**: the log refuses every later
 //!   write, and openraft stops the node.
+//!
+//! # Zero-filled space ahead
+//!
+//! An `fdatasync` after a write that grows the file must also write the inode
+//! (the new size), a second device write and wait per sync. So the writer keeps
+//! the active segment zero-filled [`ZERO_AHEAD_BYTES`] past its records: a
+//! record lands inside the file, and the sync covering it writes data only. The
+//! zeros go to the page cache with the record that needed them, and become
+//! durable, with the new size, in that record's sync: one larger sync per MiB.
+//! On this project's test VM (ext4), a 600-byte append and `fdatasync` took
+//! 119 µs (p50) and 54 µs of CPU growing the file, 81 µs and 35 µs inside
+//! zero-filled space. A zero header is never a record (kind 0 does not exist and
+//! fails the CRC), so recovery ends the log there.
 //!
 //! # Why group commit is safe
 //!
@@ -104,6 +122,10 @@ pub const SEGMENT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The name of the log's dir inside the data dir.
 pub const WAL_DIR: &str = "wal";
+
+/// How far past its records the active segment is kept zero-filled (see the
+/// module's "Zero-filled space ahead"); never past the segment limit.
+const ZERO_AHEAD_BYTES: u64 = 1024 * 1024;
 
 /// Whether opening may create the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +180,8 @@ struct Active {
     segment: Arc<Segment>,
     /// Bytes written to it so far: the offset of the next record.
     len: u64,
+    /// The file's length: records, then zeros up to here.
+    zeroed: u64,
     /// Bytes of its head records: a segment holding only its head never rolls.
     head_len: u64,
 }
@@ -442,6 +466,7 @@ impl Wal {
         self.inner.sync.check()?;
         let written = self.roll_if_full(state, bytes.len() as u64).and_then(|()| {
             let offset = state.active.len;
+            self.zero_ahead(&mut state.active, offset + bytes.len() as u64)?;
             state.active.segment.write_at(bytes, offset)?;
             Ok((state.active.segment.sequence, offset))
         });
@@ -457,11 +482,30 @@ impl Wal {
         }
     }
 
+    /// Makes sure the file is zero-filled up to `end` (the end of the record
+    /// about to be written), extending it by up to [`ZERO_AHEAD_BYTES`] more.
+    fn zero_ahead(&self, active: &mut Active, end: u64) -> Result<(), StorageError> {
+        if end <= active.zeroed {
+            return Ok(());
+        }
+        let target = (end + ZERO_AHEAD_BYTES).min(self.inner.segment_max_bytes.max(end));
+        let zeros = vec![0u8; (target - active.zeroed) as usize];
+        active.segment.write_at(&zeros, active.zeroed)?;
+        active.zeroed = target;
+        Ok(())
+    }
+
     fn roll_if_full(&self, state: &mut State, incoming: u64) -> Result<(), StorageError> {
         let active = &state.active;
         if active.len == active.head_len || active.len + incoming <= self.inner.segment_max_bytes {
             return Ok(());
         }
+        // The segment left behind ends at its records: recovery reads zeros as
+        // the end of the log, and later segments must not look cut off. The
+        // sync thread syncs the cut with the next round, before anything
+        // written to the next segment is acknowledged.
+        active.segment.cut_unsynced(active.len)?;
+        self.inner.sync.written(&active.segment, None);
         let sequence = active.segment.sequence + 1;
         let next = start_segment_unsynced(&self.inner.dir, sequence, &state.raft)?;
         // Its creation is durable before anything is written to it, so that a
@@ -624,6 +668,7 @@ fn start_segment_unsynced(
     Ok(Active {
         segment: Arc::new(segment),
         len: head.len() as u64,
+        zeroed: head.len() as u64,
         head_len: head.len() as u64,
     })
 }

@@ -70,6 +70,10 @@ pub(crate) enum Record {
 /// Why bytes are not a valid record.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RecordError {
+    /// A zero header: the space the writer zero-fills ahead of its records
+    /// (or a write that never reached the disk there).
+    #[error("zero-filled space where the next record would start")]
+    Unwritten,
     #[error("the record is cut short: {needed} bytes needed, {available} there")]
     Short { needed: usize, available: usize },
     #[error("payload length {len} is over the limit of {MAX_RECORD_PAYLOAD_BYTES} bytes")]

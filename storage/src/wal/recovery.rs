@@ -122,6 +122,9 @@ fn scan(dir: &Path, segment: &Segment) -> Result<Scan, StorageError> {
             };
             return Ok(Scan::damaged(records, offset, damage));
         }
+        if header == [0u8; HEADER_BYTES] {
+            return Ok(Scan::damaged(records, offset, RecordError::Unwritten));
+        }
         let header = match Header::parse(&header) {
             Ok(header) => header,
             Err(damage) => return Ok(Scan::damaged(records, offset, damage)),
@@ -208,14 +211,24 @@ fn cut(
         .metadata()
         .map_err(io_error("stat", &segment.path))?
         .len();
-    tracing::warn!(
-        segment = %segment.path.display(),
-        valid_bytes = valid_len,
-        cut_bytes = file_len - valid_len.min(file_len),
-        later_segments_deleted = later.len(),
-        %damage,
-        "write-ahead log ends in a torn or damaged record: cutting it off (it was never acknowledged)"
-    );
+    let cut_bytes = file_len - valid_len.min(file_len);
+    if matches!(damage, RecordError::Unwritten) && later.is_empty() {
+        tracing::info!(
+            segment = %segment.path.display(),
+            valid_bytes = valid_len,
+            cut_bytes,
+            "write-ahead log ends in zero-filled space: cutting it off"
+        );
+    } else {
+        tracing::warn!(
+            segment = %segment.path.display(),
+            valid_bytes = valid_len,
+            cut_bytes,
+            later_segments_deleted = later.len(),
+            %damage,
+            "write-ahead log ends in a torn or damaged record: cutting it off (it was never acknowledged)"
+        );
+    }
     for (_, path) in later.iter().rev() {
         std::fs::remove_file(path).map_err(io_error("delete", path))?;
     }

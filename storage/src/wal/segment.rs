@@ -131,6 +131,14 @@ impl Segment {
         self.file.sync_data()
     }
 
+    /// Cuts the file at `len` bytes, in the page cache: the next `fdatasync`
+    /// of the segment makes the new size durable.
+    pub(crate) fn cut_unsynced(&self, len: u64) -> Result<(), StorageError> {
+        self.file
+            .set_len(len)
+            .map_err(io_error("truncate", &self.path))
+    }
+
     /// Cuts the file at `len` bytes and makes the cut durable.
     pub(crate) fn truncate(&self, len: u64) -> Result<(), StorageError> {
         self.file

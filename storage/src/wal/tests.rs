@@ -459,8 +459,19 @@ async fn an_entry_that_skips_an_index_is_reported_as_corrupt() {
     let dir = tempfile::tempdir().unwrap();
     let wal = open(dir.path(), SEGMENT_MAX_BYTES);
     append_synced(&wal, blanks(1, 1..=3)).await;
+    let (active, records_end) = {
+        let state = wal.lock();
+        (state.active.segment.path.clone(), state.active.len)
+    };
     let next = wal.lock().active.segment.sequence + 1;
     drop(wal);
+    // Rolled past as the writer does: cut to its records.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&active)
+        .unwrap();
+    file.set_len(records_end).unwrap();
+    drop(file);
     // A segment as a buggy writer would leave it: entry 5 after entry 3.
     let mut bytes = head_records(&RaftState::default()).unwrap();
     record::push_entry(&mut bytes, &blank(1, 5)).unwrap();
@@ -469,4 +480,33 @@ async fn an_entry_that_skips_an_index_is_reported_as_corrupt() {
     let error = Wal::open(dir.path(), WalOptions::new(Presence::MustExist)).expect_err("a hole");
     assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
     assert!(error.to_string().contains("entry 5"), "{error}");
+}
+
+#[tokio::test]
+async fn the_active_segment_is_zero_filled_ahead_and_a_reopen_cuts_the_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = open(dir.path(), SEGMENT_MAX_BYTES);
+    append_synced(&wal, blanks(1, 1..=3)).await;
+    let (path, records_end) = {
+        let state = wal.lock();
+        (state.active.segment.path.clone(), state.active.len)
+    };
+    let file_len = std::fs::metadata(&path).unwrap().len();
+    assert_eq!(
+        file_len,
+        records_end + super::ZERO_AHEAD_BYTES,
+        "the records land inside the file"
+    );
+    append_synced(&wal, blanks(1, 4..=6)).await;
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        file_len,
+        "no growth while the zeros last"
+    );
+    let records_end = wal.lock().active.len;
+    drop(wal);
+
+    let wal = open(dir.path(), SEGMENT_MAX_BYTES);
+    assert_eq!(log_ids(&wal), expected(1, 1..=6));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), records_end);
 }
