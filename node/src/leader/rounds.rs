@@ -16,8 +16,8 @@
 //! entry) live in the pure [`Schedule`] and are unit-tested there.
 //!
 //! One driver task takes entries from the schedule and proposes them; it sleeps
-//! on a [`PreciseTimer`] (tokio's 1 ms timer wheel made a 1 ms round wait take
-//! up to 2 ms) and is woken by every arrival and every answered entry.
+//! on a [`PreciseTimer`] (a timerfd: tokio's 1 ms timer wheel made a 1 ms round
+//! wait take up to 2 ms) and is woken by every arrival and every answered entry.
 //!
 //! Only the leader parks messages. When it loses leadership every parked and
 //! in-flight message fails at once with `LeaderChanged`; clients ask again.
@@ -119,9 +119,9 @@ struct Inner {
     leadership: watch::Receiver<Leadership>,
     /// A std mutex: held only to move messages in and out, never across an await.
     schedule: Mutex<LeaderSchedule>,
-    /// Wakes the driver: an arrival, an answered entry, or the timer.
+    /// Wakes the driver: an arrival or an answered entry (the driver's own
+    /// [`PreciseTimer`] wakes it at the schedule's deadlines).
     wake: Arc<Notify>,
-    timer: PreciseTimer,
     commit_timeout: Duration,
 }
 
@@ -141,7 +141,6 @@ impl Rounds {
                 state,
                 leadership,
                 schedule: Mutex::new(Schedule::new(settings)),
-                timer: PreciseTimer::start(wake.clone()),
                 wake,
                 commit_timeout: settings.commit_timeout,
             }),
@@ -311,7 +310,13 @@ impl Rounds {
     /// parked once the leader is stalled, then sleeps until the schedule's next
     /// wake-up or until something changes.
     async fn drive(self) {
-        let mut timer_set_for: Option<Instant> = None;
+        let mut timer = match PreciseTimer::new() {
+            Ok(timer) => Some(timer),
+            Err(error) => {
+                tracing::error!(%error, "no timerfd: round deadlines fall back to tokio's 1 ms timer");
+                None
+            }
+        };
         loop {
             let now = Instant::now();
             let (entry, next_wake) = {
@@ -329,13 +334,32 @@ impl Rounds {
                 self.submit(entry).await;
                 continue;
             }
-            if let Some(due) = next_wake.filter(|due| timer_set_for != Some(*due)) {
-                self.inner.timer.wake_at(due);
-                timer_set_for = Some(due);
+            self.sleep(timer.as_mut(), next_wake).await;
+        }
+    }
+
+    /// Sleeps until `next_wake` or until something arrives or is answered.
+    /// Without a working timerfd, tokio's timer (1 ms slots) stands in.
+    async fn sleep(&self, timer: Option<&mut PreciseTimer>, next_wake: Option<Instant>) {
+        let woken = self.inner.wake.notified();
+        let Some(due) = next_wake else {
+            return woken.await;
+        };
+        let timer = timer.and_then(|timer| arm(timer, due));
+        let Some(timer) = timer else {
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep_until(due.into()) => {}
             }
-            self.inner.wake.notified().await;
-            if timer_set_for.is_some_and(|due| due <= Instant::now()) {
-                timer_set_for = None;
+            return;
+        };
+        tokio::select! {
+            () = woken => {}
+            fired = timer.fired() => {
+                if let Err(error) = fired {
+                    tracing::error!(%error, "the round timer failed");
+                    tokio::time::sleep_until(due.into()).await;
+                }
             }
         }
     }
@@ -566,4 +590,15 @@ fn fail_replies(key: &str, replies: Vec<RoundReply>, error: RoundError) {
     for reply in replies {
         reply.send(Err(error.clone()));
     }
+}
+
+/// `timer`, set for `due` unless it already is; `None` if it cannot be set.
+fn arm(timer: &mut PreciseTimer, due: Instant) -> Option<&mut PreciseTimer> {
+    if timer.armed() != Some(due) {
+        if let Err(error) = timer.set(due) {
+            tracing::error!(%error, "the round timer could not be set");
+            return None;
+        }
+    }
+    Some(timer)
 }
