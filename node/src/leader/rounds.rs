@@ -310,13 +310,7 @@ impl Rounds {
     /// parked once the leader is stalled, then sleeps until the schedule's next
     /// wake-up or until something changes.
     async fn drive(self) {
-        let mut timer = match PreciseTimer::new() {
-            Ok(timer) => Some(timer),
-            Err(error) => {
-                tracing::error!(%error, "no timerfd: round deadlines fall back to tokio's 1 ms timer");
-                None
-            }
-        };
+        let mut timer = PreciseTimer::register();
         loop {
             let now = Instant::now();
             let (entry, next_wake) = {
@@ -334,33 +328,19 @@ impl Rounds {
                 self.submit(entry).await;
                 continue;
             }
-            self.sleep(timer.as_mut(), next_wake).await;
+            self.sleep(&mut timer, next_wake).await;
         }
     }
 
     /// Sleeps until `next_wake` or until something arrives or is answered.
-    /// Without a working timerfd, tokio's timer (1 ms slots) stands in.
-    async fn sleep(&self, timer: Option<&mut PreciseTimer>, next_wake: Option<Instant>) {
+    async fn sleep(&self, timer: &mut PreciseTimer, next_wake: Option<Instant>) {
         let woken = self.inner.wake.notified();
-        let Some(due) = next_wake else {
-            return woken.await;
-        };
-        let timer = timer.and_then(|timer| arm(timer, due));
-        let Some(timer) = timer else {
-            tokio::select! {
+        match next_wake {
+            None => woken.await,
+            Some(due) => tokio::select! {
                 () = woken => {}
-                () = tokio::time::sleep_until(due.into()) => {}
-            }
-            return;
-        };
-        tokio::select! {
-            () = woken => {}
-            fired = timer.fired() => {
-                if let Err(error) = fired {
-                    tracing::error!(%error, "the round timer failed");
-                    tokio::time::sleep_until(due.into()).await;
-                }
-            }
+                () = timer.wait_until(due) => {}
+            },
         }
     }
 
@@ -590,15 +570,4 @@ fn fail_replies(key: &str, replies: Vec<RoundReply>, error: RoundError) {
     for reply in replies {
         reply.send(Err(error.clone()));
     }
-}
-
-/// `timer`, set for `due` unless it already is; `None` if it cannot be set.
-fn arm(timer: &mut PreciseTimer, due: Instant) -> Option<&mut PreciseTimer> {
-    if timer.armed() != Some(due) {
-        if let Err(error) = timer.set(due) {
-            tracing::error!(%error, "the round timer could not be set");
-            return None;
-        }
-    }
-    Some(timer)
 }

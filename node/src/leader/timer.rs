@@ -18,54 +18,63 @@ use rustix::time::{
 };
 use tokio::io::unix::AsyncFd;
 
-/// One deadline at a time: setting another replaces it.
+/// One deadline at a time: waiting for another replaces it.
 #[derive(Debug)]
 pub struct PreciseTimer {
-    fd: AsyncFd<OwnedFd>,
-    /// The deadline set and not yet seen to fire.
+    /// `None` where no timerfd could be made or used: tokio's timer (1 ms
+    /// slots) stands in.
+    fd: Option<AsyncFd<OwnedFd>>,
+    /// The deadline the timerfd is set for and not yet seen to fire.
     armed: Option<Instant>,
 }
 
 impl PreciseTimer {
-    /// A disarmed timer on the monotonic clock (the one `Instant` reads),
-    /// registered with the current runtime.
-    pub fn new() -> io::Result<Self> {
-        let flags = TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC;
-        let fd = timerfd_create(TimerfdClockId::Monotonic, flags)?;
-        // tokio deprecates its safe constructor because a registered `T` could
-        // close or swap its fd behind the reactor's back; an `OwnedFd` kept
-        // private here never is (nothing takes it out or replaces it), and the
-        // workspace forbids the `unsafe` of `AsyncFd::register`.
-        #[allow(deprecated)]
-        let fd = AsyncFd::new(fd)?;
-        Ok(Self { fd, armed: None })
+    /// A timer on the monotonic clock (the one `Instant` reads), registered
+    /// with the current runtime.
+    pub fn register() -> Self {
+        let fd = timerfd().inspect_err(|error| {
+            tracing::error!(%error, "no timerfd: round deadlines fall back to tokio's 1 ms timer");
+        });
+        Self {
+            fd: fd.ok(),
+            armed: None,
+        }
     }
 
-    /// The deadline set and not yet seen to fire.
-    pub fn armed(&self) -> Option<Instant> {
-        self.armed
+    /// Returns once `deadline` has passed, never before. Cancel-safe: a
+    /// dropped wait leaves the timerfd set, and waiting again for the same
+    /// deadline does not set it again.
+    pub async fn wait_until(&mut self, deadline: Instant) {
+        if self.fd.is_some() {
+            match self.wait_on_timerfd(deadline).await {
+                Ok(()) => return,
+                Err(error) => {
+                    tracing::error!(%error, "the round timer failed: tokio's 1 ms timer stands in");
+                    self.fd = None;
+                }
+            }
+        }
+        tokio::time::sleep_until(deadline.into()).await;
     }
 
-    /// Fires at `deadline`, at once if it has passed, in place of any deadline
-    /// set before.
-    pub fn set(&mut self, deadline: Instant) -> io::Result<()> {
-        // A zero value disarms a timerfd: a passed deadline fires in 1 ns.
-        let after = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_nanos(1));
-        let spec = Itimerspec {
-            it_interval: timespec(Duration::ZERO),
-            it_value: timespec(after),
+    async fn wait_on_timerfd(&mut self, deadline: Instant) -> io::Result<()> {
+        let Some(fd) = &self.fd else {
+            return Ok(());
         };
-        timerfd_settime(self.fd.get_ref(), TimerfdTimerFlags::empty(), &spec)?;
-        self.armed = Some(deadline);
-        Ok(())
-    }
-
-    /// Waits until the deadline set passes; never returns while disarmed.
-    pub async fn fired(&mut self) -> io::Result<()> {
+        if self.armed != Some(deadline) {
+            // A zero value disarms a timerfd: a passed deadline fires in 1 ns.
+            let after = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_nanos(1));
+            let spec = Itimerspec {
+                it_interval: timespec(Duration::ZERO),
+                it_value: timespec(after),
+            };
+            timerfd_settime(fd.get_ref(), TimerfdTimerFlags::empty(), &spec)?;
+            self.armed = Some(deadline);
+        }
         loop {
-            let mut ready = self.fd.readable().await?;
+            let mut ready = fd.readable().await?;
             let mut expirations = [0u8; 8];
             match ready.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut expirations)?)) {
                 Ok(read) => {
@@ -78,6 +87,18 @@ impl PreciseTimer {
             }
         }
     }
+}
+
+/// A non-blocking timerfd registered with the current runtime.
+fn timerfd() -> io::Result<AsyncFd<OwnedFd>> {
+    let flags = TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC;
+    let fd = timerfd_create(TimerfdClockId::Monotonic, flags)?;
+    // tokio deprecates its safe constructor because a registered `T` could
+    // close or swap its fd behind the reactor's back; an `OwnedFd` kept
+    // private here never is (nothing takes it out or replaces it), and the
+    // workspace forbids the `unsafe` of `AsyncFd::register`.
+    #[allow(deprecated)]
+    AsyncFd::new(fd)
 }
 
 fn timespec(duration: Duration) -> Timespec {
@@ -93,15 +114,15 @@ mod tests {
 
     #[tokio::test]
     async fn fires_at_each_deadline_never_early() {
-        let mut timer = PreciseTimer::new().unwrap();
+        let mut timer = PreciseTimer::register();
+        assert!(timer.fd.is_some(), "a timerfd, not the fallback");
         let mut late = Vec::new();
         for _ in 0..20 {
             let deadline = Instant::now() + Duration::from_millis(1);
-            timer.set(deadline).unwrap();
-            timer.fired().await.unwrap();
+            timer.wait_until(deadline).await;
             let now = Instant::now();
             assert!(now >= deadline, "never early");
-            assert_eq!(timer.armed(), None);
+            assert_eq!(timer.armed, None);
             late.push(now - deadline);
         }
         late.sort();
@@ -111,24 +132,23 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_deadline_replaces_the_one_set_before() {
-        let mut timer = PreciseTimer::new().unwrap();
-        timer
-            .set(Instant::now() + Duration::from_secs(3600))
-            .unwrap();
+        let mut timer = PreciseTimer::register();
+        let far = Instant::now() + Duration::from_secs(3600);
+        let abandoned = tokio::time::timeout(Duration::from_millis(5), timer.wait_until(far)).await;
+        assert!(abandoned.is_err(), "not due for an hour");
+        assert_eq!(timer.armed, Some(far), "a dropped wait leaves it set");
         let sooner = Instant::now() + Duration::from_millis(2);
-        timer.set(sooner).unwrap();
-        let fired = tokio::time::timeout(Duration::from_secs(5), timer.fired()).await;
+        let fired = tokio::time::timeout(Duration::from_secs(5), timer.wait_until(sooner)).await;
         assert!(fired.is_ok(), "the later setting counts");
         assert!(Instant::now() >= sooner, "not before it is due");
     }
 
     #[tokio::test]
     async fn a_passed_deadline_fires_at_once() {
-        let mut timer = PreciseTimer::new().unwrap();
-        timer
-            .set(Instant::now() - Duration::from_millis(5))
-            .unwrap();
-        let fired = tokio::time::timeout(Duration::from_secs(5), timer.fired()).await;
+        let mut timer = PreciseTimer::register();
+        let passed = Instant::now() - Duration::from_millis(5);
+        let fired = tokio::time::timeout(Duration::from_secs(5), timer.wait_until(passed)).await;
         assert!(fired.is_ok(), "a zero value would have disarmed it");
+        assert!(timer.fd.is_some(), "no fallback was needed");
     }
 }

@@ -66,6 +66,12 @@ fn segment_paths(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The active segment's file and where its records end (zeros may follow).
+fn active_records(wal: &Wal) -> (PathBuf, u64) {
+    let state = wal.lock();
+    (state.active.segment.path.clone(), state.active.len)
+}
+
 /// The location of entry `index`, as the open log's index has it.
 fn location(wal: &Wal, index: u64) -> Location {
     wal.lock().index[&index]
@@ -459,10 +465,7 @@ async fn an_entry_that_skips_an_index_is_reported_as_corrupt() {
     let dir = tempfile::tempdir().unwrap();
     let wal = open(dir.path(), SEGMENT_MAX_BYTES);
     append_synced(&wal, blanks(1, 1..=3)).await;
-    let (active, records_end) = {
-        let state = wal.lock();
-        (state.active.segment.path.clone(), state.active.len)
-    };
+    let (active, records_end) = active_records(&wal);
     let next = wal.lock().active.segment.sequence + 1;
     drop(wal);
     // Rolled past as the writer does: cut to its records.
@@ -487,10 +490,7 @@ async fn the_active_segment_is_zero_filled_ahead_and_a_reopen_cuts_the_zeros() {
     let dir = tempfile::tempdir().unwrap();
     let wal = open(dir.path(), SEGMENT_MAX_BYTES);
     append_synced(&wal, blanks(1, 1..=3)).await;
-    let (path, records_end) = {
-        let state = wal.lock();
-        (state.active.segment.path.clone(), state.active.len)
-    };
+    let (path, records_end) = active_records(&wal);
     let file_len = std::fs::metadata(&path).unwrap().len();
     assert_eq!(
         file_len,
@@ -503,7 +503,7 @@ async fn the_active_segment_is_zero_filled_ahead_and_a_reopen_cuts_the_zeros() {
         file_len,
         "no growth while the zeros last"
     );
-    let records_end = wal.lock().active.len;
+    let (_, records_end) = active_records(&wal);
     drop(wal);
 
     let wal = open(dir.path(), SEGMENT_MAX_BYTES);
