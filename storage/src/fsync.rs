@@ -16,6 +16,26 @@ pub fn fsync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
 }
 
+/// The directory that names `path`. A relative path of one component (`data`)
+/// has the empty path as its parent, which names no directory to open: the
+/// directory that names it is the working directory, `.`. Skipping it instead
+/// left a first start with `--data-dir data` not durable (a power cut in the
+/// seconds after it could take the whole data dir, and with it a node's vote).
+pub fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if parent.as_os_str().is_empty() => Path::new("."),
+        Some(parent) => parent,
+        // The root names itself.
+        None => path,
+    }
+}
+
+/// Fsyncs the directory that names `path` ([`parent_dir`]): a file or
+/// directory created, renamed or removed at `path` is on disk when this returns.
+pub fn fsync_parent(path: &Path) -> io::Result<()> {
+    fsync_dir(parent_dir(path))
+}
+
 /// `create_dir_all`, durably: every directory it creates is fsynced into its
 /// parent, from the top down, so the whole path survives a power loss. The
 /// deepest directory itself is fsynced too (it may pre-exist with entries
@@ -24,9 +44,7 @@ pub fn durable_create_dir_all(path: &Path) -> io::Result<()> {
     let created = missing_ancestors(path);
     std::fs::create_dir_all(path)?;
     for dir in created.iter().rev() {
-        if let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-            fsync_dir(parent)?;
-        }
+        fsync_parent(dir)?;
     }
     fsync_dir(path)
 }
@@ -53,6 +71,15 @@ mod tests {
         assert!(deep.is_dir());
         assert!(missing_ancestors(&deep).is_empty());
         durable_create_dir_all(&deep).unwrap();
+    }
+
+    #[test]
+    fn the_parent_of_a_relative_name_is_the_working_directory() {
+        assert_eq!(parent_dir(Path::new("data")), Path::new("."));
+        assert_eq!(parent_dir(Path::new("data/node-1")), Path::new("data"));
+        assert_eq!(parent_dir(Path::new("/srv/data")), Path::new("/srv"));
+        assert_eq!(parent_dir(Path::new("/")), Path::new("/"));
+        fsync_parent(Path::new("data")).unwrap();
     }
 
     #[test]

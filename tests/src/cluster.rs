@@ -1,6 +1,7 @@
 //! [`Cluster`]: real `permitd` processes in a temporary directory, started,
 //! stopped, killed and called over HTTP.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -186,15 +187,24 @@ impl Cluster {
                     raft_addr,
                     scheme,
                     config: config.clone(),
+                    working_dir: None,
                     worker_threads: settings.worker_threads,
                     child: None,
                 }
             })
             .collect();
-        std::fs::write(&config, cluster_toml(&nodes, &settings, certs.as_ref())).expect("config");
-        let disks = settings
-            .power_loss_disks
-            .then(|| disks::Disks::mount(dir.path(), nodes.iter().map(|node| node.id)));
+        let toml = cluster_toml(&nodes, &settings, certs.as_ref());
+        std::fs::write(&config, &toml).expect("config");
+        let disks = settings.power_loss_disks.then(|| {
+            let disks = disks::Disks::mount(dir.path(), nodes.iter().map(|node| node.id));
+            for node in &mut nodes {
+                let mount = dir.path().join(disks::mount_dir(node.id));
+                disks::write_config(&mount, &toml);
+                node.config = PathBuf::from(disks::CONFIG_FILE);
+                node.working_dir = Some(mount);
+            }
+            disks
+        });
         for node in &mut nodes {
             node.spawn(dir.path());
         }
@@ -437,6 +447,7 @@ impl Cluster {
             advertise_raft_addr: None,
             scheme: self.nodes[0].scheme,
             config: config.clone(),
+            working_dir: None,
             worker_threads: self.settings.worker_threads,
             child: None,
         };

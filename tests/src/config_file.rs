@@ -31,6 +31,7 @@ pub fn write_cluster_file(dir: &Path, count: u64) -> (PathBuf, Vec<String>) {
             advertise_raft_addr: None,
             scheme: "http",
             config: path.clone(),
+            working_dir: None,
             worker_threads: None,
             child: None,
         })
@@ -95,11 +96,7 @@ pub(crate) fn cluster_toml(
             node.id,
             node.api_addr,
             node.raft_addr,
-            if settings.power_loss_disks {
-                disks::data_dir(node.id)
-            } else {
-                format!("data/node-{}", node.id)
-            }
+            disks::relative_data_dir(node.id)
         ));
         if let Some(addr) = &node.advertise_raft_addr {
             text.push_str(&format!("advertise_raft_addr = \"{addr}\"\n"));

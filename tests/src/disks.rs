@@ -1,9 +1,12 @@
 //! Disks that can lose power: each node's data dir on a `powerfs` mount.
 //!
-//! With [`crate::Settings::power_loss_disks`], node `N` keeps its data in
-//! `disks/node-N/data` under the cluster's temp dir, where `disks/node-N` is a
-//! `powerfs` mount over `backing/node-N`. The node creates `data` itself, so
-//! the durability of its own folder is under test too. [`Disks::power_loss`]
+//! With [`crate::Settings::power_loss_disks`], node `N` runs with its working
+//! directory on a `powerfs` mount, `disks/node-N` under the cluster's temp dir
+//! (over `backing/node-N`), as a user runs `permitd up` in a folder: its
+//! cluster file is `cluster.toml` there and its data dir the relative
+//! `data/node-N`. The node creates `data` and `data/node-N` itself, so the
+//! durability of its own folders, down to the entry in the working directory
+//! that names `data`, is under test too. [`Disks::power_loss`]
 //! drops whatever the node had not made durable; the caller kills the node
 //! first, as a power cut would.
 
@@ -49,7 +52,28 @@ pub fn mount_dir(id: u64) -> String {
     format!("disks/node-{id}")
 }
 
+/// The name of the cluster file in a node's working directory.
+pub const CONFIG_FILE: &str = "cluster.toml";
+
+/// Node `id`'s data dir as its cluster file names it: relative to the file,
+/// which sits in the node's working directory.
+pub fn relative_data_dir(id: u64) -> String {
+    format!("data/node-{id}")
+}
+
 /// The data dir of node `id` on its disk, relative to the cluster's dir.
 pub fn data_dir(id: u64) -> String {
-    format!("{}/data", mount_dir(id))
+    format!("{}/{}", mount_dir(id), relative_data_dir(id))
+}
+
+/// Writes the cluster file into a node's mount durably (the file, then the
+/// mount's root that names it): the test's setup must survive every cut, so
+/// only what the node itself writes is under test.
+pub fn write_config(mount: &Path, toml: &str) {
+    let path = mount.join(CONFIG_FILE);
+    std::fs::write(&path, toml).expect("cluster file on the disk");
+    std::fs::File::open(&path)
+        .and_then(|file| file.sync_all())
+        .expect("fsync of the cluster file");
+    permitd_storage::fsync::fsync_dir(mount).expect("fsync of the mount's root");
 }

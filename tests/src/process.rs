@@ -77,8 +77,12 @@ pub struct Node {
     pub advertise_raft_addr: Option<String>,
     /// `http` or `https`.
     pub scheme: &'static str,
-    /// The cluster file this node is started with.
+    /// The cluster file this node is started with (relative to `working_dir`
+    /// when that is set).
     pub(crate) config: PathBuf,
+    /// The node's working directory, when not the test's: a node on a
+    /// power-loss disk runs in its mount with relative paths, as a user does.
+    pub(crate) working_dir: Option<PathBuf>,
     /// `--worker-threads` of its process (`None`: permitd's default).
     pub(crate) worker_threads: Option<u16>,
     pub(crate) child: Option<Child>,
@@ -94,6 +98,9 @@ impl Node {
         let mut command = Command::new(permitd_bin());
         if let Some(threads) = self.worker_threads {
             command.args(["--worker-threads", &threads.to_string()]);
+        }
+        if let Some(working_dir) = &self.working_dir {
+            command.current_dir(working_dir);
         }
         let child = command
             .args(["serve", "--config"])
@@ -134,6 +141,7 @@ pub(crate) fn clone_node(node: &Node) -> Node {
         advertise_raft_addr: node.advertise_raft_addr.clone(),
         scheme: node.scheme,
         config: node.config.clone(),
+        working_dir: node.working_dir.clone(),
         worker_threads: node.worker_threads,
         child: None,
     }

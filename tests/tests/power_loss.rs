@@ -216,3 +216,79 @@ async fn power_loss_soak() {
         run(batch).await;
     }
 }
+
+/// `permitd serve` with no config, in a working directory on a power-loss disk:
+/// its default data dir is the relative `data`, which nothing fsynced into `.`
+/// before this test existed. The power is cut right after the first grant is
+/// answered (seconds after the first start, before any filesystem would have
+/// committed the directory on its own); after the restart the node must have the
+/// same admin token and replay the grant's `requestId` with the same answer,
+/// not start a new cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_in_a_relative_data_dir_survives_a_power_cut() {
+    let root = tempfile::tempdir().unwrap();
+    let (backing, mount) = (root.path().join("backing"), root.path().join("disk"));
+    std::fs::create_dir_all(&backing).unwrap();
+    std::fs::create_dir_all(&mount).unwrap();
+    let disk = permitd_powerfs::PowerFs::mount(&backing, &mount).expect("powerfs mounts");
+    let api = format!("127.0.0.1:{}", permitd_tests::free_port());
+    let raft = format!("127.0.0.1:{}", permitd_tests::free_port());
+    let serve = || {
+        std::process::Command::new(permitd_tests::permitd_bin())
+            .args(["serve", "--api-addr", &api, "--raft-addr", &raft])
+            .current_dir(&mount)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("permitd serve starts")
+    };
+    let url = format!("http://{api}/v1/semaphores/first-start");
+    let http = reqwest::Client::new();
+    let token_file = mount.join("data").join("admin-token");
+    let mut node = serve();
+    let token = generated_token(&token_file).await;
+    let first = solo_grant(&http, &url, &token).await;
+    node.kill().unwrap();
+    node.wait().unwrap();
+    let report = disk.power_loss(Some(7)).expect("power loss");
+    eprintln!("power loss after the first start: {report:?}");
+    let token_after = std::fs::read_to_string(&token_file).unwrap_or_default();
+    assert_eq!(token_after, token, "the admin token survived the cut");
+    let mut node = serve();
+    let replayed = solo_grant(&http, &url, &token).await;
+    node.kill().unwrap();
+    node.wait().unwrap();
+    assert_eq!(
+        replayed["grants"], first["grants"],
+        "the grant answered before the cut is replayed, not granted anew"
+    );
+}
+
+/// Waits for the embedded node's generated admin token.
+async fn generated_token(token_file: &std::path::Path) -> String {
+    let generated = permitd_tests::eventually(std::time::Duration::from_secs(20), || async {
+        std::fs::read_to_string(token_file).is_ok_and(|token| token.len() >= 32)
+    })
+    .await;
+    assert!(generated, "an admin token was generated");
+    std::fs::read_to_string(token_file).unwrap()
+}
+
+/// Sends one grant request (client `first`, a fixed `requestId`) until the node
+/// answers 200 with a permit; returns the answer.
+async fn solo_grant(http: &reqwest::Client, url: &str, token: &str) -> serde_json::Value {
+    let mut body = request("first", &[("g", 1, 1)]);
+    body["requestId"] = json!("first-grant");
+    let (answered, answer) =
+        permitd_tests::eventually_seen(std::time::Duration::from_secs(20), || async {
+            let answer = http.post(url).bearer_auth(token).json(&body).send().await;
+            let Some(answer) = answer.ok().filter(|answer| answer.status() == 200) else {
+                return (false, serde_json::Value::Null);
+            };
+            let body: serde_json::Value = answer.json().await.unwrap_or_default();
+            (granted(&body) == 1, body)
+        })
+        .await;
+    assert!(answered, "the embedded node granted a permit: {answer}");
+    answer
+}

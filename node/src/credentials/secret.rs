@@ -70,13 +70,7 @@ pub fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
         .open(path)?;
     file.write_all(contents.as_bytes())?;
     file.sync_all()?;
-    match path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-    {
-        Some(folder) => permitd_storage::fsync::fsync_dir(folder),
-        None => permitd_storage::fsync::fsync_dir(Path::new(".")),
-    }
+    permitd_storage::fsync::fsync_parent(path)
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
-use super::serve::EdgeService;
+use super::service::EdgeService;
 use crate::shutdown::Shutdown;
 
 /// What an HTTP/2 client sends before anything else (RFC 9113, section 3.4).

@@ -2,6 +2,7 @@
 //!
 //! - [`serve`]: the accept loop of both listeners (TLS handshake, timeouts,
 //!   connection limit, graceful stop), with [`http2`] for HTTP/2 connections;
+//!   both serve the router wrapped as `service.rs` builds it;
 //! - [`api`]: the public and internal routers and their handlers, including
 //!   forwarding to the leader ([`api::forward`]);
 //! - [`auth`]: who may call what (tokens and roles), checked on the leader;
@@ -19,3 +20,4 @@ pub mod error;
 pub mod http2;
 pub mod raft_inbound;
 pub mod serve;
+mod service;

@@ -28,14 +28,13 @@ use axum::Router;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
-use tower_http::timeout::{RequestBodyTimeout, RequestBodyTimeoutLayer};
 
 use super::http2::{sniff, Protocol};
+use super::service::{edge_service, EdgeService};
 use crate::config::EdgeLimits;
 use crate::shutdown::Shutdown;
 
@@ -52,10 +51,7 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     stop: Shutdown,
 ) {
-    let service = tower::ServiceBuilder::new()
-        .layer(RequestBodyTimeoutLayer::new(limits.body_read_timeout))
-        .service(router);
-    let service = TowerToHyperService::new(service);
+    let service = edge_service(router, limits.body_read_timeout);
     let mut http1 = http1::Builder::new();
     http1
         .timer(TokioTimer::new())
@@ -151,9 +147,6 @@ impl Connections {
         }
     }
 }
-
-/// The router as hyper serves it: body reads bounded in time.
-pub(super) type EdgeService = TowerToHyperService<RequestBodyTimeout<Router>>;
 
 /// One connection's requests, until it closes or the server stops.
 async fn serve_connection<T>(
