@@ -9,6 +9,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::observe::expected_warnings::ExpectedWarnings;
+
 /// permitd: a Raft-replicated concurrency-budget service.
 #[derive(Debug, Parser)]
 #[command(name = "permitd", version, about)]
@@ -45,16 +47,20 @@ pub enum CliCommand {
     Restore(restore::RestoreArgs),
 }
 
-/// Installs the tracing subscriber: `RUST_LOG` filter, text or JSON lines.
+/// Installs the tracing subscriber: `RUST_LOG` filter, text or JSON lines,
+/// without the warnings that are expected ([`ExpectedWarnings`]).
 pub fn init_tracing(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::FilterExt;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{fmt, EnvFilter, Layer, Registry};
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+    let filter = filter.and(ExpectedWarnings);
+    let lines = fmt::layer().with_writer(std::io::stderr);
+    let lines: Box<dyn Layer<Registry> + Send + Sync> = match format {
+        LogFormat::Text => lines.with_filter(filter).boxed(),
+        LogFormat::Json => lines.json().flatten_event(true).with_filter(filter).boxed(),
+    };
+    tracing_subscriber::registry().with(lines).init();
 }
