@@ -80,8 +80,10 @@ pub fn revert(file: &File, entries: &[Entry]) -> io::Result<()> {
     Ok(())
 }
 
-/// splitmix64: the seed's random numbers for torn writes (no dependency needed).
-#[derive(Debug)]
+/// SplitMix64 (Steele, Lea and Flood, 2014): the seed's random numbers for torn
+/// writes, and the chaos runs' replayable generator (`permitd-tests`), in a few
+/// lines we own.
+#[derive(Debug, Clone)]
 pub struct Rng(u64);
 
 impl Rng {

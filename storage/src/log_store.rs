@@ -55,7 +55,7 @@ impl LogStore {
         Self { wal }
     }
 
-    /// Group-commit counts so far: (sync rounds, fdatasyncs). For tests and
+    /// Group-commit counts so far: (group-commit batches, fdatasyncs). For tests and
     /// the bench; the node reads the `permitd_wal_*` metrics instead.
     pub fn wal_sync_counts(&self) -> (u64, u64) {
         self.wal.sync_counts()

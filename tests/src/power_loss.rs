@@ -18,8 +18,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use permitd_client::client::now_ms;
 use serde_json::{json, Value};
 
 use crate::{eventually, granted, request, Cluster};
@@ -122,12 +123,6 @@ impl Workload {
         }
         self.ledger
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as u64)
 }
 
 async fn post(http: &reqwest::Client, url: String, body: &Value) -> Option<(u16, Value)> {

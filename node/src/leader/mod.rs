@@ -9,12 +9,15 @@
 //!   answer;
 //! - [`timer`]: the precise wake-up thread the driver sleeps on;
 //! - [`reclaim`]: one timer per key at the earliest claim deadline;
+//! - [`deadlines`]: per-key due times in order, the one timer structure of the
+//!   schedule and the reclaim timers;
 //! - [`seed_defaults`]: writes the file's `[defaults]` on a leader whose cluster
 //!   never had any written;
 //! - [`propose`] and [`leadership`]: proposing an entry, and failing at once
 //!   when leadership is lost;
 //! - [`snapshots`] (when to build one) and [`fatal`] (a Raft core that stopped).
 
+pub mod deadlines;
 pub mod fatal;
 pub mod leadership;
 pub mod propose;

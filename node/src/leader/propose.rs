@@ -30,7 +30,7 @@ type ResultReceiver = tokio::sync::oneshot::Receiver<openraft::raft::ClientWrite
 
 /// An entry handed to openraft, not yet answered.
 #[derive(Debug)]
-pub struct Submitted {
+pub struct Uncommitted {
     result: ResultReceiver,
     /// The leadership it was submitted under.
     started: Leadership,
@@ -43,7 +43,7 @@ pub async fn submit(
     raft: &Raft,
     leadership: &watch::Receiver<Leadership>,
     command: Command,
-) -> Result<Submitted, ProposeError> {
+) -> Result<Uncommitted, ProposeError> {
     let started = *leadership.borrow();
     if !started.is_leader {
         return Err(ProposeError::NotLeader {
@@ -54,13 +54,13 @@ pub async fn submit(
         .client_write_ff(command)
         .await
         .map_err(|fatal| map_write_error(RaftError::Fatal(fatal)))?;
-    Ok(Submitted { result, started })
+    Ok(Uncommitted { result, started })
 }
 
 /// Waits for a submitted entry's apply result (and its log index), or for the
 /// leadership it was submitted under to end.
 pub async fn outcome(
-    submitted: Submitted,
+    submitted: Uncommitted,
     leadership: &watch::Receiver<Leadership>,
 ) -> Result<(CommandResult, u64), ProposeError> {
     tokio::select! {

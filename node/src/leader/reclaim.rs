@@ -12,7 +12,7 @@
 //! - only deadlines within the horizon (`[limits] reclaim_horizon_ms`, default
 //!   [`DEFAULT_HORIZON_MS`]) of now are armed: a key idle with a claim deadline an
 //!   hour away costs the leader nothing until it comes near;
-//! - `deadlines` ([`Deadlines`], the schedule's timer structure, unit-tested
+//! - `deadlines` ([`Deadlines`], the leader's one timer structure, unit-tested
 //!   there) orders the armed keys by when they fall due, one deadline per key;
 //! - every half horizon a scan walks every key, a slice
 //!   of [`KEYS_PER_SCAN_READ`] per hold of the state's read lock, and arms those
@@ -42,9 +42,9 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::leader::deadlines::Deadlines;
 use crate::leader::leadership::Leadership;
 use crate::leader::propose::propose;
-use crate::leader::schedule::Deadlines;
 use crate::raft::Raft;
 
 /// Pause before retrying a reclaim proposal that failed while still leading.

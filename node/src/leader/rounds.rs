@@ -100,7 +100,7 @@ type LeaderSchedule = Schedule<WaitingRequest, WaitingSync>;
 
 /// An entry handed to openraft: where its answers go, and what the schedule
 /// needs back once it ends.
-struct Submitted {
+struct EntryInFlight {
     id: super::schedule::EntryId,
     woken_before: u64,
     replies: Replies,
@@ -369,7 +369,7 @@ impl Rounds {
             return;
         }
         let submitted = propose::submit(&self.inner.raft, &self.inner.leadership, command).await;
-        let entry = Submitted {
+        let entry = EntryInFlight {
             id,
             woken_before,
             replies,
@@ -381,10 +381,10 @@ impl Rounds {
     /// Waits for a submitted entry to commit and answers its messages.
     async fn run_entry(
         self,
-        entry: Submitted,
-        submitted: Result<propose::Submitted, ProposeError>,
+        entry: EntryInFlight,
+        submitted: Result<propose::Uncommitted, ProposeError>,
     ) {
-        let Submitted {
+        let EntryInFlight {
             id,
             woken_before,
             replies,

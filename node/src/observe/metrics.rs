@@ -74,7 +74,7 @@ const SNAPSHOT_BUCKETS_SECONDS: &[f64] = &[
     0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 
-/// WAL sync round buckets, in seconds: 100 µs to 2.5 s.
+/// WAL group-commit batch buckets, in seconds: 100 µs to 2.5 s.
 const WAL_SYNC_BUCKETS_SECONDS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];

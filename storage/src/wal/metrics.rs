@@ -1,6 +1,6 @@
 //! Metrics of the write-ahead log's group commit, through the `metrics` facade
 //! (a no-op until the node installs its Prometheus recorder):
-//! - `permitd_wal_syncs_total`: sync rounds (each one `fdatasync` per written
+//! - `permitd_wal_syncs_total`: group-commit batches (each one `fdatasync` per written
 //!   segment, usually one);
 //! - `permitd_wal_sync_seconds`: how long a round's fsyncs took, as a histogram;
 //! - `permitd_wal_sync_batch_entries`: log entries one round made durable, as a
@@ -12,7 +12,7 @@ pub const WAL_SYNCS: &str = "permitd_wal_syncs_total";
 pub const WAL_SYNC_DURATION: &str = "permitd_wal_sync_seconds";
 pub const WAL_SYNC_BATCH_ENTRIES: &str = "permitd_wal_sync_batch_entries";
 
-/// Records one finished sync round.
+/// Records one finished group-commit batch.
 pub(crate) fn synced(entries: u64, elapsed: Duration) {
     metrics::counter!(WAL_SYNCS).increment(1);
     metrics::histogram!(WAL_SYNC_DURATION).record(elapsed.as_secs_f64());
@@ -24,16 +24,16 @@ pub fn describe_wal_metrics() {
     metrics::describe_counter!(
         WAL_SYNCS,
         metrics::Unit::Count,
-        "Write-ahead log sync rounds (group commits: one fdatasync covers every append since the last)."
+        "Write-ahead log group-commit batches ( one fdatasync covers every append since the last)."
     );
     metrics::describe_histogram!(
         WAL_SYNC_DURATION,
         metrics::Unit::Seconds,
-        "Time one write-ahead log sync round took (its fdatasyncs)."
+        "Time one write-ahead log group-commit batch took (its fdatasyncs)."
     );
     metrics::describe_histogram!(
         WAL_SYNC_BATCH_ENTRIES,
         metrics::Unit::Count,
-        "Log entries one write-ahead log sync round made durable."
+        "Log entries one write-ahead log group-commit batch made durable."
     );
 }

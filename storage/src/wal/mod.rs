@@ -44,8 +44,8 @@
 //! - **The segments on disk are a run of consecutive sequence numbers**: a
 //!   segment is created only once its predecessor's creation is durable, and
 //!   deleted only as a prefix. A gap means a segment was lost: corrupt.
-//! - **Acknowledged means every earlier byte is durable too**: a sync round
-//!   syncs every segment written since the last round, so a segment's records
+//! - **Acknowledged means every earlier byte is durable too**: a group
+//!   commit syncs every segment written since the last one, so a segment's records
 //!   are acknowledged only once every earlier segment is entirely on disk.
 //! - **A torn tail is cut at open** ([`recovery`]): the first record that is
 //!   short or fails its CRC ends the log; it and everything after it were never
@@ -54,7 +54,7 @@
 //!   as such a record and is cut the same way.
 //! - **Only the active segment has space ahead of its records**: a segment is
 //!   cut to its records' length when the writer rolls past it, and that cut is
-//!   synced by the round that makes the next segment's first records durable.
+//!   synced by the group commit that makes the next segment's first records durable.
 //! - **The active segment restates the whole Raft state**: its head plus its
 //!   own records give the vote, committed and purge point, so any older
 //!   segment none of whose live entries remain can be deleted.
@@ -92,11 +92,11 @@
 //! one. A crash before the sync loses only unacknowledged writes, which Raft
 //! allows (the leader re-sends them; a candidate re-votes).
 
+mod group_commit;
 mod metrics;
 mod record;
 mod recovery;
 mod segment;
-mod sync;
 
 use std::collections::BTreeMap;
 use std::ops::RangeBounds;
@@ -107,13 +107,13 @@ use std::thread::JoinHandle;
 
 use openraft::{Entry, LogId, Vote};
 
+pub(crate) use group_commit::{Completion, SyncFailed};
 pub use metrics::{describe_wal_metrics, WAL_SYNCS, WAL_SYNC_BATCH_ENTRIES, WAL_SYNC_DURATION};
-pub(crate) use sync::{Completion, SyncFailed};
 
 use crate::fsync::{durable_create_dir_all, fsync_dir};
 use crate::{NodeId, StorageError, TypeConfig};
+use group_commit::{SyncQueue, Waiter};
 use segment::{io_error, Segment};
-use sync::{SyncQueue, Waiter};
 
 /// A segment is closed, and a new one started, once the next write would take
 /// it past this many bytes (a single batch larger than this gets a segment of
@@ -305,11 +305,11 @@ impl Wal {
         last.max(state.raft.purged)
     }
 
-    /// Sync rounds and fdatasyncs run so far (for tests and the bench).
+    /// Group-commit batches and fdatasyncs run so far (for tests and the bench).
     pub fn sync_counts(&self) -> (u64, u64) {
         let counts = &self.inner.sync.counts;
         (
-            counts.rounds.load(Ordering::Relaxed),
+            counts.batches.load(Ordering::Relaxed),
             counts.fdatasyncs.load(Ordering::Relaxed),
         )
     }
@@ -502,7 +502,7 @@ impl Wal {
         }
         // The segment left behind ends at its records: recovery reads zeros as
         // the end of the log, and later segments must not look cut off. The
-        // sync thread syncs the cut with the next round, before anything
+        // sync thread syncs the cut with the next batch, before anything
         // written to the next segment is acknowledged.
         active.segment.cut_unsynced(active.len)?;
         self.inner.sync.written(&active.segment, None);

@@ -2,26 +2,30 @@
 //!
 //! Every random choice of a run (the fault schedule, each runner's job
 //! durations and groups) comes from a [`ReplayRng`] started from the run's
-//! [`RandomState`], so the same number replays the same run. SplitMix64 is
-//! plenty for picking faults and durations, and unlike a cryptographic
-//! generator it is a few lines we own. It implements `rand::RngCore`, so the
-//! usual `random_range`, `random_bool` and `shuffle` work on it.
+//! [`RandomState`], so the same number replays the same run. SplitMix64
+//! (powerfs's, which picks its torn writes) is plenty for picking faults and
+//! durations, and unlike a cryptographic generator it is a few lines we own.
+//! It implements `rand::RngCore`, so the usual `random_range`, `random_bool`
+//! and `shuffle` work on it.
 
+use permitd_powerfs::undo::Rng as SplitMix64;
 use rand::RngCore;
 
 /// The number that fixes every random choice of a chaos run.
 pub type RandomState = u64;
 
-/// SplitMix64 (Steele, Lea and Flood, 2014).
+/// SplitMix64 from a run's [`RandomState`].
 #[derive(Debug, Clone)]
 pub struct ReplayRng {
-    state: u64,
+    numbers: SplitMix64,
 }
 
 impl ReplayRng {
     /// The generator for `state`.
     pub fn new(state: RandomState) -> Self {
-        Self { state }
+        Self {
+            numbers: SplitMix64::new(state),
+        }
     }
 
     /// An independent generator for the `stream`-th user of one run (each runner
@@ -37,11 +41,7 @@ impl RngCore for ReplayRng {
     }
 
     fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.numbers.next_u64()
     }
 
     fn fill_bytes(&mut self, destination: &mut [u8]) {

@@ -6,19 +6,19 @@
 //!
 //! 1. wait until a waiter is pending;
 //! 2. take *every* pending waiter, with the set of segments written since the
-//!    last round (under one lock, so every byte a taken waiter covers is in the
+//!    last batch (under one lock, so every byte a taken waiter covers is in the
 //!    taken set);
 //! 3. `fdatasync` every written segment (the one left behind by a rollover
 //!    too; a new segment's creation was made durable when it was created);
 //! 4. run the taken completions, in the order they were enqueued.
 //!
-//! While one round syncs, writers keep appending and enqueueing: the next round
+//! While one batch syncs, writers keep appending and enqueueing: the next batch
 //! covers all of them with one `fdatasync`. That is the whole gain: one disk
 //! flush per batch of appends instead of one per append.
 //!
 //! A failed fsync leaves the page cache in a state nobody knows (Linux may
 //! have dropped the dirty pages and cleared the error): retrying could report
-//! success for data that is gone. So the first failure is final: the round's
+//! success for data that is gone. So the first failure is final: the batch's
 //! completions get the error, every later write is refused
 //! ([`SyncQueue::check`]), and openraft, which treats a storage error as fatal,
 //! stops the node. A restart recovers from what is really on disk.
@@ -37,7 +37,7 @@ use crate::StorageError;
 /// The name of the sync thread (shown by `top -H`, in panics and profiles).
 const THREAD_NAME: &str = "permitd-wal-sync";
 
-/// Why a sync round failed, as every waiter of it (and of later rounds) hears.
+/// Why a sync batch failed, as every waiter of it (and of later batches) hears.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SyncFailed(pub(crate) String);
 
@@ -75,7 +75,7 @@ impl std::fmt::Debug for Waiter {
 #[derive(Debug, Default)]
 struct Pending {
     waiters: Vec<Waiter>,
-    /// Segments with bytes written since the last round took them, by sequence.
+    /// Segments with bytes written since the last batch took them, by sequence.
     dirty: BTreeMap<u64, Arc<Segment>>,
     /// The first failure; once set, it stays.
     failure: Option<SyncFailed>,
@@ -83,10 +83,10 @@ struct Pending {
     stopping: bool,
 }
 
-/// Counts for tests and the bench: how many rounds and `fdatasync` calls ran.
+/// Counts for tests and the bench: how many batches and `fdatasync` calls ran.
 #[derive(Debug, Default)]
 pub(crate) struct SyncCounts {
-    pub(crate) rounds: AtomicU64,
+    pub(crate) batches: AtomicU64,
     pub(crate) fdatasyncs: AtomicU64,
 }
 
@@ -102,8 +102,9 @@ pub(crate) struct SyncQueue {
     pub(crate) counts: SyncCounts,
 }
 
-/// One round's share of the queue.
-struct Round {
+/// One group commit's share of the queue: the waiters it completes and the
+/// segments it syncs. (Not an allocation round: those are log entries.)
+struct Batch {
     waiters: Vec<Waiter>,
     dirty: BTreeMap<u64, Arc<Segment>>,
     failure: Option<SyncFailed>,
@@ -174,23 +175,23 @@ impl SyncQueue {
     }
 
     fn run(&self) {
-        while let Some(round) = self.next_round() {
-            let result = match round.failure {
+        while let Some(batch) = self.next_batch() {
+            let result = match batch.failure {
                 Some(failed) => Err(failed),
-                None => self.sync(&round.dirty, &round.waiters),
+                None => self.sync(&batch.dirty, &batch.waiters),
             };
             if let Err(failed) = &result {
                 tracing::error!(error = %failed.0, "write-ahead log sync failed: the log refuses writes");
                 self.lock().failure.get_or_insert_with(|| failed.clone());
             }
-            for waiter in round.waiters {
+            for waiter in batch.waiters {
                 (waiter.completion)(result.clone());
             }
         }
     }
 
     /// Waits for work; `None` once stopping with nothing left.
-    fn next_round(&self) -> Option<Round> {
+    fn next_batch(&self) -> Option<Batch> {
         let mut pending = self.lock();
         while pending.waiters.is_empty() && !pending.stopping {
             pending = self
@@ -201,14 +202,14 @@ impl SyncQueue {
         if pending.waiters.is_empty() {
             return None;
         }
-        Some(Round {
+        Some(Batch {
             waiters: std::mem::take(&mut pending.waiters),
             dirty: std::mem::take(&mut pending.dirty),
             failure: pending.failure.clone(),
         })
     }
 
-    /// One round's disk work: an fdatasync of every written segment.
+    /// One batch's disk work: an fdatasync of every written segment.
     fn sync(
         &self,
         dirty: &BTreeMap<u64, Arc<Segment>>,
@@ -221,7 +222,7 @@ impl SyncQueue {
             })?;
             self.counts.fdatasyncs.fetch_add(1, Ordering::Relaxed);
         }
-        self.counts.rounds.fetch_add(1, Ordering::Relaxed);
+        self.counts.batches.fetch_add(1, Ordering::Relaxed);
         let entries = waiters.iter().map(|waiter| waiter.entries).sum();
         metrics::synced(entries, started.elapsed());
         Ok(())
