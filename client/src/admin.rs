@@ -7,9 +7,9 @@
 //! [`SemaphoreClient::keys`] follows `next` to the end.
 
 use permitd_core::contract::{paths, ClusterStatus, ErrorCode, KeyList, KeyUsage};
-use permitd_core::force_release::ForceReleased;
-use permitd_core::holders::KeyHolders;
-use permitd_core::restore::BackupFile;
+use permitd_core::engine::force_release::ForceReleased;
+use permitd_core::engine::holders::KeyHolders;
+use permitd_core::engine::restore::BackupFile;
 use reqwest::Method;
 
 use crate::{ClientError, SemaphoreClient};

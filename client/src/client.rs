@@ -19,12 +19,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use permitd_core::batch::{BatchItem, BatchRequest, BatchResponse};
-use permitd_core::contract::{headers, paths, ClusterStatus, ErrorAnswer};
-use permitd_core::protocol::{
+use permitd_core::contract::batch::{BatchItem, BatchRequest, BatchResponse};
+use permitd_core::contract::protocol::{
     PermitGrant, PermitRequest, PermitSync, PermitSyncResult, SemaphoreRequest, SemaphoreResponse,
     V1,
 };
+use permitd_core::contract::{headers, paths, ClusterStatus, ErrorAnswer};
 use permitd_core::tokens::{CreatedToken, TokenInfo, TokenList, TokenSpec};
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
 use reqwest::{Method, StatusCode};

@@ -42,7 +42,7 @@ pub mod run;
 pub use client::{ClientConfig, ItemResult, SemaphoreClient};
 pub use error::{AcquireError, ClientError, QueueError};
 pub use permit::AcquireOptions;
-pub use permitd_core::batch::BatchItem;
+pub use permitd_core::contract::batch::BatchItem;
 /// The wire shapes the client reads, from the one contract both sides share.
 pub use permitd_core::contract::{ClusterMember, ClusterStatus, ErrorCode, KeyUsage, MemberRole};
 pub use permitd_core::tokens::CreatedToken;

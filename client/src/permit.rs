@@ -39,7 +39,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     Demand, GrantReport, GrantStatus, PermitGrant, PermitRequest, PermitSync, V1,
 };
 use tokio::task::JoinHandle;
@@ -307,7 +307,7 @@ impl SemaphoreClient {
                 .answer()
                 .await?;
             if let Some(blocked) = answer.blocked.iter().find(|blocked| {
-                blocked.reason == permitd_core::protocol::BlockedReason::NotPermitted
+                blocked.reason == permitd_core::contract::protocol::BlockedReason::NotPermitted
             }) {
                 return Err(AcquireError::NotPermitted {
                     key: pending.key.clone(),
@@ -428,7 +428,7 @@ impl Drop for InFlightRequest {
 /// (more than asked for cannot come from one round; the rest, if any, is left
 /// to the claim deadline).
 fn claim_amounts(
-    grants: &[permitd_core::protocol::GrantedPermits],
+    grants: &[permitd_core::contract::protocol::GrantedPermits],
     mut needed: u64,
 ) -> Vec<HeldGrant> {
     let mut claimed = Vec::new();
@@ -475,7 +475,7 @@ async fn release_grants(
 
 #[cfg(test)]
 mod tests {
-    use permitd_core::protocol::GrantedPermits;
+    use permitd_core::contract::protocol::GrantedPermits;
 
     use super::*;
 

@@ -22,10 +22,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
-use permitd_core::limits::{MAX_DELAY_MS, MAX_LIMIT};
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     Demand, GrantReport, LeaseReport, PermitGrant, PermitRequest, PermitSync, V1,
 };
+use permitd_core::limits::{MAX_DELAY_MS, MAX_LIMIT};
 use permitd_core::{IdAllocator, KeyConfig, LeasePolicy, Provisioning, Semaphores};
 
 const NOW: u64 = 1_764_460_800_000;

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::protocol::BlockedReason;
+use crate::contract::protocol::BlockedReason;
 
 /// How one key allocates: its limit, round timings, claim window and lease policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

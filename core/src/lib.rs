@@ -1,20 +1,37 @@
-//! `permitd-core`: the wire protocol and the deterministic round engine.
+//! `permitd-core`: the wire contract and the deterministic round engine.
 //!
 //! Everything here is synchronous, does no IO and reads no clock or random
 //! source. The storage crate feeds it log entries; every replica applying the
 //! same entries reaches byte-identical state.
 //!
+//! Two rooms, and what both share:
+//! - [`contract`]: what crosses the wire, written once for the node and the
+//!   client: the semaphore messages ([`contract::protocol`]), batches
+//!   ([`contract::batch`]), the checks every input passes before it can reach
+//!   the engine ([`contract::validate`]), routes, headers, error codes and the
+//!   other HTTP bodies;
+//! - [`engine`]: the replicated state and the pure functions that change it:
+//!   rounds, reports, reclaims, leases, syncs, force releases, `requestId`
+//!   replays, and the views read from it (usage, holders, events);
+//! - shared by both: the replicated key and group [`config`], log-derived
+//!   [`ids`], every maximum in [`limits`], and the API [`tokens`] registry.
+//!
+//! The engine imports the contract's message types; the contract never imports
+//! the engine, but for the answer bodies it computes (usage, holders, events).
+//!
 //! How data flows:
-//! - untrusted bytes → [`validate::parse_request`] (serde shapes in [`protocol`],
-//!   limits in [`limits`]) → a [`protocol::SemaphoreRequest`];
+//! - untrusted bytes → [`contract::validate::parse_request`] (serde shapes in
+//!   [`contract::protocol`], limits in [`limits`]) → a
+//!   [`contract::protocol::SemaphoreRequest`];
 //! - a round entry (`now`, requests in arrival order) →
-//!   [`Semaphores::round`] → [`round::run_round`], which applies
-//!   [`reports`], [`reclaim`]s, grants oldest demand first and runs the
-//!   [`leases`] pass → one [`protocol::PermitGrant`] per request plus
-//!   [`lifecycle::Event`]s;
-//! - a sync → [`sync::run_sync`]; a claim-deadline timer → [`reclaim`]; an
-//!   operator's [`force_release`] of one client; the [`holders`] view;
-//!   settings changes → [`Semaphores::set_key_config`] and friends.
+//!   [`Semaphores::round`] → [`engine::round::run_round`], which applies
+//!   [`engine::reports`], [`engine::reclaim`]s, grants oldest demand first and
+//!   runs the [`engine::leases`] pass → one [`contract::protocol::PermitGrant`]
+//!   per request plus [`engine::lifecycle::Event`]s;
+//! - a sync → [`engine::permit_sync::run_sync`]; a claim-deadline timer →
+//!   [`engine::reclaim`]; an operator's [`engine::force_release`] of one
+//!   client; the [`engine::holders`] view; settings changes →
+//!   [`Semaphores::set_key_config`] and friends.
 //!
 //! Invariants kept after every operation (checked by the property tests):
 //! - with `strict`, `under` or no leases, outstanding grant permits plus live
@@ -25,32 +42,16 @@
 //!   no report frees capacity twice;
 //! - ids and fences come from the log index, never from a random source.
 
-pub mod answers;
-pub mod batch;
 pub mod config;
 pub mod contract;
-pub mod force_release;
-pub mod holders;
+pub mod engine;
 pub mod ids;
-pub mod leases;
-pub mod lifecycle;
 pub mod limits;
-pub mod protocol;
-pub mod reclaim;
-pub mod reports;
-pub mod restore;
-pub mod round;
-pub mod semaphores;
-pub mod small_map;
-pub mod state;
-pub mod sync;
 pub mod tokens;
-pub mod usage;
-pub mod validate;
 
 pub use config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
+pub use contract::validate::InvalidInput;
+pub use engine::lifecycle::Event;
+pub use engine::semaphores::{KeyLimitReached, Semaphores, StateChanges};
+pub use engine::usage::Usage;
 pub use ids::{GrantId, IdAllocator, LeaseId, LogIndex};
-pub use lifecycle::Event;
-pub use semaphores::{KeyLimitReached, Semaphores, StateChanges};
-pub use usage::Usage;
-pub use validate::InvalidInput;

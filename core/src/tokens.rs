@@ -18,10 +18,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::contract::validate::{self, InvalidInput};
 use crate::limits::{
     MAX_CLIENT_ID_BYTES, MAX_KEY_BYTES, MAX_TOKENS, MAX_TOKEN_NAME_BYTES, MAX_TOKEN_PATTERNS,
 };
-use crate::validate::{self, InvalidInput};
 
 /// Length of a token hash: SHA-256 in lowercase hex.
 pub const TOKEN_HASH_HEX_CHARS: usize = 64;

@@ -4,21 +4,21 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use permitd_core::batch::{BatchItem, BatchItemAnswer, BatchRequest, BatchResponse};
 use permitd_core::config::{Amount, GroupConfig, KeyConfig, LeasePolicy, Provisioning};
-use permitd_core::contract::{
-    headers, paths, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage,
-    ListQuery, MemberRole, MembershipChange,
-};
-use permitd_core::force_release::ForceReleased;
-use permitd_core::holders::{holders, KeyHolders};
-use permitd_core::protocol::{
+use permitd_core::contract::batch::{BatchItem, BatchItemAnswer, BatchRequest, BatchResponse};
+use permitd_core::contract::protocol::{
     Blocked, BlockedReason, Demand, GrantReport, GrantResult, GrantStatus, GrantedPermits,
     LeaseGrant, LeaseReport, PermitGrant, PermitRequest, PermitSync, PermitSyncResult,
     SemaphoreRequest, SemaphoreResponse, V1,
 };
-use permitd_core::state::{Grant, KeyState, Lease};
-use permitd_core::usage::GroupUsage;
+use permitd_core::contract::{
+    headers, paths, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage,
+    ListQuery, MemberRole, MembershipChange,
+};
+use permitd_core::engine::force_release::ForceReleased;
+use permitd_core::engine::holders::{holders, KeyHolders};
+use permitd_core::engine::state::{Grant, KeyState, Lease};
+use permitd_core::engine::usage::GroupUsage;
 use permitd_core::{IdAllocator, Usage};
 use serde::Serialize;
 use serde_json::Value;

@@ -7,7 +7,7 @@
 //! `cargo test --release -p permitd-core --test footprint -- --nocapture`
 //! prints the figure.
 
-use permitd_core::protocol::{Demand, PermitRequest, V1};
+use permitd_core::contract::protocol::{Demand, PermitRequest, V1};
 use permitd_core::{IdAllocator, KeyConfig, Semaphores};
 
 /// This process's resident memory, from `/proc/self/status`.

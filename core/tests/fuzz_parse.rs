@@ -5,8 +5,8 @@
 //! message passes validation and runs a round without panicking.
 
 use permitd_core::config::{GroupConfig, KeyConfigUpdate};
-use permitd_core::protocol::SemaphoreRequest;
-use permitd_core::validate::{parse_request, validate_request};
+use permitd_core::contract::protocol::SemaphoreRequest;
+use permitd_core::contract::validate::{parse_request, validate_request};
 use permitd_core::{IdAllocator, Semaphores};
 use proptest::prelude::*;
 use serde_json::{json, Value};

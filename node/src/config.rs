@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use permitd_core::config::{KeyConfig, KeyConfigUpdate};
-use permitd_core::validate::validate_key_config;
+use permitd_core::contract::validate::validate_key_config;
 use permitd_storage::{NodeId, PeerNode};
 use serde::Deserialize;
 

@@ -4,10 +4,10 @@
 //! `now_ms`, ids from [`IdAllocator::new`] on the entry's log index (one allocator
 //! shared by every key of the entry, so ids never repeat within it).
 
-use permitd_core::tokens::TokenRegistry;
-use permitd_core::validate::{
+use permitd_core::contract::validate::{
     validate_client_id, validate_group, validate_key, validate_permit_request, validate_sync,
 };
+use permitd_core::tokens::TokenRegistry;
 use permitd_core::{Event, IdAllocator, InvalidInput, KeyLimitReached, Semaphores};
 
 use crate::state_machine::Applied;
@@ -231,7 +231,7 @@ fn run(applier: &mut Applier<'_>, log_index: u64, command: &Command) -> CommandR
 #[cfg(test)]
 mod tests {
     use permitd_core::config::GroupConfig;
-    use permitd_core::protocol::{Demand, PermitRequest, V1};
+    use permitd_core::contract::protocol::{Demand, PermitRequest, V1};
 
     use super::*;
     use crate::KeyRound;

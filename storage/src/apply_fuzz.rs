@@ -12,12 +12,12 @@
 //! edge parser accepts from its JSON is never refused by apply.
 
 use permitd_core::config::{Amount, GroupConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
-use permitd_core::limits::*;
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     Demand, GrantReport, LeaseReport, PermitRequest, PermitSync, SemaphoreRequest, V1,
 };
+use permitd_core::contract::validate::{parse_request, validate_permit_request, validate_sync};
+use permitd_core::limits::*;
 use permitd_core::tokens::TokenRegistry;
-use permitd_core::validate::{parse_request, validate_permit_request, validate_sync};
 use permitd_core::Semaphores;
 use proptest::prelude::*;
 
@@ -359,14 +359,14 @@ proptest! {
         let (command, edge) = match kind {
             0 => {
                 let (key, request) = broken_request(&grant_id, &lease_id, field, &bad);
-                let key_ok = permitd_core::validate::validate_key(&key).is_ok();
+                let key_ok = permitd_core::contract::validate::validate_key(&key).is_ok();
                 let edge = key_ok && edge_accepts(SemaphoreRequest::Request(request.clone()));
                 let round = KeyRound { key, requests: vec![request] };
                 (Command::Round { now_ms: NOW_MS + 5, syncs: vec![], keys: vec![round] }, Some(edge))
             }
             1 => {
                 let (key, sync) = broken_sync(&grant_id, &lease_id, field, &bad);
-                let key_ok = permitd_core::validate::validate_key(&key).is_ok();
+                let key_ok = permitd_core::contract::validate::validate_key(&key).is_ok();
                 let edge = key_ok && edge_accepts(SemaphoreRequest::Sync(sync.clone()));
                 let syncs = vec![KeySync { key, sync }];
                 (Command::Round { now_ms: NOW_MS + 5, syncs, keys: vec![] }, Some(edge))

@@ -5,9 +5,9 @@
 //! Ids come from the entry's log index, never from the command.
 
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
-use permitd_core::force_release::ForceReleased;
-use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
-use permitd_core::restore::Backup;
+use permitd_core::contract::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
+use permitd_core::engine::force_release::ForceReleased;
+use permitd_core::engine::restore::Backup;
 use permitd_core::tokens::{TokenInfo, TokenSpec};
 use permitd_core::{Event, InvalidInput, KeyLimitReached};
 use serde::{Deserialize, Serialize};

@@ -102,8 +102,8 @@ pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
-    use permitd_core::protocol::{Demand, PermitRequest, PermitSync, V1};
-    use permitd_core::restore::Backup;
+    use permitd_core::contract::protocol::{Demand, PermitRequest, PermitSync, V1};
+    use permitd_core::engine::restore::Backup;
     use permitd_core::tokens::{Role, TokenSpec};
     use serde::Serialize;
 

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use common::{blank, log_id, normal, open_dir, restart, state_bytes, Rng, Workload};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{Entry, EntryPayload, Membership, RaftLogReader, RaftSnapshotBuilder};
-use permitd_core::protocol::{Demand, GrantReport, PermitRequest, V1};
+use permitd_core::contract::protocol::{Demand, GrantReport, PermitRequest, V1};
 use permitd_storage::{
     open, Command, CommandResult, KeyRound, Opened, Options, StorageError, TypeConfig,
 };

@@ -14,10 +14,10 @@
 //! - `SemaphoreClient::batch` returns each item's answer or error.
 
 use permitd_client::{BatchItem, ClientConfig, ClientError, ErrorCode, SemaphoreClient};
-use permitd_core::limits::{MAX_BATCH_ITEMS, MAX_BATCH_KEYS};
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     Demand, PermitRequest, PermitSync, SemaphoreRequest, SemaphoreResponse, V1,
 };
+use permitd_core::limits::{MAX_BATCH_ITEMS, MAX_BATCH_KEYS};
 use permitd_tests::{granted, request, Answer, Cluster, Settings};
 use reqwest::Method;
 use serde_json::{json, Value};

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use permitd_client::{ClientConfig, SemaphoreClient};
-use permitd_core::protocol::{Demand, PermitRequest, V1};
+use permitd_core::contract::protocol::{Demand, PermitRequest, V1};
 use permitd_tests::{certs, granted, request, Cluster, Settings, ADMIN_TOKEN};
 use serde_json::json;
 

@@ -10,7 +10,7 @@
 
 use permitd_client::{BatchItem, ClientConfig, SemaphoreClient};
 use permitd_core::contract::paths;
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     Demand, PermitRequest, PermitSync, SemaphoreRequest, SemaphoreResponse, V1,
 };
 use permitd_tests::{certs, Cluster, Settings, ADMIN_TOKEN};

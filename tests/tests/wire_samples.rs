@@ -15,17 +15,17 @@
 
 use std::path::PathBuf;
 
-use permitd_core::batch::{BatchItem, BatchItemAnswer, BatchRequest, BatchResponse};
 use permitd_core::config::{Amount, LimitedGroups};
-use permitd_core::contract::{
-    headers, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage, MemberRole,
-};
-use permitd_core::protocol::{
+use permitd_core::contract::batch::{BatchItem, BatchItemAnswer, BatchRequest, BatchResponse};
+use permitd_core::contract::protocol::{
     Blocked, BlockedReason, Demand, GrantReport, GrantResult, GrantStatus, GrantedPermits,
     LeaseGrant, LeaseReport, PermitGrant, PermitRequest, PermitSync, PermitSyncResult,
     SemaphoreRequest, SemaphoreResponse, V1,
 };
-use permitd_core::usage::GroupUsage;
+use permitd_core::contract::{
+    headers, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage, MemberRole,
+};
+use permitd_core::engine::usage::GroupUsage;
 use permitd_core::{
     GroupConfig, IdAllocator, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning, Usage,
 };

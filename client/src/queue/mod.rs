@@ -37,9 +37,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use permitd_core::batch::BatchItem;
+use permitd_core::contract::batch::BatchItem;
+use permitd_core::contract::protocol::{SemaphoreRequest, SemaphoreResponse};
 use permitd_core::limits::MAX_BATCH_KEYS;
-use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::{mpsc, Notify};
@@ -554,7 +554,7 @@ fn spawn_send(client: &SemaphoreClient, outgoing: Outgoing, events: Events) {
 
 #[cfg(test)]
 mod tests {
-    use permitd_core::protocol::{PermitRequest, PermitSync};
+    use permitd_core::contract::protocol::{PermitRequest, PermitSync};
 
     use super::*;
 

@@ -1,8 +1,8 @@
 /**
  * The wire protocol, version 1, as TypeScript types with runtime validation.
  *
- * These mirror `permitd-core`'s serde types (`core/src/protocol.rs`,
- * `core/src/config.rs`, `core/src/usage.rs`). They cannot drift silently: a Rust
+ * These mirror `permitd-core`'s serde types (`core/src/contract/protocol.rs`,
+ * `core/src/config.rs`, `core/src/engine/usage.rs`). They cannot drift silently: a Rust
  * test writes a sample of every type to `test/fixtures/wire-samples.json` and
  * fails when the committed file differs, and the TypeScript tests parse every
  * sample with the validators below and check that it serialises back the same.

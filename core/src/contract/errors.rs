@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::validate::InvalidInput;
+use crate::contract::validate::InvalidInput;
 
 /// Every error code a node answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::lifecycle::Event;
+use crate::engine::lifecycle::Event;
 
 /// The query of `GET /v1/events`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

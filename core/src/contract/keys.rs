@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::usage::Usage;
+use crate::engine::usage::Usage;
 
 /// The query of `GET /v1/semaphores`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::IntoParams)]

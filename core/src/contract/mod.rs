@@ -2,11 +2,16 @@
 //!
 //! The node serves these shapes and the client (`SemaphoreClient`, `permitctl`)
 //! reads them, both from this module, so a renamed field, header, path or error
-//! code is a compile error on both sides instead of a silent drift. The message
-//! bodies of `POST /v1/semaphores/{key}` live in [`crate::protocol`]; the
-//! configuration bodies in [`crate::config`]; usage in [`crate::usage`]. What is
-//! here is everything around them:
+//! code is a compile error on both sides instead of a silent drift. The
+//! configuration bodies live in [`crate::config`] (the engine keeps them too);
+//! usage, holders and event bodies in the engine that computes them
+//! ([`crate::engine::usage`], [`crate::engine::holders`],
+//! [`crate::engine::lifecycle`]). Here:
 //!
+//! - [`protocol`]: the semaphore messages of `POST /v1/semaphores/{key}`;
+//! - [`batch`]: `POST /v1/batch`, many messages in one call;
+//! - [`validate`]: every input checked against [`crate::limits`] before it can
+//!   reach the engine;
 //! - [`paths`]: every route, as the template the node's router takes;
 //! - [`headers`]: the header names the cluster adds to calls and answers;
 //! - [`errors`]: the error codes, their HTTP statuses and the error body;
@@ -17,6 +22,7 @@
 //!
 //! `docs/protocol.md` explains every field.
 
+pub mod batch;
 pub mod cluster;
 pub mod errors;
 pub mod event_stream;
@@ -24,6 +30,8 @@ pub mod headers;
 pub mod health;
 pub mod keys;
 pub mod paths;
+pub mod protocol;
+pub mod validate;
 
 pub use cluster::{ClusterMember, ClusterStatus, MemberRole, MembershipChange};
 pub use errors::{ErrorAnswer, ErrorBody, ErrorCode};

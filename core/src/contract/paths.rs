@@ -4,10 +4,10 @@
 
 /// `GET`: every key with state, with its usage, paged ([`super::KeyList`]).
 pub const SEMAPHORES: &str = "/v1/semaphores";
-/// `POST`: a `request` or `sync` message ([`crate::protocol::SemaphoreRequest`]).
+/// `POST`: a `request` or `sync` message ([`crate::contract::protocol::SemaphoreRequest`]).
 pub const SEMAPHORE: &str = "/v1/semaphores/{key}";
 /// `POST`: many `request`/`sync` messages, for many keys, in one call
-/// ([`crate::batch::BatchRequest`]).
+/// ([`crate::contract::batch::BatchRequest`]).
 pub const BATCH: &str = "/v1/batch";
 /// `GET`: the key's linearizable usage ([`crate::Usage`]).
 pub const USAGE: &str = "/v1/semaphores/{key}/usage";
@@ -16,14 +16,14 @@ pub const KEY_CONFIG: &str = "/v1/semaphores/{key}/config";
 /// `PUT` one group's cap and permission, `DELETE` to drop them.
 pub const GROUP: &str = "/v1/semaphores/{key}/groups/{group}";
 /// `GET`: who holds the key's grants and leases and who waits
-/// ([`crate::holders::KeyHolders`]).
+/// ([`crate::engine::holders::KeyHolders`]).
 pub const HOLDERS: &str = "/v1/semaphores/{key}/holders";
 /// `POST` (admin): drops one client's footprint on the key
-/// ([`crate::force_release::ForceReleased`]).
+/// ([`crate::engine::force_release::ForceReleased`]).
 pub const CLIENT_RELEASE: &str = "/v1/semaphores/{key}/clients/{clientId}/release";
 
 /// `GET`: lifecycle events as Server-Sent Events, from this node's applied
-/// entries (`?key=&from=`, [`super::events`]).
+/// entries (`?key=&from=`, [`super::event_stream`]).
 pub const EVENTS: &str = "/v1/events";
 
 /// `GET`: the dashboard page (open: it holds no data; its scripts call the API
@@ -46,7 +46,7 @@ pub const CLUSTER_DEFAULTS: &str = "/cluster/defaults";
 pub const TOKENS: &str = "/v1/tokens";
 /// `DELETE`: revokes one API token.
 pub const TOKEN: &str = "/v1/tokens/{id}";
-/// `GET`: a backup of the leader's applied state ([`crate::restore::BackupFile`]).
+/// `GET`: a backup of the leader's applied state ([`crate::engine::restore::BackupFile`]).
 pub const CLUSTER_SNAPSHOT: &str = "/cluster/snapshot";
 /// `POST` a backup file into a new cluster (to the leader's Raft listener).
 pub const CLUSTER_RESTORE: &str = "/cluster/restore";

@@ -37,16 +37,16 @@ use checks::*;
 use harness::*;
 use model::*;
 use permitd_core::config::{Amount, LimitedGroups};
-use permitd_core::force_release::ForceReleased;
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     Demand, GrantReport, GrantResult, GrantStatus, GrantedPermits, LeaseGrant, LeaseReport,
     PermitRequest, PermitSync, SemaphoreRequest, V1,
 };
-use permitd_core::round::RoundOutcome;
-use permitd_core::state::KeyState;
-use permitd_core::sync::SyncOutcome;
-use permitd_core::usage::UsageCounts;
-use permitd_core::validate::validate_request;
+use permitd_core::contract::validate::validate_request;
+use permitd_core::engine::force_release::ForceReleased;
+use permitd_core::engine::permit_sync::SyncOutcome;
+use permitd_core::engine::round::RoundOutcome;
+use permitd_core::engine::state::KeyState;
+use permitd_core::engine::usage::UsageCounts;
 use permitd_core::{
     Event, GroupConfig, IdAllocator, InvalidInput, KeyConfig, KeyConfigUpdate, LeasePolicy,
     Provisioning, Semaphores,
@@ -271,7 +271,7 @@ proptest! {
 
 /// Ids of the rows (grants or leases) another client than `client` holds.
 fn foreign_ids<K: ToString + Ord, V>(
-    rows: &permitd_core::small_map::SmallMap<K, V>,
+    rows: &permitd_core::engine::small_map::SmallMap<K, V>,
     owner: impl Fn(&V) -> &String,
     client: &str,
 ) -> Vec<String> {

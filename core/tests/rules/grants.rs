@@ -159,8 +159,10 @@ fn answers_without_leases_support_carry_no_leases_or_contended() {
     let answer = log.ask(wants("a", "g", 3, T0));
     assert_eq!(answer.leases, None);
     assert!(!answer.contended);
-    let json =
-        serde_json::to_value(permitd_core::protocol::SemaphoreResponse::Grant(answer)).unwrap();
+    let json = serde_json::to_value(permitd_core::contract::protocol::SemaphoreResponse::Grant(
+        answer,
+    ))
+    .unwrap();
     assert!(json.get("leases").is_none() && json.get("contended").is_none());
 }
 

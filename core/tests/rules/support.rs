@@ -3,17 +3,17 @@
 pub use permitd_core::config::{
     Amount, GroupConfig, KeyConfig, LeasePolicy, LimitedGroups, Provisioning,
 };
-pub use permitd_core::ids::IdAllocator;
-pub use permitd_core::lifecycle::Event;
-pub use permitd_core::protocol::{
+pub use permitd_core::contract::protocol::{
     Blocked, BlockedReason, Demand, GrantReport, GrantStatus, LeaseGrant, LeaseReport, PermitGrant,
     PermitRequest, PermitSync, V1,
 };
-pub use permitd_core::round::RoundOutcome;
-pub use permitd_core::semaphores::Semaphores;
-pub use permitd_core::state::{KeyImage, KeyMeta, KeyState};
-pub use permitd_core::sync::SyncOutcome;
-pub use permitd_core::usage::Usage;
+pub use permitd_core::engine::lifecycle::Event;
+pub use permitd_core::engine::permit_sync::SyncOutcome;
+pub use permitd_core::engine::round::RoundOutcome;
+pub use permitd_core::engine::semaphores::Semaphores;
+pub use permitd_core::engine::state::{KeyImage, KeyMeta, KeyState};
+pub use permitd_core::engine::usage::Usage;
+pub use permitd_core::ids::IdAllocator;
 
 pub const KEY: &str = "account-1";
 pub const T0: u64 = 1_764_460_800_000;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use permitd_core::contract::{paths, ClusterStatus};
-use permitd_core::restore::{BackupFile, BACKUP_FORMAT};
+use permitd_core::engine::restore::{BackupFile, BACKUP_FORMAT};
 
 use crate::config::{ClusterConfig, ConfigError};
 use crate::credentials::tls::Tls;

@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use permitd_core::limits::MAX_REQUEST_WAIT_MS;
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     BlockedReason, GrantReport, PermitGrant, PermitRequest, PermitSync, PermitSyncResult, V1,
 };
+use permitd_core::limits::MAX_REQUEST_WAIT_MS;
 use permitd_core::Event;
 use permitd_storage::{Command, KeyRound, KeySync};
 use tokio::sync::oneshot;
@@ -359,7 +359,7 @@ pub(crate) fn returns_permits(sync: &PermitSync) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use permitd_core::protocol::{Blocked, Demand, LeaseReport, V1};
+    use permitd_core::contract::protocol::{Blocked, Demand, LeaseReport, V1};
     use serde_json::json;
     use tokio::sync::oneshot::{self, error::TryRecvError};
 

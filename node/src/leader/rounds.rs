@@ -33,11 +33,11 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use permitd_core::contract::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
 use permitd_core::limits::{
     COMMIT_TIMEOUT_MS, DEFAULT_ENTRIES_IN_FLIGHT, MAX_ENTRIES_IN_FLIGHT, MAX_ENTRY_MESSAGE_BYTES,
     MAX_KEYS_PER_ENTRY, MAX_PARKED_BYTES, MAX_PARKED_MESSAGES, MAX_PENDING_REQUESTS_PER_KEY,
 };
-use permitd_core::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
 use tokio::sync::{broadcast, oneshot, watch, Notify};
 use tracing::Instrument;
 

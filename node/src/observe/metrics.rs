@@ -225,7 +225,7 @@ pub fn publish_totals(state: &permitd_storage::SharedState) {
         return;
     }
     let now_ms = crate::now_ms();
-    let mut totals = permitd_core::usage::UsageCounts::default();
+    let mut totals = permitd_core::engine::usage::UsageCounts::default();
     let mut after: Option<std::sync::Arc<str>> = None;
     loop {
         let (slice, next) = state

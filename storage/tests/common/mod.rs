@@ -10,7 +10,7 @@ use std::path::Path;
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader};
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     Demand, GrantReport, LeaseReport, PermitGrant, PermitRequest, PermitSync, V1,
 };
 use permitd_storage::{open, Command, CommandResult, KeyRound, Opened, Options, TypeConfig};

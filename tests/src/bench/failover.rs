@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use permitd_core::protocol::SemaphoreResponse;
+use permitd_core::contract::protocol::SemaphoreResponse;
 use serde_json::json;
 
 use super::grant::bench_http;

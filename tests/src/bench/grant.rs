@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use permitd_client::client::now_ms;
-use permitd_core::protocol::{GrantReport, PermitSync, SemaphoreRequest, SemaphoreResponse, V1};
+use permitd_core::contract::protocol::{
+    GrantReport, PermitSync, SemaphoreRequest, SemaphoreResponse, V1,
+};
 use serde_json::json;
 
 use super::cpu::{Calls, Cost, Window};

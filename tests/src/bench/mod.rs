@@ -137,9 +137,9 @@ impl Profile {
 pub(crate) fn one_permit(
     client_id: String,
     oldest_at_ms: u64,
-    grants: Vec<permitd_core::protocol::GrantReport>,
-) -> permitd_core::protocol::SemaphoreRequest {
-    use permitd_core::protocol::{Demand, PermitRequest, SemaphoreRequest, V1};
+    grants: Vec<permitd_core::contract::protocol::GrantReport>,
+) -> permitd_core::contract::protocol::SemaphoreRequest {
+    use permitd_core::contract::protocol::{Demand, PermitRequest, SemaphoreRequest, V1};
     SemaphoreRequest::Request(PermitRequest {
         v: V1,
         client_id,

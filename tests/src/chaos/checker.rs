@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use permitd_client::SemaphoreClient;
-use permitd_core::protocol::{Demand, PermitRequest, V1};
+use permitd_core::contract::protocol::{Demand, PermitRequest, V1};
 use serde_json::{json, Value};
 
 use super::workload::{JobLog, JobRecord, KeySpec};

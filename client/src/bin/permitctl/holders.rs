@@ -2,7 +2,7 @@
 //! key's permits and waits for them, and the admin force release of one client.
 
 use permitd_client::SemaphoreClient;
-use permitd_core::holders::KeyHolders;
+use permitd_core::engine::holders::KeyHolders;
 
 use super::{print, table, CliResult};
 

@@ -7,8 +7,8 @@
 //! reported until the holder acknowledged all claimed permits back, and only
 //! then is the grant forgotten.
 
+use permitd_core::contract::protocol::{GrantReport, GrantResult, GrantStatus, GrantedPermits};
 use permitd_core::limits::MAX_GRANT_REPORTS;
-use permitd_core::protocol::{GrantReport, GrantResult, GrantStatus, GrantedPermits};
 use serde::{Deserialize, Serialize};
 
 use super::messages::InFlight;
@@ -202,7 +202,7 @@ impl<T: Clone> QueueState<T> {
 
 #[cfg(test)]
 mod tests {
-    use permitd_core::protocol::GrantStatus;
+    use permitd_core::contract::protocol::GrantStatus;
 
     use super::super::test_support::*;
     use super::super::{ItemStatus, ReleaseOutcome};

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     GrantReport, GrantResult, GrantStatus, GrantedPermits, LeaseGrant, PermitSyncResult,
     SemaphoreRequest, SemaphoreResponse, V1,
 };
@@ -82,7 +82,7 @@ struct Driver {
     /// Per key: the request in flight (its demanded groups, its grant reports).
     demand: BTreeMap<usize, (Vec<String>, Vec<GrantReport>)>,
     /// Per key: the sync in flight.
-    report: BTreeMap<usize, permitd_core::protocol::PermitSync>,
+    report: BTreeMap<usize, permitd_core::contract::protocol::PermitSync>,
     /// Per key and lane: the report lane's retry time after a failure.
     report_retry_at_ms: BTreeMap<usize, u64>,
     /// Per lease id: what was lent.

@@ -17,8 +17,8 @@
 //! for the configured time, or at shutdown; the retired lease is reported until
 //! the holder settles it (echoes `permits <= released`).
 
+use permitd_core::contract::protocol::{LeaseGrant, LeaseReport};
 use permitd_core::limits::MAX_LEASE_REPORTS;
-use permitd_core::protocol::{LeaseGrant, LeaseReport};
 use serde::{Deserialize, Serialize};
 
 use super::messages::InFlight;

@@ -27,11 +27,11 @@
 
 use std::collections::BTreeMap;
 
-use permitd_core::limits::MAX_DEMAND_ENTRIES;
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     Demand, GrantReport, LeaseReport, PermitGrant, PermitRequest, PermitSync, SemaphoreRequest,
     SemaphoreResponse, V1,
 };
+use permitd_core::limits::MAX_DEMAND_ENTRIES;
 
 use super::{KeyRecord, QueueState};
 use crate::client::believed_next_request_at;
@@ -575,7 +575,7 @@ mod tests {
         answer_claim(
             &mut state,
             2,
-            permitd_core::protocol::GrantStatus::Ok,
+            permitd_core::contract::protocol::GrantStatus::Ok,
             2_200,
         );
         assert!(state.poll(2_200).is_empty(), "c waits for the next poll");
@@ -592,7 +592,7 @@ mod tests {
         answer_claim(
             &mut state,
             2,
-            permitd_core::protocol::GrantStatus::Ok,
+            permitd_core::contract::protocol::GrantStatus::Ok,
             1_200,
         );
         assert_eq!(admitted_ids(&mut state), ["a", "b"]);
@@ -610,7 +610,7 @@ mod tests {
         answer_claim(
             &mut state,
             2,
-            permitd_core::protocol::GrantStatus::Ok,
+            permitd_core::contract::protocol::GrantStatus::Ok,
             2_103,
         );
         let sync = as_sync(only(state.poll(2_103)));
@@ -659,7 +659,7 @@ mod tests {
         answer_claim(
             &mut state,
             permits,
-            permitd_core::protocol::GrantStatus::Ok,
+            permitd_core::contract::protocol::GrantStatus::Ok,
             1_200,
         );
         assert_eq!(admitted_ids(&mut state).len() as u64, permits);

@@ -280,7 +280,7 @@ impl<T: Clone> QueueState<T> {
 
 #[cfg(test)]
 mod tests {
-    use permitd_core::protocol::GrantStatus;
+    use permitd_core::contract::protocol::GrantStatus;
 
     use super::test_support::*;
     use super::*;

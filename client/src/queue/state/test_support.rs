@@ -1,7 +1,7 @@
 //! Values and steps the accounting tests share: one key, one runner, grant 1
 //! and lease `L` in group `wf`.
 
-use permitd_core::protocol::{
+use permitd_core::contract::protocol::{
     GrantResult, GrantStatus, GrantedPermits, LeaseGrant, PermitGrant, PermitRequest, PermitSync,
     PermitSyncResult, SemaphoreRequest, SemaphoreResponse, V1,
 };

@@ -15,7 +15,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use permitd_core::contract::paths;
-use permitd_core::restore::{BackupFile, Restored, BACKUP_FORMAT};
+use permitd_core::engine::restore::{BackupFile, Restored, BACKUP_FORMAT};
 use permitd_storage::Command;
 use serde_json::json;
 

@@ -9,9 +9,11 @@
 use axum::extract::State;
 use axum::{Extension, Json};
 use futures_util::future::join_all;
-use permitd_core::batch::{parse_batch, BatchItemAnswer, BatchRequest, BatchResponse, ParsedItem};
+use permitd_core::contract::batch::{
+    parse_batch, BatchItemAnswer, BatchRequest, BatchResponse, ParsedItem,
+};
 use permitd_core::contract::paths;
-use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse, V1};
+use permitd_core::contract::protocol::{SemaphoreRequest, SemaphoreResponse, V1};
 
 use super::extract::JsonBytes;
 use super::semaphores::{deliver, parse_off_the_runtime};

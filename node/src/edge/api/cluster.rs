@@ -8,10 +8,10 @@ use axum::extract::State;
 use axum::Json;
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use permitd_core::config::{KeyConfig, KeyConfigUpdate};
+use permitd_core::contract::validate::validate_key_config;
 use permitd_core::contract::{
     paths, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, MemberRole, MembershipChange,
 };
-use permitd_core::validate::validate_key_config;
 use permitd_core::InvalidInput;
 use permitd_storage::{Command, NodeId, PeerNode};
 

@@ -24,9 +24,9 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 use permitd_core::contract::event_stream::STREAM_ERROR_EVENT;
 use permitd_core::contract::paths;
+use permitd_core::contract::validate::validate_key;
 use permitd_core::contract::{ErrorAnswer, ErrorCode, EventQuery};
 use permitd_core::limits::EVENT_KEEP_ALIVE_SECONDS;
-use permitd_core::validate::validate_key;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::app::App;

@@ -14,9 +14,9 @@
 use axum::extract::State;
 use axum::Json;
 use permitd_core::contract::paths;
-use permitd_core::force_release::ForceReleased;
-use permitd_core::holders::{holders, KeyHolders};
-use permitd_core::validate::{validate_client_id, validate_key};
+use permitd_core::contract::validate::{validate_client_id, validate_key};
+use permitd_core::engine::force_release::ForceReleased;
+use permitd_core::engine::holders::{holders, KeyHolders};
 use permitd_storage::Command;
 
 use super::extract::ApiPath;

@@ -11,11 +11,11 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
-use permitd_core::contract::{paths, ErrorAnswer, KeyList, KeyUsage, ListQuery};
-use permitd_core::protocol::{SemaphoreRequest, SemaphoreResponse};
-use permitd_core::validate::{
+use permitd_core::contract::protocol::{SemaphoreRequest, SemaphoreResponse};
+use permitd_core::contract::validate::{
     parse_request, validate_group, validate_group_config, validate_key, validate_key_config,
 };
+use permitd_core::contract::{paths, ErrorAnswer, KeyList, KeyUsage, ListQuery};
 use permitd_core::{InvalidInput, Usage};
 use permitd_storage::{Command, CommandResult, Refused};
 

@@ -11,8 +11,10 @@
 
 use std::collections::BTreeMap;
 
+use permitd_core::contract::protocol::{
+    Demand, GrantReport, PermitGrant, PermitRequest, PermitSync, V1,
+};
 use permitd_core::limits::{MAX_REMEMBERED_ANSWERS_PER_CLIENT, MAX_REMEMBERED_ANSWERS_PER_KEY};
-use permitd_core::protocol::{Demand, GrantReport, PermitGrant, PermitRequest, PermitSync, V1};
 use permitd_core::{IdAllocator, KeyConfig, Semaphores};
 use proptest::collection::vec;
 use proptest::prelude::*;

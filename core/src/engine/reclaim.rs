@@ -9,10 +9,10 @@
 //! of it was answered, so nothing can be running under such a lease; without
 //! this, a lease whose reply was lost would hold its footprint forever.
 
-use crate::leases::reclaim_unacknowledged;
-use crate::lifecycle::Event;
-use crate::reports::reclaimed_event;
-use crate::state::{Grant, KeyState};
+use crate::engine::leases::reclaim_unacknowledged;
+use crate::engine::lifecycle::Event;
+use crate::engine::reports::reclaimed_event;
+use crate::engine::state::{Grant, KeyState};
 
 /// Shrinks every grant whose claim deadline has passed to its claimed count,
 /// deleting it when that is all released. Also forgets remembered answers whose

@@ -10,16 +10,16 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
+use crate::contract::protocol::{PermitRequest, PermitSync};
+use crate::contract::validate::{validate_group_config, validate_key_config, InvalidInput};
+use crate::engine::lifecycle::Event;
+use crate::engine::permit_sync::{run_sync, SyncOutcome};
+use crate::engine::reclaim::reclaim_expired;
+use crate::engine::round::{run_round, RoundOutcome};
+use crate::engine::state::{Changes, KeyState};
+use crate::engine::usage::{counts, usage, Usage, UsageCounts};
 use crate::ids::IdAllocator;
-use crate::lifecycle::Event;
 use crate::limits::{MAX_CONFIGURED_GROUPS_PER_KEY, MAX_KEYS};
-use crate::protocol::{PermitRequest, PermitSync};
-use crate::reclaim::reclaim_expired;
-use crate::round::{run_round, RoundOutcome};
-use crate::state::{Changes, KeyState};
-use crate::sync::{run_sync, SyncOutcome};
-use crate::usage::{counts, usage, Usage, UsageCounts};
-use crate::validate::{validate_group_config, validate_key_config, InvalidInput};
 
 /// The whole replicated semaphore state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::contract::protocol::PermitRequest;
+use crate::engine::state::KeyState;
 use crate::ids::{GrantId, LeaseId, LogIndex};
-use crate::protocol::PermitRequest;
-use crate::state::KeyState;
 
 /// Every client's footprint and waiting demand on one key.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

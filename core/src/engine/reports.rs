@@ -3,10 +3,10 @@
 //! Counts only move forward and are clamped to what the grant can honour, so a
 //! lost, repeated or reordered report can never free capacity twice.
 
+use crate::contract::protocol::{GrantReport, GrantResult, GrantStatus};
+use crate::engine::lifecycle::Event;
+use crate::engine::state::{Grant, KeyState};
 use crate::ids::GrantId;
-use crate::lifecycle::Event;
-use crate::protocol::{GrantReport, GrantResult, GrantStatus};
-use crate::state::{Grant, KeyState};
 
 /// Applies one client's grant reports in order and returns a result per report.
 pub fn apply_grant_reports(

@@ -19,9 +19,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::lifecycle::Event;
-use crate::semaphores::Semaphores;
-use crate::state::KeyState;
+use crate::engine::lifecycle::Event;
+use crate::engine::semaphores::Semaphores;
+use crate::engine::state::KeyState;
 
 /// What a force release dropped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -103,7 +103,7 @@ fn release_client(state: &mut KeyState, client_id: &str) -> ForceReleased {
 mod tests {
     use super::*;
     use crate::config::KeyConfig;
-    use crate::protocol::{Demand, PermitRequest, V1};
+    use crate::contract::protocol::{Demand, PermitRequest, V1};
     use crate::IdAllocator;
 
     const T0: u64 = 1_764_460_800_000;

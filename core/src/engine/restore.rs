@@ -13,10 +13,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::KeyConfig;
+use crate::contract::validate::{
+    validate_client_id, validate_group, validate_key, validate_key_config,
+};
+use crate::engine::semaphores::Semaphores;
+use crate::engine::state::{KeyImage, KeyState};
 use crate::limits::MAX_KEYS;
-use crate::semaphores::Semaphores;
-use crate::state::{KeyImage, KeyState};
-use crate::validate::{validate_client_id, validate_group, validate_key, validate_key_config};
 use crate::InvalidInput;
 
 /// The `format` of a backup file.
@@ -155,7 +157,7 @@ impl Semaphores {
 mod tests {
     use super::*;
     use crate::config::KeyConfig;
-    use crate::protocol::{Demand, PermitRequest, V1};
+    use crate::contract::protocol::{Demand, PermitRequest, V1};
     use crate::IdAllocator;
 
     const T0: u64 = 1_764_460_800_000;

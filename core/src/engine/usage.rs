@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::KeyConfig;
-use crate::state::{Grant, KeyState};
+use crate::engine::state::{Grant, KeyState};
 
 /// A key's limit, outstanding permits, lease footprint and room left for grants.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -12,10 +12,10 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::contract::protocol::{SemaphoreRequest, SemaphoreResponse, V1};
+use crate::contract::validate::{validate_key, validate_request, InvalidInput};
 use crate::contract::{ErrorAnswer, ErrorBody};
 use crate::limits::{MAX_BATCH_ITEMS, MAX_BATCH_KEYS};
-use crate::protocol::{SemaphoreRequest, SemaphoreResponse, V1};
-use crate::validate::{validate_key, validate_request, InvalidInput};
 
 /// The body of `POST /v1/batch`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

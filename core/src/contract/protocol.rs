@@ -3,7 +3,7 @@
 //!
 //! JSON field names are camelCase and exact; every message carries `"v": 1`, and an
 //! unknown `type` or `v` fails to parse. Parsing checks shapes and types (a negative
-//! or fractional count is a parse error); [`crate::validate`] then checks limits.
+//! or fractional count is a parse error); [`crate::contract::validate`] then checks limits.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

@@ -16,10 +16,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::{GroupPolicy, LeasePolicy};
+use crate::contract::protocol::{LeaseGrant, LeaseReport};
+use crate::engine::lifecycle::Event;
+use crate::engine::state::{KeyState, Lease};
 use crate::ids::{IdAllocator, LeaseId};
-use crate::lifecycle::Event;
-use crate::protocol::{LeaseGrant, LeaseReport};
-use crate::state::{KeyState, Lease};
 
 /// What one round learned from lease reports.
 #[derive(Debug, Default)]

@@ -22,10 +22,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::contract::protocol::{LeaseGrant, PermitGrant, PermitRequest};
+use crate::engine::state::{KeyState, RememberedAnswer};
 use crate::ids::{LeaseId, LogIndex};
 use crate::limits::{MAX_REMEMBERED_ANSWERS_PER_CLIENT, MAX_REMEMBERED_ANSWERS_PER_KEY};
-use crate::protocol::{LeaseGrant, PermitGrant, PermitRequest};
-use crate::state::{KeyState, RememberedAnswer};
 
 /// How a request of a round is answered.
 #[derive(Debug, Clone, PartialEq)]

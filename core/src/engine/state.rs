@@ -18,9 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::config::{GroupConfig, GroupPolicy, KeyConfig};
+use crate::contract::protocol::PermitGrant;
+use crate::engine::small_map::{SmallMap, SmallSet};
 use crate::ids::{GrantId, LeaseId, LogIndex};
-use crate::protocol::PermitGrant;
-use crate::small_map::{SmallMap, SmallSet};
 
 /// Permits handed to one client for one group by one round.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

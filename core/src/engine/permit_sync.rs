@@ -1,11 +1,11 @@
 //! A sync: reports only, applied at once without waiting for a round.
 
 use crate::config::KeyConfig;
-use crate::leases::{apply_lease_reports, LeaseReports};
-use crate::lifecycle::Event;
-use crate::protocol::{PermitSync, PermitSyncResult, V1};
-use crate::reports::apply_grant_reports;
-use crate::state::KeyState;
+use crate::contract::protocol::{PermitSync, PermitSyncResult, V1};
+use crate::engine::leases::{apply_lease_reports, LeaseReports};
+use crate::engine::lifecycle::Event;
+use crate::engine::reports::apply_grant_reports;
+use crate::engine::state::KeyState;
 
 /// A sync's answer and the events it caused.
 #[derive(Debug, Clone, PartialEq)]

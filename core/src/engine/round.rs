@@ -11,21 +11,21 @@
 
 use std::collections::BTreeMap;
 
-use crate::answers::{dispositions, remember, worth_remembering, Disposition};
 use crate::config::KeyConfig;
-use crate::ids::IdAllocator;
-use crate::leases::{
-    allocate_leases, apply_lease_reports, LeaseCandidate, LeaseReports, LeaseRound,
-};
-use crate::lifecycle::Event;
-use crate::protocol::{
+use crate::contract::protocol::{
     Blocked, BlockedReason, Demand, GrantResult, GrantedPermits, LeaseGrant, PermitGrant,
     PermitRequest, V1,
 };
-use crate::reclaim::{forget_answers, reclaim_expired};
-use crate::reports::apply_grant_reports;
-use crate::state::{Grant, KeyState};
-use crate::usage::{usage, Usage};
+use crate::engine::leases::{
+    allocate_leases, apply_lease_reports, LeaseCandidate, LeaseReports, LeaseRound,
+};
+use crate::engine::lifecycle::Event;
+use crate::engine::reclaim::{forget_answers, reclaim_expired};
+use crate::engine::replay::{dispositions, remember, worth_remembering, Disposition};
+use crate::engine::reports::apply_grant_reports;
+use crate::engine::state::{Grant, KeyState};
+use crate::engine::usage::{usage, Usage};
+use crate::ids::IdAllocator;
 
 /// What a round did: one answer per request, in request order, and its events.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,9 +5,9 @@
 
 use serde::Serialize;
 
+use crate::contract::protocol::BlockedReason;
+use crate::engine::usage::Usage;
 use crate::ids::{GrantId, LeaseId};
-use crate::protocol::BlockedReason;
-use crate::usage::Usage;
 
 /// Something a round, sync or reclaim pass did.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -9,10 +9,10 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Amount, GroupConfig, KeyConfig, LeasePolicy, Provisioning};
-use crate::limits::*;
-use crate::protocol::{
+use crate::contract::protocol::{
     Demand, GrantReport, LeaseReport, PermitRequest, PermitSync, SemaphoreRequest,
 };
+use crate::limits::*;
 
 /// The name of the offending field, as the wire spells it (`demand.count`).
 /// Borrowed when validation names it, owned when a rejection is decoded again.
