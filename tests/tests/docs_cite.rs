@@ -210,7 +210,11 @@ fn has_file_extension(word: &str) -> bool {
 fn cited_path<'a>(span: &'a str, tree: &Tree, doc_dir: &str) -> Option<&'a str> {
     let span = span.strip_prefix("./").unwrap_or(span);
     let not_a_path = |c: char| c.is_whitespace() || "*<>{}$…|:=#()[]'\"~,;!?@%".contains(c);
-    if span.is_empty() || span.starts_with(['/', '-', '.']) || span.contains(not_a_path) {
+    if span.is_empty()
+        || span.starts_with(['/', '-'])
+        || span.contains("..")
+        || span.contains(not_a_path)
+    {
         return None;
     }
     if span
@@ -451,6 +455,7 @@ fn the_citation_rules_tell_paths_and_names_from_other_words() {
     assert_eq!(path("powerfs/"), Some("powerfs/"));
     assert_eq!(path("scripts/module-arrows"), Some("scripts/module-arrows"));
     assert_eq!(path("./test.sh"), Some("test.sh"));
+    assert_eq!(path(".ci/run"), Some(".ci/run"));
     assert_eq!(path("edge/service.rs"), Some("edge/service.rs"));
     for not_a_path in [
         "<data_dir>/wal/*.wal",
@@ -461,6 +466,8 @@ fn the_citation_rules_tell_paths_and_names_from_other_words() {
         "/dev/fuse",
         "cargo test -p permitd-tests",
         "acct-*",
+        ".powerfs-trash",
+        "../docs",
     ] {
         assert_eq!(path(not_a_path), None, "{not_a_path}");
     }
@@ -483,4 +490,55 @@ fn the_citation_rules_tell_paths_and_names_from_other_words() {
     );
     assert_eq!(cited_name("now_ms"), None);
     assert_eq!(cited_name("PERMITD_KEEP_DIRS"), None);
+}
+
+/// architecture.md says of its node map: "Each folder uses only the ones below
+/// it in this list" (but `now_ms` of lib.rs). `scripts/module-arrows` draws
+/// every import between the node's files; each must point down the map.
+#[test]
+fn the_node_map_lists_its_parts_in_the_order_their_imports_point() {
+    let root = repository();
+    let tree = Tree::walk(&root);
+    let architecture = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let (base, drawn) = split_fences(&architecture)
+        .fences
+        .iter()
+        .filter_map(|fence| map_entries(fence, &tree))
+        .find(|(base, _)| base == "node/src/")
+        .expect("architecture.md draws node/src/");
+    let mut order: Vec<&str> = Vec::new();
+    for entry in &drawn {
+        let top = entry[base.len()..].split('/').next().unwrap_or("");
+        if !order.contains(&top) {
+            order.push(top);
+        }
+    }
+    let output = std::process::Command::new("python3")
+        .arg("scripts/module-arrows")
+        .current_dir(&root)
+        .output()
+        .expect("python3 runs scripts/module-arrows");
+    assert!(
+        output.status.success(),
+        "scripts/module-arrows found a cycle"
+    );
+    let arrows = String::from_utf8(output.stdout).unwrap();
+    let mut upward = Vec::new();
+    for arrow in arrows.lines().filter_map(|line| line.split_once(" -> ")) {
+        let top = |file: &str| file.split('/').next().unwrap_or("").to_owned();
+        let (from, to) = (top(arrow.0), top(arrow.1));
+        if from == to || to == "lib.rs" {
+            continue;
+        }
+        let place = |part: &str| order.iter().position(|drawn| *drawn == part);
+        match (place(&from), place(&to)) {
+            (Some(from), Some(to)) if from < to => {}
+            _ => upward.push(format!("{} -> {}", arrow.0, arrow.1)),
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "imports that do not point down architecture.md's node map ({order:?}):\n{}",
+        upward.join("\n")
+    );
 }
