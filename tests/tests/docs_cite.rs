@@ -394,44 +394,57 @@ fn expected_map_entries(base: &str, tree: &Tree) -> Vec<String> {
         .collect()
 }
 
+/// What `doc` cites that the repository lacks, one line each.
+fn missing_citations(doc: &Doc, tree: &Tree, code: &CodeNames) -> Vec<String> {
+    let parts = split_fences(&doc.text);
+    let (spans, outside) = code_spans(&parts.prose);
+    let paths = spans
+        .iter()
+        .filter_map(|span| cited_path(span, tree, doc.dir()))
+        .map(str::to_owned)
+        .chain(prose_paths(&outside))
+        .filter(|path| !tree.resolves(path, doc.dir()))
+        .map(|path| format!("file `{path}`"));
+    let names = spans
+        .iter()
+        .filter_map(|span| cited_name(span))
+        .filter(|name| !code.knows(name))
+        .map(|name| format!("test or function `{name}`"));
+    let maps = parts
+        .fences
+        .iter()
+        .filter_map(|fence| map_entries(fence, tree))
+        .flat_map(|(base, drawn)| map_errors(&base, &drawn, tree));
+    paths
+        .chain(names)
+        .chain(maps)
+        .map(|what| format!("{}: {what}", doc.path))
+        .collect()
+}
+
+/// Where a map of `base` draws what is not there, or leaves out what is.
+fn map_errors(base: &str, drawn: &[String], tree: &Tree) -> Vec<String> {
+    let absent = drawn
+        .iter()
+        .filter(|entry| !tree.has(entry))
+        .map(|entry| format!("map of {base} draws `{entry}`"));
+    let same = |a: &str, b: &str| a.trim_end_matches('/') == b.trim_end_matches('/');
+    let left_out = expected_map_entries(base, tree)
+        .into_iter()
+        .filter(|entry| !drawn.iter().any(|d| same(d, entry)))
+        .map(|entry| format!("map of {base} lacks `{entry}`"));
+    absent.chain(left_out).collect()
+}
+
 #[test]
 fn every_path_test_and_module_the_docs_cite_exists() {
     let root = repository();
     let tree = Tree::walk(&root);
     let code = CodeNames::read(&root, &tree);
-    let mut missing = Vec::new();
-    for doc in documents(&root, &tree) {
-        let parts = split_fences(&doc.text);
-        let (spans, outside) = code_spans(&parts.prose);
-        let paths = spans
-            .iter()
-            .filter_map(|span| cited_path(span, &tree, doc.dir()))
-            .map(str::to_owned)
-            .chain(prose_paths(&outside));
-        for path in paths {
-            if !tree.resolves(&path, doc.dir()) {
-                missing.push(format!("{}: file `{path}`", doc.path));
-            }
-        }
-        for name in spans.iter().filter_map(|span| cited_name(span)) {
-            if !code.knows(name) {
-                missing.push(format!("{}: test or function `{name}`", doc.path));
-            }
-        }
-        for (base, drawn) in parts.fences.iter().filter_map(|f| map_entries(f, &tree)) {
-            for entry in &drawn {
-                if !tree.has(entry) {
-                    missing.push(format!("{}: map of {base} draws `{entry}`", doc.path));
-                }
-            }
-            for entry in expected_map_entries(&base, &tree) {
-                let drawn_as = |d: &String| d.trim_end_matches('/') == entry.trim_end_matches('/');
-                if !drawn.iter().any(drawn_as) {
-                    missing.push(format!("{}: map of {base} lacks `{entry}`", doc.path));
-                }
-            }
-        }
-    }
+    let mut missing: Vec<String> = documents(&root, &tree)
+        .iter()
+        .flat_map(|doc| missing_citations(doc, &tree, &code))
+        .collect();
     missing.sort();
     missing.dedup();
     assert!(
