@@ -22,7 +22,9 @@
 //! - a **module map**: a fenced block whose first line is a folder of the
 //!   repository (`node/src/`) draws that folder as a tree. Every file and
 //!   folder it draws must exist, and every file and folder two levels deep
-//!   (but `mod.rs`) must be drawn, so the map shows what is on disk.
+//!   (but `mod.rs`) must be drawn, so the map shows what is on disk. The node's
+//!   map also claims an order (each part uses only those below it), which the
+//!   imports `scripts/module-arrows` prints must follow.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
