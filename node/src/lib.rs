@@ -22,12 +22,13 @@
 //!   `/cluster/init`);
 //! - [`observe`]: [`observe::applied_events`] turns every applied entry's
 //!   lifecycle events into tracing events and [`observe::metrics`];
-//! - [`raft`]: openraft replicates the entry through [`raft::network`] to the
-//!   peers' [`edge::raft_inbound`] endpoints; every replica's state machine
-//!   (storage crate) applies it; the leader answers each waiting request with
-//!   its part of the result;
+//! - [`raft`]: openraft, on a runtime of its own ([`raft::runtime`]), replicates
+//!   the entry through [`raft::network`] to the peers' [`edge::raft_inbound`]
+//!   endpoints; every replica's state machine (storage crate) applies it; the
+//!   leader answers each waiting request with its part of the result;
 //! - [`credentials`]: the peer secret, the admin token and TLS, used by the edge
-//!   and the Raft transport alike.
+//!   and the Raft transport alike;
+//! - [`shutdown`]: the stop signal both listeners share.
 //!
 //! Invariants:
 //! - only the leader holds pending requests; when it loses leadership every one of

@@ -1,16 +1,18 @@
 //! The one binary encoding of everything a node writes to disk or sends a peer:
-//! log entries, the Raft rows, state rows, snapshots and Raft RPC bodies.
+//! the payloads of the write-ahead log's records (entries, the vote, the
+//! committed and purged log ids), snapshots and Raft RPC bodies.
 //!
 //! MessagePack (rmp-serde), with structs as maps of their field names. Not
 //! postcard or bincode: those formats are not self-describing, and the command
-//! payload and the state rows reuse the v1 API's types, which are defined once
+//! payload and the snapshot's state reuse the v1 API's types, which are defined once
 //! for JSON and use serde features that need a self-describing format (fields
 //! left out by `skip_serializing_if`, internally tagged and untagged enums). A
 //! second, binary-only definition of those types would drift from the API's.
 //! MessagePack keeps them as they are while dropping JSON's text: ids are 16
 //! raw bytes, numbers are binary, snapshot data travels as raw bytes rather
-//! than an array of numbers. Field names stay in the encoding, so a row written
-//! by this build stays readable when a later build adds an optional field.
+//! than an array of numbers. Field names stay in the encoding, so an entry or a
+//! snapshot written by this build stays readable when a later build adds an
+//! optional field.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

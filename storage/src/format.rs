@@ -11,8 +11,9 @@ use std::path::Path;
 
 use crate::StorageError;
 
-/// The on-disk layout version this build reads and writes (the trees and keys of
-/// [`crate::keys`], the encoding of [`crate::codec`], snapshots as files).
+/// The on-disk layout version this build reads and writes (the write-ahead
+/// log's segments and records, `wal/record.rs`; the encoding of
+/// [`crate::codec`]; snapshots as files).
 ///
 /// History: 1 held every value as JSON and the snapshot in one sled value; 2
 /// holds them in MessagePack and the snapshot in a file. A dir of another

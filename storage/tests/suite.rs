@@ -1,4 +1,5 @@
-//! openraft's own storage test suite, run against sled stores in temp dirs.
+//! openraft's own storage test suite, run against stores opened with [`open`]
+//! in temp dirs: the write-ahead log and the in-memory state machine.
 
 use openraft::testing::{StoreBuilder, Suite};
 use permitd_storage::{open, LogStore, NodeId, Options, StateMachineStore, TypeConfig};

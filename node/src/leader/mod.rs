@@ -7,7 +7,9 @@
 //!   into an entry, how answers map back to waiting requests, which
 //!   empty-handed requests are held); [`round_error`]: why a message got no
 //!   answer;
-//! - [`timer`]: the precise wake-up thread the driver sleeps on;
+//! - [`timer`]: what the driver sleeps on, precise to well under a millisecond:
+//!   a timerfd that the API runtime's own epoll watches (no thread of its own),
+//!   with tokio's 1 ms timer standing in where no timerfd can be made or used;
 //! - [`reclaim`]: one timer per key at the earliest claim deadline;
 //! - [`deadlines`]: per-key due times in order, the one timer structure of the
 //!   schedule and the reclaim timers;

@@ -1,5 +1,8 @@
-//! openraft wiring: the Raft handle type, the outbound network over HTTP and the
-//! inbound `/raft/*` endpoints.
+//! openraft wiring: the Raft handle type, Raft's own runtime ([`runtime`]), the
+//! outbound network over HTTP ([`network`]), pre-vote ([`election_guard`]),
+//! where each peer's log ends ([`peer_logs`]) and the metrics that show a stall
+//! ([`stall_probe`]). The inbound `/raft/*` endpoints the peers call are in the
+//! edge, which serves both listeners (`edge/raft_inbound.rs`).
 //!
 //! Peers talk HTTP with MessagePack bodies ([`wire`]). Every request carries the
 //! cluster secret; every answer is an encoded `Result<Response, RaftError>` so that a remote Raft error

@@ -1,7 +1,7 @@
 //! The followers' leader contact gaps over a measured window: how long each
 //! follower went between two AppendEntries (heartbeats or appends) from the
 //! leader, from the nodes' `permitd_raft_leader_contact_gap_seconds`
-//! histogram (`node/src/stall_probe.rs`).
+//! histogram (`node/src/raft/stall_probe.rs`).
 //!
 //! The histogram keeps cumulative bucket counts since the node started, so a
 //! window's gaps are the difference of two readings, summed over the

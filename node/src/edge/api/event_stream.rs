@@ -1,11 +1,12 @@
 //! `GET /v1/events?key=&from=`: lifecycle events as Server-Sent Events.
 //!
-//! Served by the node called, from its own applied entries ([`EventLog`]): any
-//! node can serve it, so it is not forwarded, and a stream outlives a leader
-//! change. Each message is one event (`event:` its type, `id:` its entry's log
-//! index, `data:` an
-//! [`EventRecord`](permitd_core::contract::EventRecord) as JSON). `Last-Event-ID: N` (what a browser's
-//! `EventSource` sends when it reconnects) means `from = N + 1`.
+//! Served by the node called, from its own applied entries
+//! ([`EventLog`](crate::observe::event_log::EventLog)): any node can serve it,
+//! so it is not forwarded, and a stream outlives a leader change. Each message
+//! is one event (`event:` its type, `id:` its entry's log index, `data:` an
+//! [`EventRecord`](permitd_core::contract::EventRecord) as JSON).
+//! `Last-Event-ID: N` (what a browser's `EventSource` sends when it reconnects)
+//! means `from = N + 1`.
 //!
 //! Refusals before the stream starts are ordinary JSON errors: 400 for a bad
 //! query, 410 `too_far_behind` when events from `from` on are gone, 429
