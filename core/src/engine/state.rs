@@ -125,7 +125,10 @@ impl KeyMeta {
 /// Answers remembered per client, then per requestId.
 pub type Answers = SmallMap<String, SmallMap<String, RememberedAnswer>>;
 
-/// Rows written since the last [`KeyState::take_changes`]; storage persists these.
+/// Rows written since the last [`KeyState::take_changes`]. Storage reads only
+/// which keys changed (the applied keys its node is told about); the per-row
+/// detail dates from a store that wrote rows, and is kept for the tests that
+/// check what an operation touched.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Changes {
     pub meta: bool,
@@ -193,7 +196,7 @@ pub struct KeyState {
     leases: SmallMap<LeaseId, Lease>,
     answers: Answers,
     tally: Tally,
-    /// Allocated only while rows are waiting to be persisted: an idle key
+    /// Allocated only while changes wait to be taken: an idle key
     /// carries no empty change sets.
     changes: Option<Box<Changes>>,
 }
