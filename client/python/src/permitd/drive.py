@@ -1,0 +1,135 @@
+"""Running plans (``plan.py``): with ``httpx.Client`` in the calling thread, or with
+``httpx.AsyncClient`` on the running event loop.
+
+A driver performs each effect a plan yields and sends the outcome back. A
+transport error is an outcome (``Failure``), never an exception, so the plan
+decides what is retried. An interruption while an effect runs
+(``KeyboardInterrupt``, asyncio cancellation) is thrown into the plan, so its
+cleanup (releasing grants already held) still runs, its own effects performed
+as usual, before the interruption goes on. An async ``request`` attempt
+interrupted in flight is not cut off: the attempt runs on in the background and
+its ``abandon`` hook returns what the answer granted (``permit.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import Any, Optional, Set
+
+import httpx
+
+from .plan import ClientConfig, Failure, Outcome, Plan, Response, Send, Sleep, T
+
+
+def http_settings(config: ClientConfig) -> "dict[str, Any]":
+    """What both httpx clients are built with: TLS roots, HTTP/2, no env proxies."""
+    verify: Any = True
+    if config.ca_file is not None:
+        verify = ssl.create_default_context(cafile=config.ca_file)
+    return {"verify": verify, "http2": config.http2, "trust_env": False}
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return f"{type(error).__name__}: {text}" if str(error) else text
+
+
+def _timeout(send: Send) -> httpx.Timeout:
+    return httpx.Timeout(send.timeout_ms / 1000)
+
+
+class SyncDriver:
+    def __init__(self, config: ClientConfig) -> None:
+        self.http = httpx.Client(**http_settings(config))
+
+    def perform(self, send: Send) -> Outcome:
+        try:
+            answer = self.http.request(send.method, send.url, headers=send.headers, content=send.body, timeout=_timeout(send))
+        except httpx.HTTPError as error:
+            return Failure(_describe(error))
+        return Response(answer.status_code, answer.headers, answer.content)
+
+    def run(self, plan: Plan[T]) -> T:
+        value: Any = None
+        interrupt: Optional[BaseException] = None
+        while True:
+            try:
+                effect = plan.send(value) if interrupt is None else plan.throw(interrupt)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            interrupt = None
+            try:
+                if isinstance(effect, Sleep):
+                    time.sleep(max(0.0, effect.seconds))
+                    value = None
+                else:
+                    value = self.perform(effect)
+            except BaseException as error:  # an interruption: the plan cleans up
+                interrupt = error
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class AsyncDriver:
+    def __init__(self, config: ClientConfig) -> None:
+        self.http = httpx.AsyncClient(**http_settings(config))
+        # Background tasks (abandoned requests' answers), kept so they are not collected mid-flight.
+        self._background: Set["asyncio.Task[Any]"] = set()
+
+    async def perform(self, send: Send) -> Outcome:
+        try:
+            answer = await self.http.request(send.method, send.url, headers=send.headers, content=send.body, timeout=_timeout(send))
+        except httpx.HTTPError as error:
+            return Failure(_describe(error))
+        return Response(answer.status_code, answer.headers, answer.content)
+
+    async def run(self, plan: Plan[T]) -> T:
+        value: Any = None
+        interrupt: Optional[BaseException] = None
+        while True:
+            try:
+                effect = plan.send(value) if interrupt is None else plan.throw(interrupt)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            interrupt = None
+            if isinstance(effect, Sleep):
+                try:
+                    await asyncio.sleep(max(0.0, effect.seconds))
+                except BaseException as error:
+                    interrupt = error
+                value = None
+                continue
+            attempt = asyncio.ensure_future(self.perform(effect))
+            try:
+                value = await asyncio.shield(attempt)
+            except BaseException as error:
+                interrupt = error
+                if effect.abandon is not None:
+                    self.spawn(self._settle_abandoned(attempt, effect))
+                else:
+                    attempt.cancel()
+
+    async def _settle_abandoned(self, attempt: "asyncio.Future[Outcome]", send: Send) -> None:
+        """Waits for an abandoned attempt's answer and runs what its ``abandon`` hook returns."""
+        assert send.abandon is not None, "only attempts with a hook are settled"
+        outcome = await attempt
+        cleanup = send.abandon(outcome)
+        if cleanup is not None:
+            try:
+                await self.run(cleanup)
+            except Exception:
+                pass  # the holder reclaims at the claim deadline, as after a lost answer
+
+    def spawn(self, work: Any) -> "asyncio.Task[Any]":
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def close(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        await self.http.aclose()
