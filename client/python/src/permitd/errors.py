@@ -15,7 +15,7 @@ class PermitdError(Exception):
     """Any error of this package."""
 
 
-class ConfigError(PermitdError):
+class ConfigError(PermitdError, ValueError):
     """The client was configured wrongly: no endpoints, or one that cannot serve as a base URL."""
 
 
