@@ -17,9 +17,11 @@ saw, or a lease permit drawn, is never lost to a crash.
 WAL mode with ``synchronous=FULL``: each ``write`` is one transaction whose
 commit is fsynced before it returns, so an acknowledged enqueue and a seen claim
 survive a power cut (``tests/test_power_loss.py`` cuts the power under it on
-powerfs). SQLite syncs the directory when it creates the WAL, not when it
-creates the database file, so the store syncs the directory itself once the
-file exists.
+powerfs). A new file's directory entry is durable only once its directory is
+fsynced: SQLite does that when it creates the WAL (which, in the same
+directory, covers the database file too), and the store does it once more
+after creating the database file, so a fresh store does not rest on that
+detail of SQLite's.
 """
 
 from __future__ import annotations
