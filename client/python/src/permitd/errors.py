@@ -8,11 +8,21 @@ server named one.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 
 class PermitdError(Exception):
-    """Any error of this package."""
+    """Any error of this package.
+
+    Picklable with its fields (Celery and multiprocessing carry errors across
+    processes): each subclass keeps its constructor's arguments."""
+
+    _init_args: Tuple[Any, ...] = ()
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        if self._init_args:
+            return (type(self), self._init_args)
+        return super().__reduce__()
 
 
 class ConfigError(PermitdError, ValueError):
@@ -25,6 +35,7 @@ class RejectedError(PermitdError):
     def __init__(self, status: int, code: str, message: str, field: Optional[str] = None) -> None:
         suffix = "" if field is None else f" (field {field})"
         super().__init__(f"{status} {code}: {message}{suffix}")
+        self._init_args = (status, code, message, field)
         self.status = status
         self.code = code
         self.message = message
@@ -36,6 +47,7 @@ class DeadlineExceededError(PermitdError):
 
     def __init__(self, deadline_ms: int, attempts: int, last: str) -> None:
         super().__init__(f"no answer within {deadline_ms} ms after {attempts} attempts; last error: {last}")
+        self._init_args = (deadline_ms, attempts, last)
         self.deadline_ms = deadline_ms
         self.attempts = attempts
         self.last = last
@@ -46,6 +58,7 @@ class UnexpectedAnswerError(PermitdError):
 
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(f"unexpected answer from {url}: {reason}")
+        self._init_args = (url, reason)
         self.url = url
         self.reason = reason
 
@@ -58,6 +71,7 @@ class AcquireError(PermitdError):
 
     def __init__(self, kind: str, key: str, message: str) -> None:
         super().__init__(message)
+        self._init_args = (kind, key, message)
         self.kind = kind
         self.key = key
 
@@ -79,6 +93,7 @@ class QueueStoreFailedError(PermitdError):
 
     def __init__(self, cause: BaseException) -> None:
         super().__init__(f"the queue stopped: its store failed: {cause}")
+        self._init_args = (cause,)
         self.__cause__ = cause
 
 
@@ -87,6 +102,7 @@ class ClientIdMismatchError(PermitdError):
 
     def __init__(self, stored: str, configured: str) -> None:
         super().__init__(f"the queue store belongs to client {stored!r}, not {configured!r}")
+        self._init_args = (stored, configured)
         self.stored = stored
         self.configured = configured
 
@@ -96,5 +112,6 @@ class InvalidItemError(PermitdError):
 
     def __init__(self, item_id: str, reason: str) -> None:
         super().__init__(f"invalid item {item_id[:64]!r}: {reason}")
+        self._init_args = (item_id, reason)
         self.item_id = item_id
         self.reason = reason
