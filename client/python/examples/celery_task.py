@@ -9,14 +9,14 @@ The broker here is in memory, for the example; use your own.
 
 import os
 
-from celery import Celery
+from celery import Celery  # type: ignore[import-untyped]
 
 from permitd.integrations import permit_task
 
 app = Celery("reports", broker=os.environ.get("CELERY_BROKER_URL", "memory://"))
 
 
-@app.task(bind=True, max_retries=20)
+@app.task(bind=True, max_retries=20)  # type: ignore[untyped-decorator]
 @permit_task(lambda account: f"acct-{account}", "nightly-report", timeout=5, countdown=30)
 def nightly_report(self: object, account: str) -> str:
     return f"report of acct-{account} done"

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Cluster  # noqa: E402
+from harness import Cluster
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ repository's ``target/debug/permitd`` (``cargo build -p permitd`` makes it).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -75,9 +76,16 @@ def eventually(timeout_s: float, check: Callable[[], bool], what: str) -> None:
         time.sleep(POLL_S)
 
 
+def healthy(url: str) -> bool:
+    with urllib.request.urlopen(f"{url}/healthz", timeout=1) as answer:
+        return bool(answer.status == 200)
+
+
 def http_json(url: str, method: str = "GET", body: Optional[object] = None, timeout: float = 2.0) -> object:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"})
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as answer:
         return json.loads(answer.read() or b"null")
 
@@ -96,7 +104,7 @@ class Cluster:
         self.config = config
 
     @classmethod
-    def start(cls, nodes: int = 3, defaults: str = DEFAULTS) -> "Cluster":
+    def start(cls, nodes: int = 3, defaults: str = DEFAULTS) -> Cluster:
         directory = tempfile.mkdtemp(prefix="permitd-py-")
         text = (
             f'secret = "{SECRET}"\n\n[auth]\nadmin_token = "{ADMIN_TOKEN}"\n\n[raft]\nheartbeat_interval_ms = 50\n'
@@ -115,7 +123,7 @@ class Cluster:
             for node in members:
                 cluster.spawn(node)
             for node in members:
-                eventually(START_TIMEOUT_S, lambda node=node: urllib.request.urlopen(f"{node.url}/healthz", timeout=1).status == 200, f"node {node.id} healthy")  # type: ignore[misc]
+                eventually(START_TIMEOUT_S, functools.partial(healthy, node.url), f"node {node.id} healthy")
             http_json(f"{members[0].url}/cluster/init", "POST", {}, timeout=START_TIMEOUT_S)
             cluster.wait_for_leader()
         except BaseException:
@@ -127,10 +135,16 @@ class Cluster:
         return [node.url for node in self.nodes]
 
     def spawn(self, node: Node) -> None:
-        log = open(os.path.join(self.dir, f"node-{node.id}.log"), "ab")
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")}
-        node.process = subprocess.Popen([permitd_bin(), "serve", "--config", self.config, "--id", str(node.id)], stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
-        log.close()
+        # The child keeps its own copy of the log's descriptor.
+        with open(os.path.join(self.dir, f"node-{node.id}.log"), "ab") as log:
+            node.process = subprocess.Popen(
+                [permitd_bin(), "serve", "--config", self.config, "--id", str(node.id)],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
 
     def status(self, node: Node) -> Optional[Dict[str, object]]:
         try:

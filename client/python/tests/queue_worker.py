@@ -41,7 +41,7 @@ class Printing:
 class ClaimPrintingClient(AsyncSemaphoreClient):
     """Prints every claim a sync carries before it is sent."""
 
-    async def batch(self, items: Sequence[Mapping[str, Any]], *, timeout: "float | None" = None) -> List[BatchResult]:
+    async def batch(self, items: Sequence[Mapping[str, Any]], *, timeout: float | None = None) -> List[BatchResult]:
         for item in items:
             for report in item["message"].get("grants", []):
                 if report["claimed"] > 0:
@@ -50,7 +50,7 @@ class ClaimPrintingClient(AsyncSemaphoreClient):
 
 
 async def commands(queue: SemaphoreQueue[int], key: str) -> None:
-    lines: "asyncio.Queue[str]" = asyncio.Queue()
+    lines: asyncio.Queue[str] = asyncio.Queue()
     loop = asyncio.get_running_loop()
 
     def read() -> None:
@@ -86,7 +86,9 @@ async def churn(queue: SemaphoreQueue[int], key: str) -> None:
 
 async def main(mode: str, store_path: str, client_id: str, key: str) -> None:
     client = ClaimPrintingClient() if mode == "churn" else AsyncSemaphoreClient()
-    queue: SemaphoreQueue[int] = await SemaphoreQueue.start(client, Printing(), client_id=client_id, store=SqliteStore(store_path), finished_interval=3600)
+    queue: SemaphoreQueue[int] = await SemaphoreQueue.start(
+        client, Printing(), client_id=client_id, store=SqliteStore(store_path), finished_interval=3600
+    )
     await (churn(queue, key) if mode == "churn" else commands(queue, key))
     await client.aclose()
 

@@ -11,8 +11,8 @@ from typing import List
 
 import pytest
 
-from harness import ADMIN_TOKEN, Cluster, eventually
-from permitd import AcquireError, AsyncSemaphoreClient, RejectedError, SemaphoreClient
+from harness import ADMIN_TOKEN, Cluster
+from permitd import AcquireError, AsyncSemaphoreClient, RejectedError, SemaphoreClient, SseMessage
 
 
 def test_acquire_contention_and_release(shared_cluster: Cluster) -> None:
@@ -120,13 +120,19 @@ def test_admin_reads_tokens_and_batch(shared_cluster: Cluster) -> None:
         client.set_key_config("acct-batch", {"limit": 4})
         results = client.batch(
             [
-                {"key": "acct-batch", "message": {"type": "request", "clientId": "r-1", "demand": [{"group": "g", "count": 2, "oldestAt": 1}]}},
-                {"key": "acct-batch", "message": {"type": "sync", "clientId": "r-1", "grants": [{"grantId": "nope", "claimed": 1, "released": 0}]}},
+                {
+                    "key": "acct-batch",
+                    "message": {"type": "request", "clientId": "r-1", "demand": [{"group": "g", "count": 2, "oldestAt": 1}]},
+                },
+                {
+                    "key": "acct-batch",
+                    "message": {"type": "sync", "clientId": "r-1", "grants": [{"grantId": "nope", "claimed": 1, "released": 0}]},
+                },
             ]
         )
         grant = results[0]
         assert not isinstance(grant, RejectedError) and grant["grants"][0]["permits"] == 2
-        assert "acct-batch" in [key["key"] for key in client.keys()]
+        assert "acct-batch" in [key["key"] for key in client.keys()]  # noqa: SIM118 (the API's keys, not a dict's)
         assert client.holders("acct-batch")["clients"]["r-1"]
         dropped = client.force_release("acct-batch", "r-1")
         assert dropped["grants"] == 1
@@ -152,7 +158,7 @@ def test_the_event_stream_resumes_from_its_cursor_on_another_node(cluster: Clust
     with SemaphoreClient([follower.url, other.url], token=ADMIN_TOKEN) as client:
         client.set_key_config("events", {"limit": 5})
         stream = client.events("events", 0)
-        seen = []
+        seen: List[SseMessage] = []
         for _ in range(5):
             client.acquire("events", "wf", 1).release()
         while len(seen) < 4:
@@ -165,5 +171,7 @@ def test_the_event_stream_resumes_from_its_cursor_on_another_node(cluster: Clust
         with SemaphoreClient([other.url], token=ADMIN_TOKEN) as fresh:
             again = fresh.events("events", 0)
             expected = [next(again) for _ in range(8)]
-        assert [(message.id, message.event, message.data) for message in seen] == [(message.id, message.event, message.data) for message in expected]
+        assert [(message.id, message.event, message.data) for message in seen] == [
+            (message.id, message.event, message.data) for message in expected
+        ]
         assert {message.record()["type"] for message in seen} >= {"round"}

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from celery import Celery
+from celery import Celery  # type: ignore[import-untyped]
 
 from harness import ADMIN_TOKEN, Cluster
 from permitd import AcquireError, AsyncSemaphoreClient, SemaphoreClient
@@ -116,8 +116,7 @@ def test_the_celery_decorator_retries_the_task_while_no_permit_comes(environment
 
 
 def test_task_permit_releases_when_the_body_fails(environment: Dict[str, str]) -> None:
-    with pytest.raises(RuntimeError, match="task failed"):
-        with task_permit("task-fails", "g") as permit:
-            assert permit.count == 1
-            raise RuntimeError("task failed")
+    with pytest.raises(RuntimeError, match="task failed"), task_permit("task-fails", "g") as permit:
+        assert permit.count == 1
+        raise RuntimeError("task failed")
     assert task_module.shared_client().usage("task-fails")["granted"] == 0

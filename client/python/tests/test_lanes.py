@@ -35,8 +35,18 @@ def item(item_id: str, key: str = KEY, group: str = "wf") -> QueueItem[str]:
     return QueueItem(item_id, key, group, item_id)
 
 
-def grant_answer(grants: List[Dict[str, Any]], leases: List[Dict[str, Any]], next_request_at: int, results: Optional[List[Dict[str, Any]]] = None) -> Any:
-    return {"type": "grant", "v": 1, "grants": grants, "blocked": [], "grantResults": results or [], "leases": leases, "nextRequestAt": next_request_at}
+def grant_answer(
+    grants: List[Dict[str, Any]], leases: List[Dict[str, Any]], next_request_at: int, results: Optional[List[Dict[str, Any]]] = None
+) -> Any:
+    return {
+        "type": "grant",
+        "v": 1,
+        "grants": grants,
+        "blocked": [],
+        "grantResults": results or [],
+        "leases": leases,
+        "nextRequestAt": next_request_at,
+    }
 
 
 def claim_answer(grant_id: str, claimed: int) -> Any:
@@ -128,7 +138,7 @@ def test_no_request_while_a_lease_awaits_confirmation_and_heartbeats_come_at_hal
     state: QueueState[str] = QueueState("runner-1")
     state.enqueue([item("a"), item("b"), item("c")], 0)
     only(state.poll(0))
-    lease = {"leaseId": "L", "group": "wf", "permits": 2, "expiresAt": 60_100}
+    lease: Any = {"leaseId": "L", "group": "wf", "permits": 2, "expiresAt": 60_100}
     state.on_answer(KEY, grant_answer([], [lease], 100), 100)
     assert lanes(state.poll(5_000)) == ["report"], "nextRequestAt passed, but the lease may serve the items"
     assert state.poll(5_001) == []
@@ -242,7 +252,12 @@ class Driver:
             self.permits_handed_out += permits
             self.next_grant += 1
             if as_lease:
-                lease = {"leaseId": f"lease-{self.next_grant}", "group": groups[0], "permits": permits, "expiresAt": self.now_ms + LEASE_TTL_MS}
+                lease: Dict[str, Any] = {
+                    "leaseId": f"lease-{self.next_grant}",
+                    "group": groups[0],
+                    "permits": permits,
+                    "expiresAt": self.now_ms + LEASE_TTL_MS,
+                }
                 self.lent[lease["leaseId"]] = lease
                 leases.append(lease)
             else:
@@ -254,8 +269,19 @@ class Driver:
         sync = self.reports.pop(key, None)
         if sync is None:
             return
-        leases = [{**self.lent[report["leaseId"]], "permits": report["drawn"] if report.get("retired") else self.lent[report["leaseId"]]["permits"]} for report in sync["leases"]]
-        self.state.on_answer(key, {"type": "synced", "v": 1, "grantResults": confirmed(sync["grants"]), "leases": leases, "contended": contended}, self.now_ms)
+        leases = [
+            {
+                **self.lent[report["leaseId"]],
+                "permits": report["drawn"] if report.get("retired") else self.lent[report["leaseId"]]["permits"],
+            }
+            for report in sync["leases"]
+        ]
+        answer: Any = {"type": "synced", "v": 1, "grantResults": confirmed(sync["grants"]), "leases": leases, "contended": contended}
+        self.state.on_answer(
+            key,
+            answer,
+            self.now_ms,
+        )
 
     def check_cumulative(self, message: Dict[str, Any]) -> None:
         for report in message.get("grants", []):

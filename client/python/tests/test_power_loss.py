@@ -87,7 +87,9 @@ class Churn:
 
     def __init__(self, cluster: Cluster, store: str) -> None:
         env = {**os.environ, "PERMITD_ENDPOINTS": ",".join(cluster.urls()), "PERMITD_TOKEN": ADMIN_TOKEN}
-        self.process = subprocess.Popen([sys.executable, WORKER, "churn", store, "runner-power", KEY], stdout=subprocess.PIPE, env=env, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, WORKER, "churn", store, "runner-power", KEY], stdout=subprocess.PIPE, env=env, text=True
+        )
         self.ready = threading.Event()
         self.enqueued: List[str] = []
         self.claims: List[tuple[str, int]] = []
@@ -98,7 +100,7 @@ class Churn:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             words = line.split()
-            if not words or len(words) < 2 and words[0] != "ready":
+            if not words or (len(words) < 2 and words[0] != "ready"):
                 continue  # a line cut by the kill
             if words[0] == "ready":
                 self.ready.set()
@@ -159,7 +161,8 @@ def test_no_acknowledged_enqueue_or_seen_claim_is_lost_to_a_power_cut() -> None:
             missing = lost(store, enqueued, claims)
             assert not missing, f"cut {cut} (seed {seed}) lost {missing[:5]}; {reports[-1]}"
         dropped = sum(int(report.split()[2]) for report in reports)
-        print(f"{cuts} cuts (seed {seed}): {len(enqueued)} acknowledged enqueues and {len(claims)} seen claims, none lost; {dropped} unsynced writes dropped")
+        seen = f"{len(enqueued)} acknowledged enqueues and {len(claims)} seen claims"
+        print(f"{cuts} cuts (seed {seed}): {seen}, none lost; {dropped} unsynced writes dropped")
         assert enqueued and claims, "the workers acknowledged and claimed something"
     finally:
         fs.stop()

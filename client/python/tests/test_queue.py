@@ -19,8 +19,8 @@ class Runner:
         self.running: Dict[str, AdmittedItem[int]] = {}
         self.done: List[str] = []
         self.peak = 0
-        self.kinds: "set[str]" = set()
-        self.queue: "SemaphoreQueue[int] | None" = None
+        self.kinds: set[str] = set()
+        self.queue: SemaphoreQueue[int] | None = None
 
     def admit(self, items: List[AdmittedItem[int]]) -> None:
         for item in items:
@@ -39,13 +39,15 @@ class Runner:
         return []
 
 
-async def run_queue(cluster: Cluster, key: str, config: Dict[str, Any], store: "SqliteStore | None", items: int, chunk: int) -> Runner:
+async def run_queue(cluster: Cluster, key: str, config: Dict[str, Any], store: SqliteStore | None, items: int, chunk: int) -> Runner:
     """Runs ``items`` items through a queue, enqueued ``chunk`` at a time (each chunk once the last is done)."""
     async with AsyncSemaphoreClient(cluster.urls(), token=ADMIN_TOKEN) as client:
         await client.set_key_config(key, config)
         runner = Runner()
         errors: List[str] = []
-        queue: SemaphoreQueue[int] = await SemaphoreQueue.start(client, runner, client_id=f"queue-{key}", store=store, on_error=lambda error, where: errors.append(f"{where}: {error}"))
+        queue: SemaphoreQueue[int] = await SemaphoreQueue.start(
+            client, runner, client_id=f"queue-{key}", store=store, on_error=lambda error, where: errors.append(f"{where}: {error}")
+        )
         runner.queue = queue
         deadline = asyncio.get_running_loop().time() + 30
         for start in range(0, items, chunk):

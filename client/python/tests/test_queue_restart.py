@@ -20,7 +20,13 @@ WORKER = str(Path(__file__).resolve().parent / "queue_worker.py")
 class Worker:
     def __init__(self, cluster: Cluster, store: str) -> None:
         env = {**os.environ, "PERMITD_ENDPOINTS": ",".join(cluster.urls()), "PERMITD_TOKEN": ADMIN_TOKEN}
-        self.process = subprocess.Popen([sys.executable, WORKER, "commands", store, "runner-restart", "restart"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, WORKER, "commands", store, "runner-restart", "restart"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         assert self.expect("ready") == ["ready"]
 
     def send(self, line: str) -> None:
@@ -60,7 +66,7 @@ def test_the_queue_survives_a_restart_of_its_worker_process(cluster: Cluster, tm
         second = Worker(cluster, store)
         again = second.admitted(2)
         assert sorted(again) == sorted(running), "the same items, admitted again under their permits"
-        done = set()
+        done: set[str] = set()
         while len(done) < 6:
             item = again.pop(0)
             second.send(f"release {item}")

@@ -56,7 +56,7 @@ def test_retry_after_reads_seconds_and_dates() -> None:
 
 def test_sse_messages_are_cut_at_blank_lines_across_chunks() -> None:
     parser = SseParser()
-    parser.feed(b': keep-alive\n\nevent: round\nid: 7\nda')
+    parser.feed(b": keep-alive\n\nevent: round\nid: 7\nda")
     assert not parser.ready
     parser.feed(b'ta: {"a":1}\r\n\r\nevent: blocked\ndata:x\ndata: y\n\n')
     first, second = parser.ready

@@ -108,7 +108,7 @@ def test_malformed_values_are_refused_with_the_path_of_the_bad_field(name: str, 
 
 def test_the_header_name_error_codes_and_retried_statuses_match_the_rust_contract() -> None:
     contract = samples()["Contract"][0]
-    assert wire.LEADER_HEADER == contract["leaderHeader"]
+    assert contract["leaderHeader"] == wire.LEADER_HEADER
     assert list(wire.ERROR_CODES) == [entry["code"] for entry in contract["errorCodes"]]
     # The client retries exactly the answers a node marks retryable (429, 503), plus gateway failures.
     for entry in contract["errorCodes"]:

@@ -25,7 +25,7 @@ class Backoff:
 
     def ceiling_ms(self) -> int:
         """The nominal (un-jittered) delay of the next retry."""
-        return min(self._max_ms, self._initial_ms * 2 ** min(self._retries, 20))
+        return min(self._max_ms, self._initial_ms * (1 << min(self._retries, 20)))
 
     def next_delay_ms(self, unit: float, retry_after_ms: Optional[int] = None) -> int:
         """The delay before the next retry; ``unit`` is a draw in ``[0, 1)``."""

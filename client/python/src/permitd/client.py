@@ -31,7 +31,16 @@ from .drive import AsyncDriver, SyncDriver
 from .errors import RejectedError
 from .events import Cursor, SseMessage, SseParser
 from .permit import PermitBase, acquire_plan, release_plan
-from .plan import DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_CALL_TIMEOUT_MS, RETRYABLE_STATUSES, ClientConfig, ClientCore, Plan, rejected, segments_path
+from .plan import (
+    DEFAULT_ATTEMPT_TIMEOUT_MS,
+    DEFAULT_CALL_TIMEOUT_MS,
+    RETRYABLE_STATUSES,
+    ClientConfig,
+    ClientCore,
+    Plan,
+    rejected,
+    segments_path,
+)
 
 #: Endpoints when neither the caller nor ``PERMITD_ENDPOINTS`` names any: ``permitd up``'s.
 DEFAULT_ENDPOINTS = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003"
@@ -134,7 +143,7 @@ class _Plans:
 class Permit(PermitBase):
     """Claimed permits of one key; ``with`` releases them on exit."""
 
-    def __init__(self, client: "SemaphoreClient", key: str, group: str, client_id: str, grants: Any) -> None:
+    def __init__(self, client: SemaphoreClient, key: str, group: str, client_id: str, grants: Any) -> None:
         super().__init__(key, group, client_id, grants)
         self._client = client
 
@@ -142,7 +151,7 @@ class Permit(PermitBase):
         """Reports every permit released; a second call does nothing."""
         self._client._run(self._client._plans.release(self))
 
-    def __enter__(self) -> "Permit":
+    def __enter__(self) -> Permit:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -152,7 +161,7 @@ class Permit(PermitBase):
 class AsyncPermit(PermitBase):
     """Claimed permits of one key; ``async with`` releases them on exit, cancellation included."""
 
-    def __init__(self, client: "AsyncSemaphoreClient", key: str, group: str, client_id: str, grants: Any) -> None:
+    def __init__(self, client: AsyncSemaphoreClient, key: str, group: str, client_id: str, grants: Any) -> None:
         super().__init__(key, group, client_id, grants)
         self._client = client
 
@@ -162,7 +171,7 @@ class AsyncPermit(PermitBase):
         task = self._client._driver.spawn(self._client._run(self._client._plans.release(self)))
         await asyncio.shield(task)
 
-    async def __aenter__(self) -> "AsyncPermit":
+    async def __aenter__(self) -> AsyncPermit:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -193,7 +202,7 @@ class SemaphoreClient:
     def close(self) -> None:
         self._driver.close()
 
-    def __enter__(self) -> "SemaphoreClient":
+    def __enter__(self) -> SemaphoreClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -218,12 +227,16 @@ class SemaphoreClient:
         return Permit(self, key, group, client_id, grants)
 
     @contextmanager
-    def permit(self, key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, client_id: Optional[str] = None) -> Iterator[Permit]:
+    def permit(
+        self, key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, client_id: Optional[str] = None
+    ) -> Iterator[Permit]:
         """``with client.permit(key, group) as p:``: acquired on entry, released on exit."""
         with self.acquire(key, group, count, timeout=timeout, client_id=client_id) as held:
             yield held
 
-    def with_permit(self, key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, fence_arg: Optional[str] = None) -> Callable[[F], F]:
+    def with_permit(
+        self, key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, fence_arg: Optional[str] = None
+    ) -> Callable[[F], F]:
         """Decorates a function to run under a permit (its fence passed as ``fence_arg`` if named)."""
 
         def decorate(function: F) -> F:
@@ -357,7 +370,7 @@ class AsyncSemaphoreClient:
         """Waits for background releases, then closes the connections."""
         await self._driver.close()
 
-    async def __aenter__(self) -> "AsyncSemaphoreClient":
+    async def __aenter__(self) -> AsyncSemaphoreClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -374,17 +387,23 @@ class AsyncSemaphoreClient:
 
     # ---- permits ----
 
-    async def acquire(self, key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, client_id: Optional[str] = None) -> AsyncPermit:
+    async def acquire(
+        self, key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, client_id: Optional[str] = None
+    ) -> AsyncPermit:
         client_id, grants = await self._run(acquire_plan(self._core, key, group, count, client_id, timeout))
         return AsyncPermit(self, key, group, client_id, grants)
 
     @asynccontextmanager
-    async def permit(self, key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, client_id: Optional[str] = None) -> AsyncIterator[AsyncPermit]:
+    async def permit(
+        self, key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, client_id: Optional[str] = None
+    ) -> AsyncIterator[AsyncPermit]:
         """``async with client.permit(key, group) as p:``: acquired on entry, released on exit."""
         async with await self.acquire(key, group, count, timeout=timeout, client_id=client_id) as held:
             yield held
 
-    def with_permit(self, key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, fence_arg: Optional[str] = None) -> Callable[[F], F]:
+    def with_permit(
+        self, key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, fence_arg: Optional[str] = None
+    ) -> Callable[[F], F]:
         """Decorates a coroutine function to run under a permit."""
 
         def decorate(function: F) -> F:

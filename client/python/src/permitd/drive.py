@@ -16,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from typing import Any, Optional, Set
+from typing import Any, Awaitable, Optional, Set
 
 import httpx
 
 from .plan import ClientConfig, Failure, Outcome, Plan, Response, Send, Sleep, T
 
 
-def http_settings(config: ClientConfig) -> "dict[str, Any]":
+def http_settings(config: ClientConfig) -> dict[str, Any]:
     """What both httpx clients are built with: TLS roots, HTTP/2, no env proxies."""
     verify: Any = True
     if config.ca_file is not None:
@@ -77,7 +77,7 @@ class AsyncDriver:
     def __init__(self, config: ClientConfig) -> None:
         self.http = httpx.AsyncClient(**http_settings(config))
         # Background tasks (abandoned requests' answers), kept so they are not collected mid-flight.
-        self._background: Set["asyncio.Task[Any]"] = set()
+        self._background: Set[asyncio.Future[Any]] = set()
 
     async def perform(self, send: Send) -> Outcome:
         try:
@@ -112,7 +112,7 @@ class AsyncDriver:
                 else:
                     attempt.cancel()
 
-    async def _settle_abandoned(self, attempt: "asyncio.Future[Outcome]", send: Send) -> None:
+    async def _settle_abandoned(self, attempt: asyncio.Future[Outcome], send: Send) -> None:
         """Waits for an abandoned attempt's answer and runs what its ``abandon`` hook returns."""
         assert send.abandon is not None, "only attempts with a hook are settled"
         outcome = await attempt
@@ -123,8 +123,8 @@ class AsyncDriver:
             except Exception:
                 pass  # the holder reclaims at the claim deadline, as after a lost answer
 
-    def spawn(self, work: Any) -> "asyncio.Task[Any]":
-        task = asyncio.ensure_future(work)
+    def spawn(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
+        task: asyncio.Future[Any] = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task

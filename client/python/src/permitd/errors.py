@@ -19,7 +19,7 @@ class PermitdError(Exception):
 
     _init_args: Tuple[Any, ...] = ()
 
-    def __reduce__(self) -> Tuple[Any, ...]:
+    def __reduce__(self) -> Any:
         if self._init_args:
             return (type(self), self._init_args)
         return super().__reduce__()

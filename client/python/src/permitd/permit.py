@@ -90,7 +90,9 @@ def _abandoned(core: ClientCore, key: str, client_id: str) -> Any:
     return hook
 
 
-def acquire_plan(core: ClientCore, key: str, group: str, count: int, client_id: Optional[str], timeout_s: Optional[float]) -> Plan["tuple[str, List[HeldGrant]]"]:
+def acquire_plan(
+    core: ClientCore, key: str, group: str, count: int, client_id: Optional[str], timeout_s: Optional[float]
+) -> Plan[tuple[str, List[HeldGrant]]]:
     """Gathers ``count`` claimed permits; on any way out but success, releases what it holds."""
     if type(count) is not int or count < 1:
         raise AcquireError("zero_count", key, "a permit needs a count of at least 1")
@@ -110,7 +112,16 @@ def acquire_plan(core: ClientCore, key: str, group: str, count: int, client_id: 
         raise
 
 
-def _gather(core: ClientCore, key: str, group: str, count: int, client_id: str, held: List[HeldGrant], deadline: Optional[float], timeout_s: Optional[float]) -> Plan[None]:
+def _gather(
+    core: ClientCore,
+    key: str,
+    group: str,
+    count: int,
+    client_id: str,
+    held: List[HeldGrant],
+    deadline: Optional[float],
+    timeout_s: Optional[float],
+) -> Plan[None]:
     oldest_at = now_ms()
 
     def timed_out() -> AcquireError:
@@ -130,7 +141,11 @@ def _gather(core: ClientCore, key: str, group: str, count: int, client_id: str, 
                 raise timed_out()
             yield Sleep(wait_ms / 1000)
         reports = [{"grantId": grant.grant_id, "claimed": grant.claimed, "released": 0} for grant in held]
-        request = {"clientId": client_id, "demand": [{"group": group, "count": count - held_count(), "oldestAt": oldest_at}], "grants": reports}
+        request = {
+            "clientId": client_id,
+            "demand": [{"group": group, "count": count - held_count(), "oldestAt": oldest_at}],
+            "grants": reports,
+        }
         request_deadline = None if left_ms is None else max(left_ms, MIN_REQUEST_DEADLINE_MS)
         try:
             answer = yield from core.request(key, request, request_deadline, abandon=_abandoned(core, key, client_id))

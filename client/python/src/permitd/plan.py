@@ -280,7 +280,9 @@ class ClientCore:
 
     # ---- the v1 API ----
 
-    def request(self, key: str, message: Mapping[str, Any], timeout_ms: Optional[int] = None, abandon: Optional[Callable[[Any], Any]] = None) -> Plan[wire.SemaphoreResponse]:
+    def request(
+        self, key: str, message: Mapping[str, Any], timeout_ms: Optional[int] = None, abandon: Optional[Callable[[Any], Any]] = None
+    ) -> Plan[wire.SemaphoreResponse]:
         """A ``request``, after the key's ``nextRequestAt``, inside the call's deadline: when
         ``nextRequestAt`` falls after it, fails at once instead of sleeping past it."""
         body = {**message, "type": "request", "v": 1}
@@ -307,7 +309,9 @@ class ClientCore:
             raise UnexpectedAnswerError(f"/v1/semaphores/{key}", "a grant answer to a sync")
         return cast(wire.SemaphoreResponse, answer)
 
-    def batch(self, items: Sequence[Mapping[str, Any]], timeout_ms: Optional[int] = None) -> Plan[List[Union[wire.SemaphoreResponse, RejectedError]]]:
+    def batch(
+        self, items: Sequence[Mapping[str, Any]], timeout_ms: Optional[int] = None
+    ) -> Plan[List[Union[wire.SemaphoreResponse, RejectedError]]]:
         """Many ``request``s and ``sync``s, for many keys, in one call (``POST /v1/batch``).
 
         Each item is ``{"key", "message"}``; returns each item's answer or its own
@@ -331,7 +335,9 @@ class ClientCore:
         return self.call("GET", segments, None, shape, query=query)
 
 
-def batch_results(sent: Sequence[Mapping[str, Any]], answers: Sequence[Mapping[str, Any]]) -> List[Union[wire.SemaphoreResponse, RejectedError]]:
+def batch_results(
+    sent: Sequence[Mapping[str, Any]], answers: Sequence[Mapping[str, Any]]
+) -> List[Union[wire.SemaphoreResponse, RejectedError]]:
     """Each item's outcome, checked against what was sent: one answer per item, and a
     ``request`` answered by a ``grant``, a ``sync`` by ``synced``."""
     if len(answers) != len(sent):

@@ -330,9 +330,7 @@ _permit_request = _object(
         "waitMs": _O(_count),
     }
 )
-_permit_sync = _object(
-    {"v": _version, "clientId": _text, "grants": _O(_list(_grant_report)), "leases": _O(_list(_lease_report))}
-)
+_permit_sync = _object({"v": _version, "clientId": _text, "grants": _O(_list(_grant_report)), "leases": _O(_list(_lease_report))})
 _permit_grant = _object(
     {
         "v": _version,
@@ -391,9 +389,7 @@ PARSERS: Dict[str, Parser] = {
     "BatchResponse": _object(
         {
             "v": _version,
-            "items": _list(
-                _object({"status": _count, "answer": _O(_semaphore_response), "error": _O(_error_body)})
-            ),
+            "items": _list(_object({"status": _count, "answer": _O(_semaphore_response), "error": _O(_error_body)})),
         }
     ),
     "Usage": _usage,
@@ -425,9 +421,7 @@ PARSERS: Dict[str, Parser] = {
             "lastLogIndex": _nullable(_count),
             "lastApplied": _nullable(_count),
             "initialized": _flag,
-            "members": _list(
-                _object({"id": _count, "addr": _text, "raftAddr": _text, "role": _one_of("voter", "learner")})
-            ),
+            "members": _list(_object({"id": _count, "addr": _text, "raftAddr": _text, "role": _one_of("voter", "learner")})),
         }
     ),
     "ErrorAnswer": _object({"error": _error_body}),

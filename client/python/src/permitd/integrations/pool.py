@@ -29,12 +29,14 @@ class AsyncWorkerPool:
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
         self._client = client
-        self._jobs: "asyncio.Queue[Optional[Job]]" = asyncio.Queue(MAX_QUEUED_JOBS)
-        self._workers: List["asyncio.Task[None]"] = [asyncio.ensure_future(self._work()) for _ in range(workers)]
+        self._jobs: asyncio.Queue[Optional[Job]] = asyncio.Queue(MAX_QUEUED_JOBS)
+        self._workers: List[asyncio.Task[None]] = [asyncio.ensure_future(self._work()) for _ in range(workers)]
 
-    def submit(self, key: str, group: str, work: Callable[..., Awaitable[Any]], *args: Any, count: int = 1, timeout: Optional[float] = None) -> "asyncio.Future[Any]":
+    def submit(
+        self, key: str, group: str, work: Callable[..., Awaitable[Any]], *args: Any, count: int = 1, timeout: Optional[float] = None
+    ) -> asyncio.Future[Any]:
         """Queues ``work(*args)`` to run under ``count`` permits of ``key``; its result's future."""
-        result: "asyncio.Future[Any]" = asyncio.get_running_loop().create_future()
+        result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._jobs.put_nowait((key, group, count, timeout, work, args, result))
         return result
 
@@ -65,7 +67,7 @@ class AsyncWorkerPool:
             await self._jobs.put(None)
         await asyncio.gather(*self._workers)
 
-    async def __aenter__(self) -> "AsyncWorkerPool":
+    async def __aenter__(self) -> AsyncWorkerPool:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

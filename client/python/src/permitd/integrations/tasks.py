@@ -40,7 +40,13 @@ def shared_client() -> SemaphoreClient:
 
 @contextmanager
 def task_permit(
-    key: str, group: str, count: int = 1, *, timeout: Optional[float] = None, client: Optional[SemaphoreClient] = None, client_id: Optional[str] = None
+    key: str,
+    group: str,
+    count: int = 1,
+    *,
+    timeout: Optional[float] = None,
+    client: Optional[SemaphoreClient] = None,
+    client_id: Optional[str] = None,
 ) -> Iterator[Permit]:
     """Runs the ``with`` body under ``count`` permits of ``key`` for ``group``."""
     chosen = client or shared_client()

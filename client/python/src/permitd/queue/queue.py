@@ -49,10 +49,10 @@ MAX_FINISHED_BATCH = 1_024
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
 
-class Admission(Protocol[B]):  # type: ignore[misc]
+class Admission(Protocol[B]):
     """The application side of a queue (either method may be a coroutine function)."""
 
-    def admit(self, items: List[AdmittedItem[B]]) -> Union[None, Awaitable[None]]:
+    def admit(self, items: List[AdmittedItem[B]]) -> Union[Awaitable[None], None]:
         """Starts work for admitted items; must be a no-op for an id already started
         (after a restart, admitted items come again)."""
 
@@ -74,7 +74,17 @@ async def _maybe_await(value: Any) -> Any:
 class SemaphoreQueue(Generic[B]):
     """See the module docs. Start one with ``await SemaphoreQueue.start(...)``."""
 
-    def __init__(self, client: AsyncSemaphoreClient, state: QueueState[B], store: QueueStore, admission: Admission[B], executor: ThreadPoolExecutor, finished_interval_s: float, shutdown_timeout_s: float, on_error: Optional[Callable[[BaseException, str], None]]) -> None:
+    def __init__(
+        self,
+        client: AsyncSemaphoreClient,
+        state: QueueState[B],
+        store: QueueStore,
+        admission: Admission[B],
+        executor: ThreadPoolExecutor,
+        finished_interval_s: float,
+        shutdown_timeout_s: float,
+        on_error: Optional[Callable[[BaseException, str], None]],
+    ) -> None:
         self._client = client
         self._state = state
         self._store = store
@@ -89,7 +99,7 @@ class SemaphoreQueue(Generic[B]):
         #: Set when a store write failed: the queue fails closed.
         self._failed: Optional[QueueStoreFailedError] = None
         self._wake = asyncio.Event()
-        self._tasks: "set[asyncio.Task[Any]]" = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._write_lock = asyncio.Lock()
         self._loop = asyncio.ensure_future(self._run())
 
@@ -105,7 +115,7 @@ class SemaphoreQueue(Generic[B]):
         finished_interval: float = DEFAULT_FINISHED_INTERVAL_S,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
         on_error: Optional[Callable[[BaseException, str], None]] = None,
-    ) -> "SemaphoreQueue[B]":
+    ) -> SemaphoreQueue[B]:
         """Loads the store (if it holds a queue), restores items and permits, and starts the loop.
         ``client_id`` is this runner's id towards the holder: stable across restarts of one store."""
         store = store if store is not None else MemoryStore()
@@ -197,7 +207,7 @@ class SemaphoreQueue(Generic[B]):
             if self._halted:
                 return self._state.in_flight()
             in_flight = self._state.in_flight()
-            if draining_until is not None and (in_flight == 0 and not messages or clock() >= draining_until):
+            if draining_until is not None and ((in_flight == 0 and not messages) or clock() >= draining_until):
                 return in_flight
             if admits:
                 self._spawn(self._admit(admits))
@@ -302,7 +312,7 @@ class SemaphoreQueue(Generic[B]):
                 self._wake.set()
                 raise self._failed from error
 
-    def _spawn(self, work: Awaitable[Any]) -> "asyncio.Task[Any]":
+    def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -318,12 +328,14 @@ def report_batches(reports: List[Outgoing], max_chars: int = MAX_REPORT_BATCH_CH
     (``MAX_BATCH_ITEMS`` items, ``MAX_BATCH_KEYS`` keys) and ``max_chars``."""
     batches: List[List[Outgoing]] = []
     current: List[Outgoing] = []
-    keys: "set[str]" = set()
+    keys: set[str] = set()
     chars = 0
     for report in reports:
         size = len(json.dumps({"key": report.key, "message": report.message}))
         new_key = report.key not in keys
-        full = len(current) >= wire.MAX_BATCH_ITEMS or (new_key and len(keys) >= wire.MAX_BATCH_KEYS) or (current and chars + size > max_chars)
+        full = (
+            len(current) >= wire.MAX_BATCH_ITEMS or (new_key and len(keys) >= wire.MAX_BATCH_KEYS) or (current and chars + size > max_chars)
+        )
         if full:
             batches.append(current)
             current, keys, chars = [], set(), 0

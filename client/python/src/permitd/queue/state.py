@@ -205,7 +205,7 @@ def _lease_drawable(lease: Record, now_ms: int) -> bool:
 
 def _lease_heartbeat_due_ms(lease: Record) -> Optional[int]:
     if not lease["retired"] and lease["drawn"] > lease["released"]:
-        return max(0, lease["expiresAtMs"] - lease["ttlMs"] // 2)
+        return max(0, int(lease["expiresAtMs"]) - int(lease["ttlMs"]) // 2)
     return None
 
 
@@ -217,7 +217,9 @@ def _lease_needs_report(lease: Record) -> bool:
     acked = lease["acked"]
     if _lease_awaits_confirmation(lease) or acked is None:
         return True
-    return bool(acked["drawn"] != lease["drawn"] or acked["released"] != lease["released"] or acked.get("retired", False) != lease["retired"])
+    return bool(
+        acked["drawn"] != lease["drawn"] or acked["released"] != lease["released"] or acked.get("retired", False) != lease["retired"]
+    )
 
 
 def _live_echo(echo: wire.LeaseGrant, now_ms: int) -> bool:
@@ -256,7 +258,9 @@ class QueueState(Generic[B]):
         self._dirty = Dirty()
 
     @classmethod
-    def restore(cls, client_id: str, config: StateConfig, items: List[Record], keys: List[Tuple[str, Record]], released: List[Tuple[int, str]]) -> "QueueState[B]":
+    def restore(
+        cls, client_id: str, config: StateConfig, items: List[Record], keys: List[Tuple[str, Record]], released: List[Tuple[int, str]]
+    ) -> QueueState[B]:
         """A queue rebuilt from stored records: admitted items are admitted again, every holding reported once."""
         state: QueueState[B] = cls(client_id, config)
         for seq, item_id in sorted(released):
@@ -290,7 +294,15 @@ class QueueState(Generic[B]):
             if item.id in self._items or item.id in self._released:
                 known += 1
                 continue
-            record = {"id": item.id, "key": item.key, "group": item.group, "body": item.body, "enqueuedAtMs": now_ms, "order": self._next_order, "phase": {"phase": "queued"}}
+            record = {
+                "id": item.id,
+                "key": item.key,
+                "group": item.group,
+                "body": item.body,
+                "enqueuedAtMs": now_ms,
+                "order": self._next_order,
+                "phase": {"phase": "queued"},
+            }
             self._next_order += 1
             self._index_queued(record)
             self._items[item.id] = record
@@ -344,7 +356,9 @@ class QueueState(Generic[B]):
 
     def admitted_ids(self, limit: int) -> List[str]:
         """Ids of admitted items, oldest first, at most ``limit``: what to ask ``finished`` about."""
-        admitted = sorted((item for item in self._items.values() if item["phase"]["phase"] == "admitted"), key=lambda item: int(item["order"]))
+        admitted = sorted(
+            (item for item in self._items.values() if item["phase"]["phase"] == "admitted"), key=lambda item: int(item["order"])
+        )
         return [item["id"] for item in admitted[:limit]]
 
     def take_admits(self) -> List[AdmittedItem[B]]:
@@ -618,7 +632,11 @@ class QueueState(Generic[B]):
 
     def poll_reports(self, now_ms: int) -> List[Outgoing]:
         """Reports only (never demand) for every key with something to report: what shutdown sends."""
-        return [Outgoing(key, self._take_sync(key)) for key in sorted(self._keys) if self._report_lane_free(key, now_ms) and self.reports_due(key, now_ms)]
+        return [
+            Outgoing(key, self._take_sync(key))
+            for key in sorted(self._keys)
+            if self._report_lane_free(key, now_ms) and self.reports_due(key, now_ms)
+        ]
 
     def next_wakeup_ms(self, now_ms: int) -> Optional[int]:
         """When ``poll`` may next have something to do, absent new items, releases or answers."""
@@ -734,7 +752,10 @@ class QueueState(Generic[B]):
         """Reports of every grant that needs one (every grant when ``forced``), capped."""
         grants = self._keys[key]["grants"] if key in self._keys else {}
         chosen = [(grant_id, grant) for grant_id, grant in sorted(grants.items()) if forced or _grant_needs_report(grant)]
-        return [{"grantId": grant_id, "claimed": grant["claimed"], "released": grant["released"]} for grant_id, grant in chosen[:MAX_GRANT_REPORTS]]
+        return [
+            {"grantId": grant_id, "claimed": grant["claimed"], "released": grant["released"]}
+            for grant_id, grant in chosen[:MAX_GRANT_REPORTS]
+        ]
 
     def _take_sync(self, key: str) -> Dict[str, Any]:
         runtime = self._runtime_of(key)
@@ -745,7 +766,9 @@ class QueueState(Generic[B]):
         # Unconfirmed leases first: one left out until its claim deadline is reclaimed.
         ordered = [entry for entry in leases if not entry[1]["confirmed"]] + [entry for entry in leases if entry[1]["confirmed"]]
         lease_reports = [_lease_report(lease_id, lease) for lease_id, lease in ordered[:MAX_LEASE_REPORTS]]
-        runtime.report_in_flight = InFlight({report["grantId"]: report for report in grants}, {report["leaseId"]: report for report in lease_reports})
+        runtime.report_in_flight = InFlight(
+            {report["grantId"]: report for report in grants}, {report["leaseId"]: report for report in lease_reports}
+        )
         return {"type": "sync", "v": 1, "clientId": self.client_id, "grants": grants, "leases": lease_reports}
 
     def _take_request(self, key: str, ride: bool) -> Dict[str, Any]:
