@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import threading
 import time
 from typing import Any, Awaitable, Optional, Set
 
 import httpx
 
+from .http11 import Http11Transport
 from .plan import ClientConfig, Failure, Outcome, Plan, Response, Send, Sleep, T
 
 
@@ -41,10 +43,28 @@ def _timeout(send: Send) -> httpx.Timeout:
 
 
 class SyncDriver:
+    """Runs plans in the calling thread: HTTP/1.1 over ``http.client`` (``http11.py``
+    says why), HTTP/2 and event streams over ``httpx.Client``."""
+
     def __init__(self, config: ClientConfig) -> None:
-        self.http = httpx.Client(**http_settings(config))
+        settings = http_settings(config)
+        self._settings = settings
+        self._http: Optional[httpx.Client] = None
+        tls = settings["verify"] if isinstance(settings["verify"], ssl.SSLContext) else None
+        self._http11 = None if config.http2 else Http11Transport(tls)
+        self._lock = threading.Lock()
+
+    @property
+    def http(self) -> httpx.Client:
+        """The httpx client, made on first use."""
+        with self._lock:
+            if self._http is None:
+                self._http = httpx.Client(**self._settings)
+            return self._http
 
     def perform(self, send: Send) -> Outcome:
+        if self._http11 is not None:
+            return self._http11.perform(send)
         try:
             answer = self.http.request(send.method, send.url, headers=send.headers, content=send.body, timeout=_timeout(send))
         except httpx.HTTPError as error:
@@ -70,7 +90,10 @@ class SyncDriver:
                 interrupt = error
 
     def close(self) -> None:
-        self.http.close()
+        if self._http11 is not None:
+            self._http11.close()
+        if self._http is not None:
+            self._http.close()
 
 
 class AsyncDriver:
