@@ -175,3 +175,20 @@ def test_the_event_stream_resumes_from_its_cursor_on_another_node(cluster: Clust
             (message.id, message.event, message.data) for message in expected
         ]
         assert {message.record()["type"] for message in seen} >= {"round"}
+
+
+def test_both_clients_speak_http2_when_asked(shared_cluster: Cluster) -> None:
+    versions: List[str] = []
+    with SemaphoreClient(shared_cluster.urls(), token=ADMIN_TOKEN, http2=True) as client:
+        with client.permit("http2", "wf") as permit:
+            assert permit.count == 1
+        versions.append(client._driver.http.get(f"{shared_cluster.urls()[0]}/healthz").http_version)
+
+    async def scenario() -> None:
+        async with AsyncSemaphoreClient(shared_cluster.urls(), token=ADMIN_TOKEN, http2=True) as client:
+            async with client.permit("http2", "wf") as permit:
+                assert permit.count == 1
+            versions.append((await client._driver.http.get(f"{shared_cluster.urls()[0]}/healthz")).http_version)
+
+    asyncio.run(scenario())
+    assert versions == ["HTTP/2", "HTTP/2"]

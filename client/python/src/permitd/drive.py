@@ -26,11 +26,12 @@ from .plan import ClientConfig, Failure, Outcome, Plan, Response, Send, Sleep, T
 
 
 def http_settings(config: ClientConfig) -> dict[str, Any]:
-    """What both httpx clients are built with: TLS roots, HTTP/2, no env proxies."""
+    """What both httpx clients are built with: TLS roots, HTTP/2 or not, no proxies from the environment."""
     verify: Any = True
     if config.ca_file is not None:
         verify = ssl.create_default_context(cafile=config.ca_file)
-    return {"verify": verify, "http2": config.http2, "trust_env": False}
+    # HTTP/2 alone when asked: prior knowledge on http:// (httpx offers no upgrade), ALPN h2 on https://.
+    return {"verify": verify, "http2": config.http2, "http1": not config.http2, "trust_env": False}
 
 
 def _describe(error: BaseException) -> str:
