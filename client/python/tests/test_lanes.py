@@ -154,6 +154,51 @@ def test_no_request_while_a_lease_awaits_confirmation_and_heartbeats_come_at_hal
     assert lanes(heartbeat) == ["report"] and heartbeat[0].message["leases"][0]["drawn"] == 2
 
 
+def test_a_lease_is_claimed_drawn_retired_and_settled() -> None:
+    state: QueueState[str] = QueueState("runner-1")
+    state.enqueue([item("a"), item("b")], 0)
+    only(state.poll(0))
+    lease: Any = {"leaseId": "L", "group": "wf", "permits": 3, "expiresAt": 60_000}
+    state.on_answer(KEY, grant_answer([], [lease], 100), 100)
+    claim = only(state.poll(100))
+    assert claim["leases"] == [{"leaseId": "L", "drawn": 0, "released": 0, "retired": False}], "claimed before drawn"
+    assert state.take_admits() == []
+    state.on_answer(KEY, {"type": "synced", "v": 1, "grantResults": [], "leases": [lease]}, 200)
+    assert sorted(admitted.id for admitted in state.take_admits()) == ["a", "b"]
+    drawn = only(state.poll(200))
+    state.on_answer(KEY, {"type": "synced", "v": 1, "grantResults": [], "leases": [lease]}, 210)
+    assert drawn["leases"][0]["drawn"] == 2
+    state.release("a")
+    state.release("b")
+    state.retire_all_leases()  # what shutdown does
+    retired = only(state.poll_reports(300))
+    assert retired["leases"] == [{"leaseId": "L", "drawn": 2, "released": 2, "retired": True}]
+    settled = {**lease, "permits": 2, "expiresAt": 300}
+    state.on_answer(KEY, {"type": "synced", "v": 1, "grantResults": [], "leases": [settled]}, 310)
+    assert state.key_record(KEY) is None, "a settled lease is forgotten, and with it the key"
+    assert state.in_flight() == 0
+
+
+def test_a_lease_the_holder_retires_stops_serving_and_an_unknown_one_is_dropped() -> None:
+    state: QueueState[str] = QueueState("runner-1")
+    state.enqueue([item("a")], 0)
+    only(state.poll(0))
+    lease: Any = {"leaseId": "L", "group": "wf", "permits": 2, "expiresAt": 60_000}
+    state.on_answer(KEY, grant_answer([], [lease], 100), 100)
+    only(state.poll(100))
+    state.on_answer(KEY, {"type": "synced", "v": 1, "grantResults": [], "leases": [lease]}, 200)
+    assert [admitted.id for admitted in state.take_admits()] == ["a"]
+    only(state.poll(200))
+    unknown = {"leaseId": "L", "group": "", "permits": 0, "expiresAt": 250}  # the holder lost it
+    state.on_answer(KEY, {"type": "synced", "v": 1, "grantResults": [], "leases": [unknown]}, 250)
+    record = state.key_record(KEY)
+    assert record is not None and record["leases"]["L"]["retired"]
+    state.enqueue([item("b")], 300)
+    messages = state.poll(300)
+    assert state.take_admits() == [], "a retired lease serves no new item"
+    assert "demand" in lanes(messages), "b is asked for instead"
+
+
 def test_a_restored_state_reports_every_holding_and_admits_admitted_items_again() -> None:
     state = two_of_three_admitted()
     store = MemoryStore()

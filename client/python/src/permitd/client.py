@@ -240,6 +240,9 @@ class SemaphoreClient:
         """Decorates a function to run under a permit (its fence passed as ``fence_arg`` if named)."""
 
         def decorate(function: F) -> F:
+            if inspect.iscoroutinefunction(function):
+                raise TypeError("SemaphoreClient.with_permit decorates plain functions; use AsyncSemaphoreClient's for coroutines")
+
             @functools.wraps(function)
             def run(*args: Any, **kwargs: Any) -> Any:
                 with self.permit(key, group, count, timeout=timeout) as held:

@@ -22,6 +22,7 @@ import http.client
 import socket
 import ssl
 import threading
+import weakref
 from typing import Dict, Optional, Tuple
 from urllib.parse import urlsplit
 
@@ -35,8 +36,9 @@ class Http11Transport:
     def __init__(self, tls: Optional[ssl.SSLContext]) -> None:
         self._tls = tls
         self._local = threading.local()
-        #: Every open connection of every thread, to close them all at ``close``.
-        self._all: set[http.client.HTTPConnection] = set()
+        #: Every open connection of every thread, to close them all at ``close``; weak, so
+        #: the connections of a thread that ended go with its thread-local slots.
+        self._all: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
         self._lock = threading.Lock()
 
     def _connections(self) -> Dict[Tuple[str, str], http.client.HTTPConnection]:
@@ -92,6 +94,6 @@ class Http11Transport:
 
     def close(self) -> None:
         with self._lock:
-            for connection in self._all:
+            for connection in list(self._all):
                 connection.close()
             self._all.clear()

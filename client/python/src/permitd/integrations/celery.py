@@ -10,9 +10,12 @@
 The wrapped function must be a bound task (``bind=True``): its first argument is
 the task. The permit is acquired before the body runs and released after it,
 exceptions included. When ``timeout`` passes first (``AcquireError`` of kind
-``timeout``: whatever was granted meanwhile was released), the decorator raises
-``self.retry(countdown=..., exc=error)``, so Celery schedules the task again
-and the worker takes other tasks meanwhile; ``max_retries`` bounds the waiting.
+``timeout``: whatever was granted meanwhile was released), or the cluster could
+not be reached within the client's call deadline (``DeadlineExceededError``),
+the decorator raises ``self.retry(countdown=..., exc=error)``, so Celery
+schedules the task again and the worker takes other tasks meanwhile;
+``max_retries`` bounds the waiting. Other errors (a refused group, a bad token)
+fail the task: retrying would not help.
 No import of Celery here: the task is used through ``retry`` and ``request``.
 """
 
@@ -22,7 +25,7 @@ import functools
 from typing import Any, Callable, Optional, TypeVar, Union, cast
 
 from ..client import SemaphoreClient
-from ..errors import AcquireError
+from ..errors import AcquireError, DeadlineExceededError
 from .tasks import shared_client
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,8 +51,8 @@ def permit_task(
             chosen = client or shared_client()
             try:
                 permit = chosen.acquire(name, group, count, timeout=timeout)
-            except AcquireError as error:
-                if error.kind != "timeout":
+            except (AcquireError, DeadlineExceededError) as error:
+                if isinstance(error, AcquireError) and error.kind != "timeout":
                     raise
                 raise task.retry(countdown=countdown, exc=error) from error
             with permit:

@@ -11,7 +11,8 @@ client is one per process (``shared_client``), built from ``PERMITD_ENDPOINTS``,
 ``PERMITD_TOKEN`` and ``PERMITD_CA_FILE`` on first use (a forked child builds
 its own: connections are not shared across a fork). While the body runs,
 ``PERMITD_FENCE`` holds the permit's fence for commands it starts, as
-``permitctl run`` sets it.
+``permitctl run`` sets it (the environment is the process's: one task body at a
+time per process, as Airflow's and Prefect's workers run them).
 """
 
 from __future__ import annotations
