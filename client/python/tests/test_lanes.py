@@ -173,7 +173,7 @@ def test_a_lease_is_claimed_drawn_retired_and_settled() -> None:
     state.retire_all_leases()  # what shutdown does
     retired = only(state.poll_reports(300))
     assert retired["leases"] == [{"leaseId": "L", "drawn": 2, "released": 2, "retired": True}]
-    settled = {**lease, "permits": 2, "expiresAt": 300}
+    settled: Any = {**lease, "permits": 2, "expiresAt": 300}
     state.on_answer(KEY, {"type": "synced", "v": 1, "grantResults": [], "leases": [settled]}, 310)
     assert state.key_record(KEY) is None, "a settled lease is forgotten, and with it the key"
     assert state.in_flight() == 0
@@ -189,7 +189,7 @@ def test_a_lease_the_holder_retires_stops_serving_and_an_unknown_one_is_dropped(
     state.on_answer(KEY, {"type": "synced", "v": 1, "grantResults": [], "leases": [lease]}, 200)
     assert [admitted.id for admitted in state.take_admits()] == ["a"]
     only(state.poll(200))
-    unknown = {"leaseId": "L", "group": "", "permits": 0, "expiresAt": 250}  # the holder lost it
+    unknown: Any = {"leaseId": "L", "group": "", "permits": 0, "expiresAt": 250}  # the holder lost it
     state.on_answer(KEY, {"type": "synced", "v": 1, "grantResults": [], "leases": [unknown]}, 250)
     record = state.key_record(KEY)
     assert record is not None and record["leases"]["L"]["retired"]
