@@ -192,3 +192,24 @@ def test_both_clients_speak_http2_when_asked(shared_cluster: Cluster) -> None:
 
     asyncio.run(scenario())
     assert versions == ["HTTP/2", "HTTP/2"]
+
+
+def test_a_second_cancellation_does_not_cut_the_release_of_partial_grants_off(shared_cluster: Cluster) -> None:
+    async def scenario() -> None:
+        async with AsyncSemaphoreClient(shared_cluster.urls(), token=ADMIN_TOKEN) as reader:
+            await reader.set_key_config("double-cancel", {"limit": 3})
+            client = AsyncSemaphoreClient(shared_cluster.urls(), token=ADMIN_TOKEN)
+            waiter = asyncio.ensure_future(client.acquire("double-cancel", "wf", 5))  # gets 3, waits for 2 more
+            deadline = asyncio.get_running_loop().time() + 10
+            while (await reader.usage("double-cancel"))["granted"] < 3:
+                assert asyncio.get_running_loop().time() < deadline, "the first 3 were not granted"
+            waiter.cancel()
+            for _ in range(5):  # cancelled again and again while it releases
+                await asyncio.sleep(0.001)
+                waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            await client.aclose()
+            assert (await reader.usage("double-cancel"))["granted"] == 0
+
+    asyncio.run(scenario())

@@ -39,6 +39,16 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if str(error) else text
 
 
+async def _unstoppable(attempt: asyncio.Future[Any]) -> Any:
+    """``attempt``'s result, waiting through cancellations (each attempt has its own timeout)."""
+    while True:
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            if attempt.done():
+                return attempt.result()
+
+
 def _timeout(send: Send) -> httpx.Timeout:
     return httpx.Timeout(send.timeout_ms / 1000)
 
@@ -111,8 +121,13 @@ class AsyncDriver:
         return Response(answer.status_code, answer.headers, answer.content)
 
     async def run(self, plan: Plan[T]) -> T:
+        """Performs the plan's effects. Once an interruption was thrown into the plan, its
+        cleanup (releasing what it holds) runs to its end: a second cancellation meanwhile
+        is not thrown in, since claimed grants left unreleased would never expire; the
+        plan ends with the first interruption anyway."""
         value: Any = None
         interrupt: Optional[BaseException] = None
+        cleaning_up = False
         while True:
             try:
                 effect = plan.send(value) if interrupt is None else plan.throw(interrupt)
@@ -120,18 +135,15 @@ class AsyncDriver:
                 return stop.value  # type: ignore[no-any-return]
             interrupt = None
             if isinstance(effect, Sleep):
-                try:
-                    await asyncio.sleep(max(0.0, effect.seconds))
-                except BaseException as error:
-                    interrupt = error
-                value = None
-                continue
-            attempt = asyncio.ensure_future(self.perform(effect))
+                work: Any = asyncio.sleep(max(0.0, effect.seconds))
+            else:
+                work = self.perform(effect)
+            attempt = asyncio.ensure_future(work)
             try:
-                value = await asyncio.shield(attempt)
+                value = await (_unstoppable(attempt) if cleaning_up else asyncio.shield(attempt))
             except BaseException as error:
-                interrupt = error
-                if effect.abandon is not None:
+                interrupt, cleaning_up = error, True
+                if isinstance(effect, Send) and effect.abandon is not None:
                     self.spawn(self._settle_abandoned(attempt, effect))
                 else:
                     attempt.cancel()

@@ -217,6 +217,7 @@ class ClientCore:
         headers = dict(self._auth)
         if data is not None:
             headers["content-type"] = "application/json"
+        yield from self._discover_node_ids_if_due()
         attempts = 0
         while True:
             attempts += 1
@@ -226,7 +227,7 @@ class ClientCore:
             left_ms = int((deadline - time.monotonic()) * 1000)
             timeout = max(1, min(left_ms, self.config.attempt_timeout_ms))
             outcome = yield Send(method, url, headers, data, timeout, abandon)
-            done, value, retry_after_ms = yield from self._settle(endpoint, url, outcome, shape)
+            done, value, retry_after_ms = self._settle(endpoint, url, outcome, shape)
             if done:
                 return value
             delay = backoff.next_delay_ms(self.config.random(), retry_after_ms)
@@ -234,7 +235,7 @@ class ClientCore:
                 raise DeadlineExceededError(deadline_ms, attempts, value)
             yield Sleep(delay / 1000)
 
-    def _settle(self, endpoint: str, url: str, outcome: Outcome, shape: Optional[str]) -> Plan[Tuple[bool, Any, Optional[int]]]:
+    def _settle(self, endpoint: str, url: str, outcome: Outcome, shape: Optional[str]) -> Tuple[bool, Any, Optional[int]]:
         """(done, parsed answer) or (not done, the reason, ``Retry-After``); raises on a rejection."""
         if not isinstance(outcome, Response):
             with self._lock:
@@ -252,20 +253,21 @@ class ClientCore:
             raise rejected(outcome.status, text)
         with self._lock:
             self.tracker.answered(endpoint, hint)
-            discover = self.tracker.wants_node_ids() and now_ms() - self._last_discovery_ms >= NODE_ID_DISCOVERY_INTERVAL_MS
-            if discover:
-                self._last_discovery_ms = now_ms()
-        if discover:
-            yield from self._discover_node_ids()
         try:
             value = None if text == "" else json.loads(text)
             return True, value if shape is None else wire.parse(shape, value), None
         except (ValueError, wire.WireError) as error:
             raise UnexpectedAnswerError(url, str(error)) from error
 
-    def _discover_node_ids(self) -> Plan[None]:
-        """Learns which endpoint is which node id (rarely: a leader was named by an unknown id)."""
+    def _discover_node_ids_if_due(self) -> Plan[None]:
+        """Learns which endpoint is which node id, when a leader was named by an id no endpoint
+        is known to have (at most every ``NODE_ID_DISCOVERY_INTERVAL_MS``). It runs before a
+        call's first attempt, never between an answer and its return: an interruption
+        there would lose the answer (a grant nobody claims until its deadline)."""
         with self._lock:
+            if not self.tracker.wants_node_ids() or now_ms() - self._last_discovery_ms < NODE_ID_DISCOVERY_INTERVAL_MS:
+                return
+            self._last_discovery_ms = now_ms()
             endpoints = list(self.tracker.endpoints)
         for endpoint in endpoints:
             outcome = yield Send("GET", f"{endpoint}/cluster/status", dict(self._auth), None, NODE_ID_DISCOVERY_TIMEOUT_MS)
