@@ -49,8 +49,8 @@ async def _unstoppable(attempt: asyncio.Future[Any]) -> Any:
                 return attempt.result()
 
 
-def _timeout(send: Send) -> httpx.Timeout:
-    return httpx.Timeout(send.timeout_ms / 1000)
+def _timeout(send: Send, connect_ms: int) -> httpx.Timeout:
+    return httpx.Timeout(send.timeout_ms / 1000, connect=min(send.timeout_ms, connect_ms) / 1000)
 
 
 class SyncDriver:
@@ -62,7 +62,8 @@ class SyncDriver:
         self._settings = settings
         self._http: Optional[httpx.Client] = None
         tls = settings["verify"] if isinstance(settings["verify"], ssl.SSLContext) else None
-        self._http11 = None if config.http2 else Http11Transport(tls)
+        self._connect_ms = config.connect_timeout_ms
+        self._http11 = None if config.http2 else Http11Transport(tls, config.connect_timeout_ms)
         self._lock = threading.Lock()
 
     @property
@@ -77,7 +78,8 @@ class SyncDriver:
         if self._http11 is not None:
             return self._http11.perform(send)
         try:
-            answer = self.http.request(send.method, send.url, headers=send.headers, content=send.body, timeout=_timeout(send))
+            timeout = _timeout(send, self._connect_ms)
+            answer = self.http.request(send.method, send.url, headers=send.headers, content=send.body, timeout=timeout)
         except httpx.HTTPError as error:
             return Failure(_describe(error))
         return Response(answer.status_code, answer.headers, answer.content)
@@ -110,12 +112,14 @@ class SyncDriver:
 class AsyncDriver:
     def __init__(self, config: ClientConfig) -> None:
         self.http = httpx.AsyncClient(**http_settings(config))
+        self._connect_ms = config.connect_timeout_ms
         # Background tasks (abandoned requests' answers), kept so they are not collected mid-flight.
         self._background: Set[asyncio.Future[Any]] = set()
 
     async def perform(self, send: Send) -> Outcome:
         try:
-            answer = await self.http.request(send.method, send.url, headers=send.headers, content=send.body, timeout=_timeout(send))
+            timeout = _timeout(send, self._connect_ms)
+            answer = await self.http.request(send.method, send.url, headers=send.headers, content=send.body, timeout=timeout)
         except httpx.HTTPError as error:
             return Failure(_describe(error))
         return Response(answer.status_code, answer.headers, answer.content)

@@ -33,8 +33,9 @@ STALE_CONNECTION_ERRORS = (http.client.RemoteDisconnected, BrokenPipeError, Conn
 
 
 class Http11Transport:
-    def __init__(self, tls: Optional[ssl.SSLContext]) -> None:
+    def __init__(self, tls: Optional[ssl.SSLContext], connect_timeout_ms: int) -> None:
         self._tls = tls
+        self._connect_timeout_s = connect_timeout_ms / 1000
         self._local = threading.local()
         #: Every open connection of every thread, to close them all at ``close``; weak, so
         #: the connections of a thread that ended go with its thread-local slots.
@@ -71,6 +72,9 @@ class Http11Transport:
                     self._all.add(connection)
                 connections[slot] = connection
             try:
+                if connection.sock is None:
+                    connection.timeout = min(timeout_s, self._connect_timeout_s)
+                    connection.connect()
                 connection.timeout = timeout_s
                 if connection.sock is not None:
                     connection.sock.settimeout(timeout_s)

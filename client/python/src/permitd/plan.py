@@ -43,6 +43,9 @@ from .leader import LeaderTracker, parse_endpoints, parse_leader_hint
 DEFAULT_CALL_TIMEOUT_MS = 30_000
 #: Default limit of one HTTP attempt, in ms (a request waits for its round).
 DEFAULT_ATTEMPT_TIMEOUT_MS = 15_000
+#: Default limit on opening a connection to one node, in ms (a node that is down refuses at
+#: once; one cut off by the network must not take a whole attempt).
+DEFAULT_CONNECT_TIMEOUT_MS = 1_000
 #: Least time between two rounds of node-id discovery, in ms.
 NODE_ID_DISCOVERY_INTERVAL_MS = 30_000
 #: Limit of one node-id discovery call, in ms.
@@ -151,6 +154,7 @@ class ClientConfig:
     http2: bool = False
     call_timeout_ms: int = DEFAULT_CALL_TIMEOUT_MS
     attempt_timeout_ms: int = DEFAULT_ATTEMPT_TIMEOUT_MS
+    connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
     backoff_initial_ms: int = DEFAULT_INITIAL_DELAY_MS
     backoff_max_ms: int = DEFAULT_MAX_DELAY_MS
     random: Callable[[], float] = field(default=random.random, repr=False)
