@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -76,9 +77,30 @@ def eventually(timeout_s: float, check: Callable[[], bool], what: str) -> None:
         time.sleep(POLL_S)
 
 
+_trusted: Optional[ssl.SSLContext] = None
+
+
 def healthy(url: str) -> bool:
-    with urllib.request.urlopen(f"{url}/healthz", timeout=1) as answer:
+    with urllib.request.urlopen(f"{url}/healthz", timeout=1, context=_trusted) as answer:
         return bool(answer.status == 200)
+
+
+def make_certificates(directory: str) -> str:
+    """A CA and one certificate for 127.0.0.1 (every node's), by ``openssl``; the ``[tls]`` table.
+    The harness's own HTTP calls trust the CA from then on."""
+    global _trusted
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    extensions = os.path.join(directory, "node.ext")
+    Path(extensions).write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n")
+    signed = ["-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial", "-out", "node.pem", "-days", "2", "-extfile", "node.ext"]
+    for command in (
+        ["req", "-x509", *ec, "-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2", "-subj", "/CN=permitd-test-ca"],
+        ["req", *ec, "-keyout", "node-key.pem", "-out", "node.csr", "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", "node.csr", *signed],
+    ):
+        subprocess.run(["openssl", *command], cwd=directory, check=True, capture_output=True)
+    _trusted = ssl.create_default_context(cafile=os.path.join(directory, "ca.pem"))
+    return '[tls]\ncert_file = "node.pem"\nkey_file = "node-key.pem"\nca_file = "ca.pem"\n\n'
 
 
 def http_json(url: str, method: str = "GET", body: Optional[object] = None, timeout: float = 2.0) -> object:
@@ -86,7 +108,7 @@ def http_json(url: str, method: str = "GET", body: Optional[object] = None, time
     request = urllib.request.Request(
         url, data=data, method=method, headers={"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
+    with urllib.request.urlopen(request, timeout=timeout, context=_trusted) as answer:
         return json.loads(answer.read() or b"null")
 
 
@@ -99,26 +121,31 @@ class Node:
 
 class Cluster:
     def __init__(self, directory: str, nodes: List[Node], config: str) -> None:
+        self.ca_file: Optional[str] = None
         self.dir = directory
         self.nodes = nodes
         self.config = config
 
     @classmethod
-    def start(cls, nodes: int = 3, defaults: str = DEFAULTS) -> Cluster:
+    def start(cls, nodes: int = 3, defaults: str = DEFAULTS, tls: bool = False) -> Cluster:
+        """``tls``: both listeners on HTTPS with a fresh CA (``self.ca_file``; needs ``openssl``)."""
         directory = tempfile.mkdtemp(prefix="permitd-py-")
+        scheme = "https" if tls else "http"
+        tls_table = make_certificates(directory) if tls else ""
         text = (
             f'secret = "{SECRET}"\n\n[auth]\nadmin_token = "{ADMIN_TOKEN}"\n\n[raft]\nheartbeat_interval_ms = 50\n'
             "election_timeout_min_ms = 300\nelection_timeout_max_ms = 600\nrpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n"
-            f"[defaults]\n{defaults}\n"
+            f"[defaults]\n{defaults}\n{tls_table}"
         )
         members = []
         for node_id in range(1, nodes + 1):
             api, raft = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
             text += f'[[node]]\nid = {node_id}\napi_addr = "{api}"\nraft_addr = "{raft}"\ndata_dir = "data/node-{node_id}"\n\n'
-            members.append(Node(node_id, f"http://{api}"))
+            members.append(Node(node_id, f"{scheme}://{api}"))
         config = os.path.join(directory, "cluster.toml")
         Path(config).write_text(text)
         cluster = cls(directory, members, config)
+        cluster.ca_file = os.path.join(directory, "ca.pem") if tls else None
         try:
             for node in members:
                 cluster.spawn(node)

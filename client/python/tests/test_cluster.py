@@ -5,6 +5,7 @@ read calls; batch; the event stream resuming on another node."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 import time
 from typing import List
@@ -12,7 +13,7 @@ from typing import List
 import pytest
 
 from harness import ADMIN_TOKEN, Cluster
-from permitd import AcquireError, AsyncSemaphoreClient, RejectedError, SemaphoreClient, SseMessage
+from permitd import AcquireError, AsyncSemaphoreClient, DeadlineExceededError, RejectedError, SemaphoreClient, SseMessage
 
 
 def test_acquire_contention_and_release(shared_cluster: Cluster) -> None:
@@ -213,3 +214,24 @@ def test_a_second_cancellation_does_not_cut_the_release_of_partial_grants_off(sh
             assert (await reader.usage("double-cancel"))["granted"] == 0
 
     asyncio.run(scenario())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="makes its certificates with openssl")
+def test_both_clients_trust_the_clusters_ca_over_https() -> None:
+    cluster = Cluster.start(nodes=1, tls=True)
+    try:
+        assert cluster.ca_file is not None and cluster.urls()[0].startswith("https://")
+        with SemaphoreClient(cluster.urls(), token=ADMIN_TOKEN, ca_file=cluster.ca_file) as client, client.permit("tls", "wf") as permit:
+            assert permit.count == 1
+        untrusting = SemaphoreClient(cluster.urls(), token=ADMIN_TOKEN, call_timeout=1)
+        with untrusting, pytest.raises(DeadlineExceededError, match="CERTIFICATE_VERIFY_FAILED"):
+            untrusting.usage("tls")
+
+        async def scenario() -> None:
+            client = AsyncSemaphoreClient(cluster.urls(), token=ADMIN_TOKEN, ca_file=cluster.ca_file)
+            async with client, client.permit("tls", "wf") as permit:
+                assert permit.count == 1
+
+        asyncio.run(scenario())
+    finally:
+        cluster.stop()
