@@ -26,7 +26,7 @@ need() {
 need cargo "the Rust toolchain, from rustup"
 need node "Node.js 20 or newer, for the dashboard test and the TypeScript client"
 need npm "npm, with Node.js"
-need python3 "Python 3 with venv, for schemathesis"
+need python3 "Python 3 with venv, for schemathesis and the Python client"
 
 if [ ! -x /usr/bin/chromium ]; then
   as_root=()
