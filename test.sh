@@ -8,7 +8,8 @@
 # - Debian's Chromium (apt-get; the dashboard test drives it with playwright-core,
 #   pinned in tests/ui/package-lock.json), when /usr/bin/chromium is missing;
 # - the npm packages of tests/ui and client/typescript, from their lockfiles;
-# - schemathesis, pinned in tests/schemathesis/run.sh, into a venv under the target dir.
+# - schemathesis, pinned in tests/schemathesis/run.sh, into a venv under the target dir;
+# - the Python client's tools, pinned in client/python/constraints.txt, into another.
 # The power-loss tests mount `powerfs` (FUSE, no libfuse needed): they need
 # /dev/fuse and root, as on CI's machine.
 #
@@ -25,7 +26,7 @@ need() {
 need cargo "the Rust toolchain, from rustup"
 need node "Node.js 20 or newer, for the dashboard test and the TypeScript client"
 need npm "npm, with Node.js"
-need python3 "Python 3 with venv, for schemathesis"
+need python3 "Python 3 with venv, for schemathesis and the Python client"
 
 if [ ! -x /usr/bin/chromium ]; then
   as_root=()
@@ -53,6 +54,9 @@ tests/schemathesis/run.sh "$TARGET/debug/permitd"
   npm run build:test
   PERMITD_BIN="$TARGET/debug/permitd" node --test build/test/
 )
+# The Python client: ruff, mypy --strict and pytest against real permitd processes
+# (and the SQLite queue store under power cuts on powerfs), in a venv under the target dir.
+PERMITD_BIN="$TARGET/debug/permitd" client/python/run-tests.sh "$TARGET"
 # The leader must hold with the shipped timings through bursts of large requests,
 # 100,000 keys and a minute of mixed load (tests/tests/shipped_timings.rs). Those
 # scenarios are #[ignore]d in the debug run above: debug nodes decode megabytes
