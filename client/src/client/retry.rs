@@ -57,9 +57,12 @@ impl SemaphoreClient {
         self.call(Method::PUT, path, Some(body)).await
     }
 
-    /// A `DELETE`; its answer's body, if any, says nothing the caller needs.
+    /// A `DELETE`: answered `204 No Content` once applied, so there is no body
+    /// to decode.
     pub(super) async fn delete(&self, path: &[String]) -> Result<(), ClientError> {
-        let _: serde_json::Value = self.call::<(), _>(Method::DELETE, path, None).await?;
+        let deadline = Instant::now() + self.inner.config.call_timeout;
+        self.exchange::<()>(Method::DELETE, path, &[], None, deadline)
+            .await?;
         Ok(())
     }
 
@@ -94,6 +97,20 @@ impl SemaphoreClient {
         body: Option<&B>,
         deadline: Instant,
     ) -> Result<R, ClientError> {
+        let (url, answer) = self.exchange(method, path, query, body, deadline).await?;
+        decode(&url, &answer)
+    }
+
+    /// The call loop itself: the URL that answered with a success, and the
+    /// answer's body, undecoded.
+    async fn exchange<B: Serialize>(
+        &self,
+        method: Method,
+        path: &[String],
+        query: &[(&str, String)],
+        body: Option<&B>,
+        deadline: Instant,
+    ) -> Result<(Url, Vec<u8>), ClientError> {
         let config = &self.inner.config;
         let body = body
             .map(serde_json::to_vec)
@@ -111,7 +128,7 @@ impl SemaphoreClient {
                 .attempt(&endpoint, method.clone(), &url, body.as_deref(), timeout)
                 .await;
             let retry = match attempt {
-                Attempt::Done(Ok(bytes)) => return decode(&url, &bytes),
+                Attempt::Done(Ok(answer)) => return Ok((url, answer)),
                 Attempt::Done(Err(error)) => return Err(error),
                 Attempt::Retry(retry) => retry,
             };
