@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use permitd_core::contract::{paths, ClusterStatus};
 
+use super::handle::SemaphoreClient;
 use super::http::{authorized, decode, rejected};
-use super::SemaphoreClient;
 use crate::error::ClientError;
 use crate::leader::{find_ready, Endpoint, LeaderHint, READY_PROBE_INTERVAL_MS};
 

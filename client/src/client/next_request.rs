@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::SemaphoreClient;
+use super::handle::SemaphoreClient;
 use crate::error::ClientError;
 
 /// Keys whose `nextRequestAt` is remembered before past entries are pruned.
@@ -88,7 +88,7 @@ mod tests {
     use permitd_core::protocol::PermitRequest;
 
     use super::*;
-    use crate::client::ClientConfig;
+    use crate::client::config::ClientConfig;
 
     #[test]
     fn next_request_at_is_believed_at_most_a_bounded_time_ahead() {

@@ -16,10 +16,10 @@ use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::handle::SemaphoreClient;
 use super::http::{
     authorized, decode, is_retryable, leader_hint, rejected, retry_after_ms, url_of,
 };
-use super::SemaphoreClient;
 use crate::backoff::Backoff;
 use crate::error::ClientError;
 use crate::leader::{Endpoint, LeaderHint};

@@ -18,7 +18,7 @@ use permitd_core::protocol::{
 use permitd_core::Usage;
 use reqwest::Method;
 
-use super::SemaphoreClient;
+use super::handle::SemaphoreClient;
 use crate::error::ClientError;
 
 /// One batch item's answer, or the error its own call would have had.

@@ -14,7 +14,7 @@ use permitd_core::tokens::{CreatedToken, TokenInfo, TokenList, TokenSpec};
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate};
 use reqwest::Method;
 
-use super::SemaphoreClient;
+use super::handle::SemaphoreClient;
 use crate::error::ClientError;
 
 impl SemaphoreClient {

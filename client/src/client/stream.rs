@@ -2,8 +2,8 @@
 //! since the body may flow for hours; the endpoints are tried in order until
 //! one answers.
 
+use super::handle::SemaphoreClient;
 use super::http::{authorized, is_retryable, rejected, url_of};
-use super::SemaphoreClient;
 use crate::error::ClientError;
 
 impl SemaphoreClient {
