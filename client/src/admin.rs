@@ -1,6 +1,8 @@
-//! Operator calls of [`SemaphoreClient`]: the key listing page by page, a key's
-//! holders, the admin force release of one client's footprint, cluster
-//! initialisation and membership changes (`/cluster/members`, with the secret).
+//! Operator calls of [`SemaphoreClient`] that inspect or act on the cluster:
+//! the key listing page by page, a key's holders, the admin force release of
+//! one client's footprint, the cluster's status, initialisation and membership
+//! changes (`/cluster/members`, with the secret), and backups. The calls that
+//! configure it (keys, groups, tokens) are in `client/settings.rs`.
 //!
 //! `GET /v1/semaphores` answers at most one page of keys in key order, with
 //! `next` when more follow; [`SemaphoreClient::keys_page`] asks for one page and
@@ -49,6 +51,13 @@ impl SemaphoreClient {
     ) -> Result<ForceReleased, ClientError> {
         let path = paths::segments(paths::CLIENT_RELEASE, &[key, client_id]);
         self.call_with_query::<(), _>(Method::POST, &path, &[], None)
+            .await
+    }
+
+    /// The cluster's membership, leader, term and indexes, as some node sees them.
+    pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
+        let path = paths::segments(paths::CLUSTER_STATUS, &[]);
+        self.call_with_query::<(), _>(Method::GET, &path, &[], None)
             .await
     }
 

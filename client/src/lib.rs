@@ -3,8 +3,10 @@
 //!
 //! Three ways in:
 //! - [`SemaphoreClient`] ([`client`]): every v1 call (request, sync, usage, key and
-//!   group configuration, key listing, cluster status) against a list of nodes.
-//!   It remembers the leader ([`leader`]), retries 429, 502, 503 and 504 answers,
+//!   group configuration, key listing, cluster status) against a list of nodes;
+//!   [`client`]'s overview follows one call through its files, and [`admin`]
+//!   holds the operator's calls on the cluster (listing, holders, force
+//!   release, membership, backups). It remembers the leader ([`leader`]), retries 429, 502, 503 and 504 answers,
 //!   connection failures and timed-out attempts with capped, jittered
 //!   exponential backoff ([`backoff`]) inside a per-call deadline, always sends
 //!   a `requestId` so a retried request gets the original answer, and honours

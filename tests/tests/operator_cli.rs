@@ -64,6 +64,101 @@ async fn keys_follows_pages_and_stops_at_limit() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_created_listed_in_a_table_and_revoked() {
+    let cluster = Cluster::start(Settings {
+        nodes: 1,
+        ..Settings::default()
+    })
+    .await;
+    let created = cluster.permitctl(&[
+        "--json",
+        "token",
+        "create",
+        "eu-runners",
+        "--role",
+        "runner",
+        "--key",
+        "acct-*,x",
+        "--client-id",
+        "eu-*",
+    ]);
+    assert!(created.success, "{created:?}");
+    let id = created.json()["id"].as_u64().expect("the new token's id");
+
+    // The table: a header and the token's row, its columns aligned under it.
+    let listed = cluster.permitctl(&["token", "list"]);
+    assert!(listed.success, "{listed:?}");
+    let lines: Vec<&str> = listed.stdout.lines().collect();
+    assert!(lines[0].starts_with("ID "), "{listed:?}");
+    let row = lines
+        .iter()
+        .find(|line| line.split_whitespace().next() == Some(id.to_string().as_str()))
+        .unwrap_or_else(|| panic!("token {id} is listed: {listed:?}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[1..], ["eu-runners", "runner", "acct-*,x", "eu-*"]);
+    assert_eq!(
+        lines[0].find("KEYS"),
+        row.find("acct-*"),
+        "columns line up: {listed:?}"
+    );
+    assert!(
+        !listed
+            .stdout
+            .contains(created.json()["token"].as_str().unwrap()),
+        "no secret in the listing"
+    );
+
+    let revoked = cluster.permitctl(&["token", "revoke", &id.to_string()]);
+    assert!(revoked.success, "{revoked:?}");
+    let after = cluster.permitctl(&["--json", "token", "list"]);
+    assert!(after.success, "{after:?}");
+    let ids: Vec<u64> = after
+        .json()
+        .as_array()
+        .expect("a JSON array of tokens")
+        .iter()
+        .filter_map(|token| token["id"].as_u64())
+        .collect();
+    assert!(!ids.contains(&id), "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_group_is_unblocked_by_deleting_its_settings() {
+    let cluster = Cluster::start(Settings {
+        nodes: 1,
+        ..Settings::default()
+    })
+    .await;
+    let ask = |client: &'static str| {
+        let body = permitd_tests::request(client, &[("g", 1, 1)]);
+        let cluster = &cluster;
+        async move { cluster.post(1, "/v1/semaphores/grouped", &body).await }
+    };
+
+    let set = cluster.permitctl(&[
+        "group",
+        "set",
+        "grouped",
+        "g",
+        "--unlimited",
+        "--permitted",
+        "false",
+    ]);
+    assert!(set.success, "{set:?}");
+    let blocked = ask("c1").await;
+    assert_eq!(blocked.status, 200, "{}", blocked.body);
+    assert_eq!(permitd_tests::granted(&blocked.body), 0, "{}", blocked.body);
+
+    // A delete is answered 204 with no body: permitctl says it is done.
+    let deleted = cluster.permitctl(&["group", "delete", "grouped", "g"]);
+    assert!(deleted.success, "{deleted:?}");
+    assert_eq!(deleted.stdout, "grouped / g: settings removed\n");
+    let granted = ask("c2").await;
+    assert_eq!(granted.status, 200, "{}", granted.body);
+    assert_eq!(permitd_tests::granted(&granted.body), 1, "{}", granted.body);
+}
+
 /// Waits for a request's answer and returns the permits it granted.
 async fn granted_by(task: tokio::task::JoinHandle<permitd_tests::Answer>) -> u64 {
     let answer = task.await.expect("request task");

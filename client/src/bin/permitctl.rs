@@ -19,11 +19,12 @@ mod keys;
 mod members;
 #[path = "permitctl/snapshot.rs"]
 mod snapshot;
+#[path = "permitctl/tokens.rs"]
+mod tokens;
 
 use clap::{Args, Parser, Subcommand};
 use permitd_client::{ClientConfig, ClusterStatus, SemaphoreClient};
 use permitd_core::config::LeasePolicy;
-use permitd_core::tokens::TokenSpec;
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
 use serde::Serialize;
 
@@ -70,7 +71,7 @@ enum Command {
     Status,
     /// API tokens (admin only).
     #[command(subcommand)]
-    Token(TokenCommand),
+    Token(tokens::TokenCommand),
     /// Initialises a new cluster of every node in the asked node's cluster file
     /// (needs the admin `--token`); succeeds, saying so, when it already is.
     Init,
@@ -123,27 +124,6 @@ struct ConfigSet {
     /// or `none` to disable leases. Omitted: the cluster default.
     #[arg(long)]
     leases: Option<String>,
-}
-
-#[derive(Debug, Subcommand)]
-enum TokenCommand {
-    /// Creates a token and prints its secret, shown this once.
-    Create {
-        name: String,
-        /// `runner`, `reader` or `admin`.
-        #[arg(long)]
-        role: String,
-        /// Key patterns (exact, or a prefix ending in `*`); repeat or comma-separate.
-        #[arg(long = "key", value_delimiter = ',')]
-        keys: Vec<String>,
-        /// clientId patterns a runner may send; repeat or comma-separate.
-        #[arg(long = "client-id", value_delimiter = ',')]
-        client_ids: Vec<String>,
-    },
-    /// Lists tokens, without secrets.
-    List,
-    /// Revokes a token.
-    Revoke { id: u64 },
 }
 
 #[derive(Debug, Subcommand)]
@@ -262,66 +242,8 @@ async fn run(cli: Cli) -> CliResult {
             print(json, &status, || status_table(&status))
         }
         Command::Watch { key, interval_ms } => watch(&client, &key, json, interval_ms).await,
-        Command::Token(command) => token(&client, command, json).await,
+        Command::Token(command) => tokens::run(&client, json, command).await,
         Command::Run(args) => std::process::exit(permitd_client::run::main(&client, args).await),
-    }
-}
-
-async fn token(
-    client: &SemaphoreClient,
-    command: TokenCommand,
-    json: bool,
-) -> Result<(), Box<dyn std::error::Error>> {
-    match command {
-        TokenCommand::Create {
-            name,
-            role,
-            keys,
-            client_ids,
-        } => {
-            let role = serde_json::from_value(serde_json::Value::String(role))?;
-            let spec = TokenSpec {
-                name,
-                role,
-                keys,
-                client_ids,
-            };
-            let created = client.create_token(&spec).await?;
-            let shown = serde_json::json!({"id": created.info.id, "token": created.token});
-            print(json, &shown, || {
-                format!(
-                    "token {} created; its secret, shown this once:\n{}\n",
-                    created.info.id, created.token
-                )
-            })
-        }
-        TokenCommand::List => {
-            let tokens = client.tokens().await?;
-            print(json, &tokens, || {
-                let mut text = format!(
-                    "{:<8} {:<20} {:<8} {:<24} clientIds\n",
-                    "id", "name", "role", "keys"
-                );
-                for token in &tokens {
-                    let spec = &token.spec;
-                    text.push_str(&format!(
-                        "{:<8} {:<20} {:<8} {:<24} {}\n",
-                        token.id,
-                        spec.name,
-                        format!("{:?}", spec.role).to_lowercase(),
-                        spec.keys.join(","),
-                        spec.client_ids.join(",")
-                    ));
-                }
-                text
-            })
-        }
-        TokenCommand::Revoke { id } => {
-            client.revoke_token(id).await?;
-            print(json, &serde_json::json!({"revoked": id}), || {
-                format!("token {id} revoked\n")
-            })
-        }
     }
 }
 

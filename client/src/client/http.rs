@@ -1,0 +1,169 @@
+//! What one HTTP exchange with a node needs, as plain functions of the request
+//! and the answer: the URL with its query, the bearer token, the answer's
+//! leader hint and `Retry-After`, which statuses are worth a retry, and how a
+//! body becomes a value or a [`ClientError`].
+//!
+//! They live in one place so that the call loop (`retry.rs`), the direct
+//! status probes (`discovery.rs`) and the event stream (`stream.rs`) build
+//! requests and read answers alike.
+
+use permitd_core::contract::{headers, ErrorAnswer};
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::{RequestBuilder, StatusCode, Url};
+use serde::de::DeserializeOwned;
+
+use crate::error::ClientError;
+use crate::leader::{Endpoint, LeaderHint};
+
+/// Longest error body kept in an error message, in bytes.
+const MAX_ERROR_BODY_BYTES: usize = 512;
+
+/// The URL of `path` on `endpoint`, with `query` appended when there is one
+/// (paging of listings, the event stream's filters).
+pub(super) fn url_of(endpoint: &Endpoint, path: &[String], query: &[(&str, String)]) -> Url {
+    let mut url = endpoint.url(path);
+    if !query.is_empty() {
+        url.query_pairs_mut().extend_pairs(query);
+    }
+    url
+}
+
+/// `builder` carrying `token` as `Authorization: Bearer …`, when there is one.
+pub(super) fn authorized(builder: RequestBuilder, token: Option<&str>) -> RequestBuilder {
+    match token {
+        Some(token) => builder.bearer_auth(token),
+        None => builder,
+    }
+}
+
+/// The leader the answering node named in `x-permitd-leader`.
+pub(super) fn leader_hint(answer: &HeaderMap) -> Option<LeaderHint> {
+    answer
+        .get(headers::LEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(LeaderHint::parse)
+}
+
+/// The answer's `Retry-After` in ms (the server sends whole seconds).
+pub(super) fn retry_after_ms(answer: &HeaderMap) -> Option<u64> {
+    answer
+        .get(RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .map(|seconds| seconds.saturating_mul(1_000))
+}
+
+/// Whether an answer with `status` is worth another attempt: the node is
+/// overloaded (429), or it or its leader could not serve the call now
+/// (502, 503, 504). Every other status is the call's final answer.
+pub(super) fn is_retryable(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
+/// The error of a non-success answer: the contract's error body, or the status
+/// and the start of the body when something else answered.
+pub(super) fn rejected(status: StatusCode, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ErrorAnswer>(body) {
+        Ok(ErrorAnswer { error }) => ClientError::Rejected {
+            status: status.as_u16(),
+            code: error.code,
+            message: error.message,
+            field: error.field,
+        },
+        Err(_) => {
+            let text = String::from_utf8_lossy(&body[..body.len().min(MAX_ERROR_BODY_BYTES)]);
+            ClientError::Http {
+                status: status.as_u16(),
+                body: text.into_owned(),
+            }
+        }
+    }
+}
+
+/// A success's body as `R`; a body that is not one is the server's fault,
+/// named with the URL that answered it.
+pub(super) fn decode<R: DeserializeOwned>(url: &Url, body: &[u8]) -> Result<R, ClientError> {
+    serde_json::from_slice(body).map_err(|error| ClientError::UnexpectedAnswer {
+        url: url.to_string(),
+        reason: error.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use permitd_core::contract::{paths, ErrorCode};
+
+    use super::*;
+
+    #[test]
+    fn error_bodies_map_to_codes_and_fields() {
+        let body = br#"{"error":{"code":"bad_request","message":"demand.count is 2000000000; the maximum is 1000000000","field":"demand.count"}}"#;
+        let error = rejected(StatusCode::BAD_REQUEST, body);
+        assert_eq!(error.code(), Some(ErrorCode::BadRequest));
+        assert_eq!(error.field(), Some("demand.count"));
+        assert_eq!(
+            error.to_string(),
+            "400 bad_request: demand.count is 2000000000; the maximum is 1000000000"
+        );
+        let plain = rejected(StatusCode::NOT_FOUND, b"nope");
+        assert_eq!(plain.code(), None);
+        assert_eq!(plain.to_string(), "404: nope");
+    }
+
+    #[test]
+    fn retryable_statuses() {
+        for status in [429, 502, 503, 504] {
+            assert!(
+                is_retryable(StatusCode::from_u16(status).unwrap()),
+                "{status}"
+            );
+        }
+        for status in [200, 400, 404, 409, 413, 500] {
+            assert!(
+                !is_retryable(StatusCode::from_u16(status).unwrap()),
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn paths_put_the_key_in_one_segment() {
+        let endpoint = Endpoint::parse("http://n:1").unwrap();
+        let path = paths::segments(paths::GROUP, &["acct/7", "wf 1"]);
+        assert_eq!(
+            endpoint.url(&path).as_str(),
+            "http://n:1/v1/semaphores/acct%2F7/groups/wf%201"
+        );
+    }
+
+    #[test]
+    fn a_query_is_appended_encoded_and_only_when_there_is_one() {
+        let endpoint = Endpoint::parse("http://n:1").unwrap();
+        let path = paths::segments(paths::SEMAPHORES, &[]);
+        assert_eq!(
+            url_of(&endpoint, &path, &[]).as_str(),
+            "http://n:1/v1/semaphores"
+        );
+        let query = [("after", "acct/7 b".to_owned()), ("limit", "2".to_owned())];
+        assert_eq!(
+            url_of(&endpoint, &path, &query).as_str(),
+            "http://n:1/v1/semaphores?after=acct%2F7+b&limit=2"
+        );
+    }
+
+    #[test]
+    fn retry_after_is_read_in_whole_seconds() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(retry_after_ms(&headers), None);
+        headers.insert(RETRY_AFTER, " 2 ".parse().unwrap());
+        assert_eq!(retry_after_ms(&headers), Some(2_000));
+        headers.insert(RETRY_AFTER, "soon".parse().unwrap());
+        assert_eq!(retry_after_ms(&headers), None);
+    }
+}
