@@ -6,15 +6,21 @@
 //! cargo run -p permitd-client --example with_permit
 //! ```
 
-use permitd_client::SemaphoreClient;
+use permitd_client::{ClientConfig, SemaphoreClient};
 use permitd_core::KeyConfigUpdate;
+
+/// cluster.toml's admin token: configuring a key takes an admin.
+const LOCAL_ADMIN_TOKEN: &str = "change-me-local-admin-token";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let endpoints = std::env::var("PERMITD_ENDPOINTS").unwrap_or_else(|_| {
         "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003".into()
     });
-    let client = SemaphoreClient::connect([endpoints])?;
+    let mut config = ClientConfig::new([endpoints]);
+    config.token =
+        Some(std::env::var("PERMITD_TOKEN").unwrap_or_else(|_| LOCAL_ADMIN_TOKEN.into()));
+    let client = SemaphoreClient::new(config)?;
     let update = KeyConfigUpdate {
         limit: Some(2),
         ..KeyConfigUpdate::default()

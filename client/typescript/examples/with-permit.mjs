@@ -7,7 +7,9 @@
 import { SemaphoreClient } from "../dist/index.js";
 
 const endpoints = process.env.PERMITD_ENDPOINTS ?? "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003";
-const client = new SemaphoreClient({ endpoints, token: process.env.PERMITD_TOKEN });
+// Configuring a key takes an admin: cluster.toml's token (PERMITD_TOKEN overrides it).
+const token = process.env.PERMITD_TOKEN ?? "change-me-local-admin-token";
+const client = new SemaphoreClient({ endpoints, token });
 await client.setKeyConfig("acct-42", { limit: 2 });
 
 // A guard: released by `release()` (or by `await using` at the end of a block).
