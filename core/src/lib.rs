@@ -13,7 +13,8 @@
 //!   [`leases`] pass → one [`protocol::PermitGrant`] per request plus
 //!   [`lifecycle::Event`]s;
 //! - a sync → [`sync::run_sync`]; a claim-deadline timer → [`reclaim`]; an
-//!   operator's [`force_release`] of one client; the [`holders`] view;
+//!   operator's [`force_release`] of one client, or [`delete_key`] of a whole
+//!   key; the [`holders`] view;
 //!   settings changes → [`Semaphores::set_key_config`] and friends.
 //!
 //! Invariants kept after every operation (checked by the property tests):
@@ -29,6 +30,7 @@ pub mod answers;
 pub mod batch;
 pub mod config;
 pub mod contract;
+pub mod delete_key;
 pub mod force_release;
 pub mod holders;
 pub mod ids;
