@@ -218,6 +218,7 @@ export const ERROR_CODES = [
   "already_initialized",
   "membership_conflict",
   "too_many_tokens",
+  "key_in_use",
   "too_far_behind",
   "payload_too_large",
   "unsupported_media_type",

@@ -31,6 +31,9 @@ pub enum ErrorCode {
     MembershipConflict,
     /// 409: the cluster already holds the most API tokens it may.
     TooManyTokens,
+    /// 409: `DELETE /v1/semaphores/{key}` without `force` of a key with
+    /// grants, leases or requests waiting for its round.
+    KeyInUse,
     /// 410: an event stream's `from` is older than the oldest event this node
     /// still keeps, or the stream fell further behind than the buffer.
     TooFarBehind,
@@ -67,7 +70,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [Self; 21] = [
+    pub const ALL: [Self; 22] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -76,6 +79,7 @@ impl ErrorCode {
         Self::AlreadyInitialized,
         Self::MembershipConflict,
         Self::TooManyTokens,
+        Self::KeyInUse,
         Self::TooFarBehind,
         Self::PayloadTooLarge,
         Self::UnsupportedMediaType,
@@ -102,6 +106,7 @@ impl ErrorCode {
             Self::AlreadyInitialized => "already_initialized",
             Self::MembershipConflict => "membership_conflict",
             Self::TooManyTokens => "too_many_tokens",
+            Self::KeyInUse => "key_in_use",
             Self::TooFarBehind => "too_far_behind",
             Self::PayloadTooLarge => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
@@ -126,7 +131,10 @@ impl ErrorCode {
             Self::Forbidden => 403,
             Self::NotFound => 404,
             Self::MethodNotAllowed => 405,
-            Self::AlreadyInitialized | Self::MembershipConflict | Self::TooManyTokens => 409,
+            Self::AlreadyInitialized
+            | Self::MembershipConflict
+            | Self::TooManyTokens
+            | Self::KeyInUse => 409,
             Self::TooFarBehind => 410,
             Self::PayloadTooLarge => 413,
             Self::UnsupportedMediaType => 415,

@@ -141,6 +141,10 @@ impl From<Refused> for ApiError {
                 message: error.to_string(),
             },
             Refused::NotRestored(reason) => Self::BadRequest(reason),
+            Refused::KeyInUse(in_use) => Self::Conflict {
+                code: ErrorCode::KeyInUse,
+                message: in_use.to_string(),
+            },
             other @ Refused::OtherAnswer { .. } => Self::Internal(other.to_string()),
         }
     }

@@ -210,6 +210,12 @@ impl Rounds {
             .collect()
     }
 
+    /// How many requests wait on this leader for `key`'s round (parked or
+    /// held; 0 on a follower).
+    pub fn waiting_count(&self, key: &str) -> usize {
+        self.schedule().pending(key)
+    }
+
     /// Parks `request` (`bytes` as received) for `key`'s next round and waits
     /// for its answer. Its grant reports go ahead with the next entry, as a
     /// sync's would ([`round_plan::split_early_reports`]).
