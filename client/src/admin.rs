@@ -1,5 +1,6 @@
 //! Operator calls of [`SemaphoreClient`]: the key listing page by page, a key's
-//! holders, the admin force release of one client's footprint, cluster
+//! holders, the admin force release of one client's footprint, the admin delete
+//! of a key, cluster
 //! initialisation and membership changes (`/cluster/members`, with the secret).
 //!
 //! `GET /v1/semaphores` answers at most one page of keys in key order, with
@@ -7,6 +8,7 @@
 //! [`SemaphoreClient::keys`] follows `next` to the end.
 
 use permitd_core::contract::{paths, ClusterStatus, ErrorCode, KeyList, KeyUsage};
+use permitd_core::delete_key::KeyDeleted;
 use permitd_core::force_release::ForceReleased;
 use permitd_core::holders::KeyHolders;
 use permitd_core::restore::BackupFile;
@@ -49,6 +51,21 @@ impl SemaphoreClient {
     ) -> Result<ForceReleased, ClientError> {
         let path = paths::segments(paths::CLIENT_RELEASE, &[key, client_id]);
         self.call_with_query::<(), _>(Method::POST, &path, &[], None)
+            .await
+    }
+
+    /// Deletes `key`'s settings and state (admin). With `force`, its grants and
+    /// leases are released first; without, a key in use fails with
+    /// `key_in_use`. One `requestId` serves every attempt of the call, so a
+    /// retry after a lost answer gets the first answer instead of deleting
+    /// again (a key used meanwhile stays as it is).
+    pub async fn delete_key(&self, key: &str, force: bool) -> Result<KeyDeleted, ClientError> {
+        let path = paths::segments(paths::SEMAPHORE, &[key]);
+        let mut query = vec![("requestId", uuid::Uuid::new_v4().to_string())];
+        if force {
+            query.push(("force", "true".to_owned()));
+        }
+        self.call_with_query::<(), _>(Method::DELETE, &path, &query, None)
             .await
     }
 
