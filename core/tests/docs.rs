@@ -7,9 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use permitd_core::batch::{BatchItem, BatchItemAnswer, BatchRequest, BatchResponse};
 use permitd_core::config::{Amount, GroupConfig, KeyConfig, LeasePolicy, Provisioning};
 use permitd_core::contract::{
-    headers, paths, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage,
-    ListQuery, MemberRole, MembershipChange,
+    headers, paths, ClusterMember, ClusterStatus, DeleteKeyQuery, ErrorAnswer, ErrorCode, KeyList,
+    KeyUsage, ListQuery, MemberRole, MembershipChange,
 };
+use permitd_core::delete_key::KeyDeleted;
 use permitd_core::force_release::ForceReleased;
 use permitd_core::holders::{holders, KeyHolders};
 use permitd_core::protocol::{
@@ -250,6 +251,16 @@ fn every_shape() -> Vec<Value> {
             grants: 1,
             leases: 1,
             permits: 2,
+        }),
+        json(KeyDeleted {
+            existed: true,
+            released: ForceReleased::default(),
+            clients: 1,
+            log_index: 9,
+        }),
+        json(DeleteKeyQuery {
+            force: true,
+            request_id: Some("r".into()),
         }),
     ]
 }

@@ -17,11 +17,11 @@ use std::path::PathBuf;
 
 use permitd_core::batch::{BatchItem, BatchItemAnswer, BatchRequest, BatchResponse};
 use permitd_core::config::{Amount, LimitedGroups};
-use permitd_core::delete_key::KeyDeleted;
-use permitd_core::force_release::ForceReleased;
 use permitd_core::contract::{
     headers, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage, MemberRole,
 };
+use permitd_core::delete_key::KeyDeleted;
+use permitd_core::force_release::ForceReleased;
 use permitd_core::protocol::{
     Blocked, BlockedReason, Demand, GrantReport, GrantResult, GrantStatus, GrantedPermits,
     LeaseGrant, LeaseReport, PermitGrant, PermitRequest, PermitSync, PermitSyncResult,

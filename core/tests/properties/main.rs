@@ -37,6 +37,7 @@ use checks::*;
 use harness::*;
 use model::*;
 use permitd_core::config::{Amount, LimitedGroups};
+use permitd_core::delete_key::{DeleteKey, KeyDeleted, KeyInUse};
 use permitd_core::force_release::ForceReleased;
 use permitd_core::protocol::{
     Demand, GrantReport, GrantResult, GrantStatus, GrantedPermits, LeaseGrant, LeaseReport,
