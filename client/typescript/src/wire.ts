@@ -247,6 +247,7 @@ export const ERROR_CODES = [
   "not_leader",
   "no_quorum",
   "leader_changed",
+  "key_deleted",
   "shutting_down",
   "overloaded",
   "timeout",

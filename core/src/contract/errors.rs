@@ -57,6 +57,10 @@ pub enum ErrorCode {
     /// 503: leadership changed before the call was answered; the entry may or
     /// may not have committed, so ask again (a `requestId` makes that safe).
     LeaderChanged,
+    /// 503: the key was deleted right after the request's round committed: the
+    /// grants it answered were released with the key, so ask again (a new
+    /// round, on the key as the delete left it).
+    KeyDeleted,
     /// 503: the node is shutting down.
     ShuttingDown,
     /// 503: the leader already holds its most waiting requests and syncs, or
@@ -70,7 +74,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [Self; 22] = [
+    pub const ALL: [Self; 23] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -89,6 +93,7 @@ impl ErrorCode {
         Self::NotLeader,
         Self::NoQuorum,
         Self::LeaderChanged,
+        Self::KeyDeleted,
         Self::ShuttingDown,
         Self::Overloaded,
         Self::Timeout,
@@ -116,6 +121,7 @@ impl ErrorCode {
             Self::NotLeader => "not_leader",
             Self::NoQuorum => "no_quorum",
             Self::LeaderChanged => "leader_changed",
+            Self::KeyDeleted => "key_deleted",
             Self::ShuttingDown => "shutting_down",
             Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
@@ -142,6 +148,7 @@ impl ErrorCode {
             Self::NotLeader
             | Self::NoQuorum
             | Self::LeaderChanged
+            | Self::KeyDeleted
             | Self::ShuttingDown
             | Self::Overloaded
             | Self::Timeout => 503,
