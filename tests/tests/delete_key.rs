@@ -1,8 +1,9 @@
 //! `DELETE /v1/semaphores/{key}` and `permitctl config delete` against a real
 //! three-node cluster: an idle configured key, a key in use (409, nothing
 //! changes, no entry), a forced delete (holders released, events on every
-//! node, usage zero), a delete while requests wait for the key's round, and a
-//! delete replayed by `requestId` or retried without one.
+//! node, usage zero), a delete while requests wait for the key's round, a
+//! delete that commits together with a round of its key, and a delete replayed
+//! by `requestId` or retried without one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -256,4 +257,84 @@ async fn a_delete_replayed_by_request_id_gets_its_first_answer_and_changes_nothi
     assert_eq!(bad.body["error"]["field"], "requestId");
     let bad = delete(&cluster, follower, "replayed", "?force=maybe").await;
     assert_eq!(bad.status, 400, "{}", bad.body);
+}
+
+/// How long the followers stay frozen: several Raft RPC deadlines, so that the
+/// leader's append of the round alone times out and the next one carries the
+/// round and the delete together; well inside the commit timeout below.
+const FROZEN: Duration = Duration::from_millis(1_500);
+const RPC_TIMEOUT_MS: u64 = 200;
+
+/// Waits until the leader's log holds more than `index` entries; answers the new last index.
+async fn appended_after(cluster: &Cluster, leader: u64, index: u64) -> u64 {
+    let (grown, last) = permitd_tests::eventually_seen(Duration::from_secs(10), || async {
+        let last = cluster
+            .status(leader)
+            .await
+            .and_then(|s| s["lastLogIndex"].as_u64());
+        (last.is_some_and(|last| last > index), last)
+    })
+    .await;
+    assert!(grown, "the leader appended nothing after {index}: {last:?}");
+    last.expect("grown")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_committed_together_with_the_delete_is_not_handed_out() {
+    let cluster = Arc::new(
+        Cluster::start(Settings {
+            rpc_timeout_ms: Some(RPC_TIMEOUT_MS),
+            extra_toml: "[limits]\ncommit_timeout_ms = 20000\n".into(),
+            ..Settings::default()
+        })
+        .await,
+    );
+    let leader = cluster.wait_for_leader().await;
+    let answer = cluster
+        .put(leader, "/v1/semaphores/raced/config", &json!({"limit": 10}))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let before = appended_after(&cluster, leader, 0).await;
+    for follower in cluster.followers_of(leader) {
+        cluster.pause(follower, true);
+    }
+    // The round enters the leader's log, then the delete: neither can commit.
+    let round = {
+        let cluster = cluster.clone();
+        tokio::spawn(async move {
+            let body = request("racer", &[("g", 4, 1)]);
+            cluster.post(leader, "/v1/semaphores/raced", &body).await
+        })
+    };
+    let round_index = appended_after(&cluster, leader, before).await;
+    let forced = {
+        let cluster = cluster.clone();
+        tokio::spawn(async move { delete(&cluster, leader, "raced", "?force=true").await })
+    };
+    appended_after(&cluster, leader, round_index).await;
+    tokio::time::sleep(FROZEN).await;
+    for follower in cluster.followers_of(leader) {
+        cluster.pause(follower, false);
+    }
+
+    // Both commit at once and apply together: the round's grant is released by
+    // the delete before its answer goes out, so the caller is told to ask again.
+    let forced = forced.await.expect("delete task");
+    assert_eq!(forced.status, 200, "{}", forced.body);
+    assert_eq!(
+        forced.body["released"],
+        json!({"grants": 1, "leases": 0, "permits": 4})
+    );
+    let round = round.await.expect("request task");
+    assert_eq!(
+        (round.status, round.code()),
+        (503, "key_deleted"),
+        "{}",
+        round.body
+    );
+    assert!(round.retry_after.is_some(), "ask again: {}", round.body);
+    assert_eq!(cluster.usage(leader, "raced").await["granted"], 0);
+    // Asked again, the request is a new one, on the key as the delete left it.
+    cluster.take(leader, "raced", "racer", 4).await;
+    assert_eq!(cluster.usage(leader, "raced").await["limit"], DEFAULT_LIMIT);
 }
