@@ -93,19 +93,21 @@ pub struct DeleteKey<'a> {
 impl Semaphores {
     /// Applies one delete (see the module rules): the answer and its events, or
     /// the refusal of a key in use.
+    /// A replay and a refusal change nothing, not even the clock.
     pub fn delete_key(
         &mut self,
         delete: DeleteKey<'_>,
     ) -> Result<(KeyDeleted, Vec<Event>), KeyInUse> {
-        let now_ms = self.advance_clock(delete.now_ms);
-        self.forget_deletes(now_ms);
-        if let Some(answer) = self.remembered_delete(delete.key, delete.request_id) {
+        let now_ms = delete.now_ms.max(self.last_now_ms());
+        if let Some(answer) = self.remembered_delete(delete.key, delete.request_id, now_ms) {
             return Ok((answer, Vec::new()));
         }
         let in_use = self.in_use(delete.key);
         if !delete.force && in_use != KeyInUse::default() {
             return Err(in_use);
         }
+        let now_ms = self.advance_clock(delete.now_ms);
+        self.forget_deletes(now_ms);
         let (answer, events) = self.drop_key(delete.key, now_ms, delete.log_index);
         if let Some(request_id) = delete.request_id {
             self.remember_delete(delete.key, request_id, answer, now_ms);
@@ -158,9 +160,15 @@ impl Semaphores {
         (answer, events)
     }
 
-    fn remembered_delete(&self, key: &str, request_id: Option<&str>) -> Option<KeyDeleted> {
+    /// The answer kept for `request_id`, unless its time is up at `now_ms`.
+    fn remembered_delete(
+        &self,
+        key: &str,
+        request_id: Option<&str>,
+        now_ms: u64,
+    ) -> Option<KeyDeleted> {
         let remembered = self.deletes().get(key)?.get(request_id?)?;
-        Some(remembered.answer)
+        (remembered.forget_at_ms > now_ms).then_some(remembered.answer)
     }
 
     /// Keeps `answer` for a replay of `request_id`, forgetting the delete due
@@ -283,7 +291,7 @@ mod tests {
     fn a_key_in_use_is_refused_without_force_and_nothing_changes() {
         let mut sem = configured_and_held();
         let before = sem.clone();
-        let refused = sem.delete_key(delete("k", false, Some("r1"), T0 + 1));
+        let refused = sem.delete_key(delete("k", false, Some("r1"), T0 + 1_000));
         assert_eq!(
             refused,
             Err(KeyInUse {
@@ -292,7 +300,7 @@ mod tests {
                 waiting: 0
             })
         );
-        assert_eq!(sem.keys(), before.keys());
+        assert_eq!(sem, before, "not even the clock moves");
         assert!(sem.deletes().is_empty(), "a refusal is not remembered");
     }
 
@@ -346,11 +354,13 @@ mod tests {
             .expect("forced");
         // The key is used again; the replay must not delete it a second time.
         sem.round("k", &mut IdAllocator::new(50), T0 + 2, &[request("c", 1)]);
+        let before = sem.clone();
         let (replayed, events) = sem
             .delete_key(delete("k", false, Some("r1"), T0 + 3))
             .expect("replayed");
         assert_eq!(replayed, first);
         assert!(events.is_empty());
+        assert_eq!(sem, before, "a replay changes nothing");
         assert_eq!(
             sem.usage("k", T0 + 3).granted,
             1,
@@ -365,7 +375,12 @@ mod tests {
         let later = T0 + DELETE_ANSWER_TTL_MS;
         let refused = sem.delete_key(delete("k", false, Some("r1"), later));
         assert!(refused.is_err(), "c holds a grant now");
-        assert!(!sem.deletes().contains_key("k"));
+        let forced = sem.delete_key(delete("k", true, Some("r2"), later));
+        assert_eq!(forced.map(|(answer, _)| answer.released.grants), Ok(1));
+        assert!(
+            !sem.deletes()["k"].contains_key("r1"),
+            "forgotten once its time is up"
+        );
     }
 
     #[test]
