@@ -151,6 +151,7 @@ impl Semaphores {
             events.extend(released_event(now_ms, &client_id, released));
         }
         self.remove_key(key);
+        assert!(self.key(key).is_none(), "a deleted key keeps nothing");
         events.push(Event::KeyDeleted {
             timestamp_ms: now_ms,
             grants: answer.released.grants,

@@ -14,8 +14,11 @@
 //! key as the delete left it (no settings: the cluster defaults; no holders).
 //! A round that committed before the delete is counted by it: its grants are
 //! released with the rest and named in `client_released` events. No grant made
-//! under the deleted settings survives the delete. After the delete the key's
-//! held requests are woken, as after any settings change.
+//! under the deleted settings survives the delete, and none is handed out
+//! after it: a round whose answers had not gone out when the delete applied
+//! fails them with 503 `key_deleted` (`leader/rounds.rs`), and its callers ask
+//! again. After the delete the key's held requests are woken, as after any
+//! settings change.
 
 use axum::extract::{Query, State};
 use axum::Json;
