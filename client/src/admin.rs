@@ -1,14 +1,16 @@
 //! Operator calls of [`SemaphoreClient`] that inspect or act on the cluster:
 //! the key listing page by page, a key's holders, the admin force release of
-//! one client's footprint, the cluster's status, initialisation and membership
-//! changes (`/cluster/members`, with the secret), and backups. The calls that
-//! configure it (keys, groups, tokens) are in `client/settings.rs`.
+//! one client's footprint, the admin delete of a key, the cluster's status,
+//! initialisation and membership changes (`/cluster/members`, with the
+//! secret), and backups. The calls that configure it (keys, groups, tokens)
+//! are in `client/settings.rs`.
 //!
 //! `GET /v1/semaphores` answers at most one page of keys in key order, with
 //! `next` when more follow; [`SemaphoreClient::keys_page`] asks for one page and
 //! [`SemaphoreClient::keys`] follows `next` to the end.
 
 use permitd_core::contract::{paths, ClusterStatus, ErrorCode, KeyList, KeyUsage};
+use permitd_core::engine::delete_key::KeyDeleted;
 use permitd_core::engine::force_release::ForceReleased;
 use permitd_core::engine::holders::KeyHolders;
 use permitd_core::engine::restore::BackupFile;
@@ -58,6 +60,21 @@ impl SemaphoreClient {
     pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
         let path = paths::segments(paths::CLUSTER_STATUS, &[]);
         self.call_with_query::<(), _>(Method::GET, &path, &[], None)
+            .await
+    }
+
+    /// Deletes `key`'s settings and state (admin). With `force`, its grants and
+    /// leases are released first; without, a key in use fails with
+    /// `key_in_use`. One `requestId` serves every attempt of the call, so a
+    /// retry after a lost answer gets the first answer instead of deleting
+    /// again (a key used meanwhile stays as it is).
+    pub async fn delete_key(&self, key: &str, force: bool) -> Result<KeyDeleted, ClientError> {
+        let path = paths::segments(paths::SEMAPHORE, &[key]);
+        let mut query = vec![("requestId", uuid::Uuid::new_v4().to_string())];
+        if force {
+            query.push(("force", "true".to_owned()));
+        }
+        self.call_with_query::<(), _>(Method::DELETE, &path, &query, None)
             .await
     }
 

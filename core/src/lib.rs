@@ -30,7 +30,7 @@
 //!   per request plus [`engine::lifecycle::Event`]s;
 //! - a sync → [`engine::permit_sync::run_sync`]; a claim-deadline timer →
 //!   [`engine::reclaim`]; an operator's [`engine::force_release`] of one
-//!   client; the [`engine::holders`] view; settings changes →
+//!   client, or [`engine::delete_key`] of a whole key; the [`engine::holders`] view; settings changes →
 //!   [`Semaphores::set_key_config`] and friends.
 //!
 //! Invariants kept after every operation (checked by the property tests):

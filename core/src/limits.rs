@@ -52,6 +52,12 @@ pub const MAX_REMEMBERED_ANSWERS_PER_CLIENT: usize = 32;
 /// forgotten first goes first. Bounds a key's answer rows whatever the number
 /// of clients.
 pub const MAX_REMEMBERED_ANSWERS_PER_KEY: usize = 1_024;
+/// How long a key delete's answer is kept for its `requestId`, in ms: far
+/// longer than a client retries one call (permitctl's deadline is 10 s).
+pub const DELETE_ANSWER_TTL_MS: u64 = 10 * 60 * 1_000;
+/// Most key deletes remembered for their `requestId`s, all keys together; the
+/// one due to be forgotten first goes first. Deletes are an operator's calls.
+pub const MAX_REMEMBERED_DELETES: usize = 1_024;
 
 /// Largest HTTP request body, in bytes (413 beyond).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;

@@ -12,9 +12,10 @@ use permitd_core::contract::protocol::{
     SemaphoreRequest, SemaphoreResponse, V1,
 };
 use permitd_core::contract::{
-    headers, paths, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage,
-    ListQuery, MemberRole, MembershipChange,
+    headers, paths, ClusterMember, ClusterStatus, DeleteKeyQuery, ErrorAnswer, ErrorCode, KeyList,
+    KeyUsage, ListQuery, MemberRole, MembershipChange,
 };
+use permitd_core::engine::delete_key::KeyDeleted;
 use permitd_core::engine::force_release::ForceReleased;
 use permitd_core::engine::holders::{holders, KeyHolders};
 use permitd_core::engine::state::{Grant, KeyState, Lease};
@@ -250,6 +251,16 @@ fn every_shape() -> Vec<Value> {
             grants: 1,
             leases: 1,
             permits: 2,
+        }),
+        json(KeyDeleted {
+            existed: true,
+            released: ForceReleased::default(),
+            clients: 1,
+            log_index: 9,
+        }),
+        json(DeleteKeyQuery {
+            force: true,
+            request_id: Some("r".into()),
         }),
     ]
 }

@@ -283,6 +283,8 @@ function describeEvent(record) {
       return `${record.count} of group ${record.group} queued: ${record.reason}`;
     case "client_released":
       return `${record.clientId}: ${record.grants} grants, ${record.leases} leases, ${record.permits} permits dropped`;
+    case "key_deleted":
+      return `key deleted: ${record.grants} grants, ${record.leases} leases, ${record.permits} permits released`;
     default:
       return `${record.clientId} ${record.group}: ${record.permits} permits`;
   }

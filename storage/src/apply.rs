@@ -5,8 +5,10 @@
 //! shared by every key of the entry, so ids never repeat within it).
 
 use permitd_core::contract::validate::{
-    validate_client_id, validate_group, validate_key, validate_permit_request, validate_sync,
+    name, validate_client_id, validate_group, validate_key, validate_permit_request, validate_sync,
 };
+use permitd_core::engine::delete_key::DeleteKey;
+use permitd_core::limits::MAX_REQUEST_ID_BYTES;
 use permitd_core::tokens::TokenRegistry;
 use permitd_core::{Event, IdAllocator, InvalidInput, KeyLimitReached, Semaphores};
 
@@ -97,6 +99,14 @@ fn check(command: &Command) -> Result<(), InvalidInput> {
             validate_key(key)?;
             validate_client_id(client_id)
         }
+        Command::DeleteKey {
+            key, request_id, ..
+        } => {
+            validate_key(key)?;
+            request_id
+                .as_deref()
+                .map_or(Ok(()), |id| name("requestId", id, MAX_REQUEST_ID_BYTES))
+        }
         // Checked row by row inside `Semaphores::restore`.
         Command::Restore { .. } => Ok(()),
         // The registry validates token commands itself (see `token_state`).
@@ -109,7 +119,7 @@ fn check(command: &Command) -> Result<(), InvalidInput> {
 /// A round entry is refused whole (its callers get `too_many_keys` and retry), since
 /// its answer has no place for one key's refusal; the leader's own check before
 /// proposing makes that a race at the limit, not a habit. Commands that never
-/// create a key (reclaim, removals, force release, tokens) always pass.
+/// create a key (reclaim, removals, force release, deletes, tokens) always pass.
 fn check_room(semaphores: &Semaphores, command: &Command) -> Result<(), KeyLimitReached> {
     match command {
         Command::Round { keys, syncs, .. } => semaphores.room_for(
@@ -127,6 +137,7 @@ fn check_room(semaphores: &Semaphores, command: &Command) -> Result<(), KeyLimit
         | Command::RemoveKey { .. }
         | Command::SetDefaults { .. }
         | Command::ForceRelease { .. }
+        | Command::DeleteKey { .. }
         | Command::Restore { .. }
         | Command::CreateToken { .. }
         | Command::RevokeToken { .. } => Ok(()),
@@ -213,6 +224,27 @@ fn run(applier: &mut Applier<'_>, log_index: u64, command: &Command) -> CommandR
             let (released, events) = applier.semaphores.force_release(key, client_id, *now_ms);
             applier.push_events(key, events);
             CommandResult::Released { released }
+        }
+        Command::DeleteKey {
+            now_ms,
+            key,
+            force,
+            request_id,
+        } => {
+            let delete = DeleteKey {
+                key,
+                force: *force,
+                request_id: request_id.as_deref(),
+                now_ms: *now_ms,
+                log_index,
+            };
+            match applier.semaphores.delete_key(delete) {
+                Ok((deleted, events)) => {
+                    applier.push_events(key, events);
+                    CommandResult::KeyDeleted { deleted }
+                }
+                Err(in_use) => CommandResult::KeyInUse { in_use },
+            }
         }
         Command::Restore { backup } => match applier.semaphores.restore(backup) {
             Ok(()) => CommandResult::Restored {
@@ -312,5 +344,48 @@ mod tests {
             2,
             "removing from a new key creates none"
         );
+    }
+    fn delete(force: bool, request_id: Option<&str>) -> Command {
+        Command::DeleteKey {
+            now_ms: 2_000,
+            key: "a".into(),
+            force,
+            request_id: request_id.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_delete_is_refused_while_held_forced_with_events_and_replayed_alike() {
+        let mut semaphores = Semaphores::default();
+        let mut tokens = TokenRegistry::default();
+        apply_command(&mut semaphores, &mut tokens, 1, &round(&["a"]));
+        let before = semaphores.clone();
+        let (refused, applied) =
+            apply_command(&mut semaphores, &mut tokens, 2, &delete(false, Some("r")));
+        assert!(
+            matches!(refused, CommandResult::KeyInUse { .. }),
+            "{refused:?}"
+        );
+        assert_eq!(
+            semaphores.keys(),
+            before.keys(),
+            "a refusal changes nothing"
+        );
+        assert!(applied.events.is_empty());
+        let forced = delete(true, Some("r"));
+        let (first, applied) = apply_command(&mut semaphores, &mut tokens, 3, &forced);
+        let names: Vec<_> = applied
+            .events
+            .iter()
+            .map(|(key, e)| (key.as_str(), e.name()))
+            .collect();
+        assert_eq!(names, [("a", "client_released"), ("a", "key_deleted")]);
+        assert_eq!(applied.keys, ["a"], "the key's rows are noted");
+        assert!(semaphores.keys().is_empty());
+        let (replayed, applied) = apply_command(&mut semaphores, &mut tokens, 4, &forced);
+        assert_eq!(replayed, first, "the replay answers as the first time");
+        assert!(applied.events.is_empty());
+        let deleted = first.into_key_deleted().expect("deleted");
+        assert_eq!((deleted.log_index, deleted.released.grants), (3, 1));
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Every case starts from a state with live grants, leases and group settings
 //! and a valid command of one kind (round, sync, key configuration, group,
-//! force release), then breaks exactly one field with a hostile value: empty,
+//! force release, key delete), then breaks exactly one field with a hostile value: empty,
 //! one byte over its limit, far over it, control characters, zero, one over a
 //! maximum, `u64::MAX`, a ratio that is NaN, infinite or negative, a list one
 //! entry too long, a group demanded twice. The command is applied as a log
@@ -176,6 +176,8 @@ const SYNC_FIELDS: usize = 8;
 const CONFIG_FIELDS: usize = 11;
 const GROUP_FIELDS: usize = 3;
 const RELEASE_FIELDS: usize = 2;
+/// `key`, `requestId`.
+const DELETE_FIELDS: usize = 2;
 
 /// Reports on the held grant and lease: one more claim, one release.
 fn reports(grant_id: &str, lease_id: &str) -> (Vec<GrantReport>, Vec<LeaseReport>) {
@@ -324,10 +326,28 @@ fn broken_release(field: usize, bad: &Hostile) -> Command {
     }
 }
 
+/// A delete without `force` of the populated key (in use: refused whatever
+/// else), with one broken field.
+fn broken_delete(field: usize, bad: &Hostile) -> Command {
+    let (mut key, mut request_id) = (KEY.to_owned(), "delete-1".to_owned());
+    match field % DELETE_FIELDS {
+        0 => key = bad.text.clone(),
+        _ => request_id = bad.text.clone(),
+    }
+    Command::DeleteKey {
+        now_ms: NOW_MS + 5,
+        key,
+        force: false,
+        request_id: Some(request_id),
+    }
+}
+
 fn refused(result: &CommandResult) -> bool {
     matches!(
         result,
-        CommandResult::Rejected { .. } | CommandResult::KeyLimit { .. }
+        CommandResult::Rejected { .. }
+            | CommandResult::KeyLimit { .. }
+            | CommandResult::KeyInUse { .. }
     )
 }
 
@@ -351,7 +371,7 @@ fn edge_accepts(message: SemaphoreRequest) -> bool {
 proptest! {
     #[test]
     fn one_broken_field_never_panics_and_a_refusal_changes_nothing(
-        kind in 0..5usize,
+        kind in 0..6usize,
         field in any::<usize>(),
         bad in hostile(),
     ) {
@@ -373,7 +393,8 @@ proptest! {
             }
             2 => (broken_config(field, &bad), None),
             3 => (broken_group(field, &bad), None),
-            _ => (broken_release(field, &bad), None),
+            4 => (broken_release(field, &bad), None),
+            _ => (broken_delete(field, &bad), None),
         };
         let before = semaphores.clone();
         let result = apply(&mut semaphores, 4, &command);

@@ -6,6 +6,7 @@
 
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
 use permitd_core::contract::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
+use permitd_core::engine::delete_key::{KeyDeleted, KeyInUse};
 use permitd_core::engine::force_release::ForceReleased;
 use permitd_core::engine::restore::Backup;
 use permitd_core::tokens::{TokenInfo, TokenSpec};
@@ -77,9 +78,23 @@ commands! {
         /// Replace the cluster-wide defaults.
         #[serde(rename_all = "camelCase")]
         SetDefaults { defaults: KeyConfig },
-        /// Drop everything kept for a key.
+        /// Drop everything kept for a key, unconditionally, without events. No
+        /// route proposes it; it stays so that the op keeps its meaning in any
+        /// log. An operator's delete is [`Command::DeleteKey`].
         #[serde(rename_all = "camelCase")]
         RemoveKey { key: String },
+        /// An operator deletes a key's settings and state at the leader's `now`
+        /// (`permitd_core::engine::delete_key`): refused while it has holders unless
+        /// `force`; a `requestId` makes a replay answer as the first time.
+        #[serde(rename_all = "camelCase")]
+        DeleteKey {
+            now_ms: u64,
+            key: String,
+            #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+            force: bool,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            request_id: Option<String>,
+        },
         /// Add an API token; its id is the entry's log index. Carries the secret's
         /// hash only: the secret itself never enters the log.
         #[serde(rename_all = "camelCase")]
@@ -133,6 +148,10 @@ pub enum CommandResult {
     TokenCreated { token: TokenInfo },
     /// What `ForceRelease` dropped.
     Released { released: ForceReleased },
+    /// What `DeleteKey` did (or, replayed by `requestId`, did the first time).
+    KeyDeleted { deleted: KeyDeleted },
+    /// `DeleteKey` without `force` found the key in use; nothing changed.
+    KeyInUse { in_use: KeyInUse },
     /// `Restore` wrote this many keys.
     Restored { keys: u64 },
     /// `Restore` was refused (the cluster holds keys, or a row breaks an
@@ -157,6 +176,9 @@ pub enum Refused {
     /// A backup could not be restored; nothing changed.
     #[error("{0}")]
     NotRestored(String),
+    /// A delete without `force` of a key with holders; nothing changed.
+    #[error(transparent)]
+    KeyInUse(#[from] KeyInUse),
     /// The result is of another command: a bug, never a matter of input.
     #[error("apply answered {got} where {expected} was expected")]
     OtherAnswer {
@@ -206,6 +228,14 @@ impl CommandResult {
         }
     }
 
+    /// What a [`Command::DeleteKey`] did.
+    pub fn into_key_deleted(self) -> Result<KeyDeleted, Refused> {
+        match self {
+            Self::KeyDeleted { deleted } => Ok(deleted),
+            other => Err(other.refused("keyDeleted")),
+        }
+    }
+
     /// The keys a [`Command::Restore`] wrote.
     pub fn into_restored(self) -> Result<u64, Refused> {
         match self {
@@ -228,6 +258,8 @@ impl CommandResult {
             Self::Rejected { error } => return Refused::Rejected(error),
             Self::KeyLimit { max } => return Refused::KeyLimit(KeyLimitReached { max }),
             Self::RestoreRefused { reason } => return Refused::NotRestored(reason),
+            Self::KeyInUse { in_use } => return Refused::KeyInUse(in_use),
+            Self::KeyDeleted { .. } => "keyDeleted",
             Self::Released { .. } => "released",
             Self::Restored { .. } => "restored",
             Self::Done => "done",

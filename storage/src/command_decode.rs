@@ -197,6 +197,18 @@ pub(crate) mod tests {
                 key: "k".into(),
                 client_id: "worker-1".into(),
             },
+            Command::DeleteKey {
+                now_ms: 7,
+                key: "k".into(),
+                force: true,
+                request_id: Some("delete-1".into()),
+            },
+            Command::DeleteKey {
+                now_ms: 8,
+                key: "k".into(),
+                force: false,
+                request_id: None,
+            },
             Command::Restore {
                 backup: Backup {
                     defaults: KeyConfig::default(),

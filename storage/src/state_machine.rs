@@ -63,6 +63,9 @@ pub(crate) struct AppliedState {
     pub tokens: TokenRegistry,
     pub last_applied: Option<LogId<NodeId>>,
     pub membership: StoredMembership<NodeId, PeerNode>,
+    /// The keys this node saw deleted lately, for the leader's rounds
+    /// ([`SharedState::deleted_after`]). This node's memory, not replicated.
+    pub recent_deletes: RecentDeletes,
 }
 
 impl From<SnapshotImage> for AppliedState {
@@ -72,7 +75,46 @@ impl From<SnapshotImage> for AppliedState {
             tokens: image.tokens,
             last_applied: image.last_applied,
             membership: image.membership,
+            recent_deletes: RecentDeletes::default(),
         }
+    }
+}
+
+/// Deletes applied here lately: `(key, log index)`, oldest first.
+///
+/// A round's answers reach its callers after its entry applied, and a delete
+/// of the key may apply in between (both committed together, say). The grants
+/// in those answers were released by the delete: handed out, they would admit
+/// work the key no longer counts. So the leader asks, under the same lock
+/// applies take, whether the key was deleted after the round's entry, and if
+/// so fails those answers instead (the callers ask again). The answers wait
+/// moments, so the last [`RECENT_DELETES`] deletes are plenty to remember.
+#[derive(Debug, Default)]
+pub(crate) struct RecentDeletes {
+    deletes: std::collections::VecDeque<(String, u64)>,
+}
+
+/// Deletes remembered by [`RecentDeletes`]; operators' calls, rare.
+const RECENT_DELETES: usize = 1_024;
+
+impl RecentDeletes {
+    /// Notes the deletes among an applied entry's events.
+    fn note(&mut self, applied: &Applied) {
+        for (key, event) in &applied.events {
+            if matches!(event, Event::KeyDeleted { .. }) {
+                if self.deletes.len() == RECENT_DELETES {
+                    self.deletes.pop_front();
+                }
+                self.deletes.push_back((key.clone(), applied.log_index));
+            }
+        }
+    }
+
+    fn deleted_after(&self, key: &str, log_index: u64) -> Option<u64> {
+        self.deletes
+            .iter()
+            .find(|(deleted, at)| deleted == key && *at > log_index)
+            .map(|(_, at)| *at)
     }
 }
 
@@ -108,6 +150,14 @@ impl SharedState {
 
     pub fn last_applied(&self) -> Option<LogId<NodeId>> {
         self.lock_read().last_applied
+    }
+
+    /// The log index of a delete of `key` this node applied after entry
+    /// `log_index`, if any (among its last deletes: [`RecentDeletes`]).
+    pub fn deleted_after(&self, key: &str, log_index: u64) -> Option<u64> {
+        self.lock_read()
+            .recent_deletes
+            .deleted_after(key, log_index)
     }
 
     /// Notices of entries applied from now on.
@@ -247,6 +297,7 @@ impl StateMachineStore {
                         entry.log_id.index,
                         &command,
                     );
+                    state.recent_deletes.note(&notice);
                     results.push(result);
                     notices.push(notice);
                 }

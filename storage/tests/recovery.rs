@@ -391,3 +391,47 @@ async fn a_key_emptied_and_refilled_by_one_entry_replays_alike() {
         expected
     );
 }
+
+/// A round and a delete of its key applied in one batch: the store says the
+/// key was deleted after the round, so the leader fails the round's answers
+/// (their grants went with the key) instead of handing them out.
+#[tokio::test]
+async fn a_delete_applied_after_a_round_is_told_to_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opened = open_dir(dir.path()).await;
+    let delete = |now_ms| Command::DeleteKey {
+        now_ms,
+        key: "k".to_owned(),
+        force: true,
+        request_id: None,
+    };
+    let entries = vec![
+        normal(1, round(10_000, vec![vec![request(3, vec![])]])),
+        normal(2, delete(10_001)),
+        normal(3, round(10_002, vec![vec![request(1, vec![])]])),
+    ];
+    opened.log.blocking_append(entries.clone()).await.unwrap();
+    opened.state_machine.apply(entries).await.unwrap();
+    assert_eq!(
+        opened.state.deleted_after("k", 1),
+        Some(2),
+        "round 1 is stale"
+    );
+    assert_eq!(
+        opened.state.deleted_after("k", 3),
+        None,
+        "round 3 came after"
+    );
+    assert_eq!(opened.state.deleted_after("other", 0), None);
+    let granted = opened
+        .state
+        .read(|semaphores| semaphores.usage("k", 10_002).granted);
+    assert_eq!(granted, 1, "only the round after the delete holds permits");
+    // Deleted again: round 3's grant goes (told); then a key with nothing
+    // kept for it, whose delete changes nothing and tells nothing.
+    let again = vec![normal(4, delete(10_003)), normal(5, delete(10_004))];
+    opened.log.blocking_append(again.clone()).await.unwrap();
+    opened.state_machine.apply(again).await.unwrap();
+    assert_eq!(opened.state.deleted_after("k", 3), Some(4));
+    assert_eq!(opened.state.deleted_after("k", 4), None);
+}

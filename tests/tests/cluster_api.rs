@@ -158,9 +158,8 @@ async fn a_bad_configuration_names_its_field(cluster: &Cluster, leader: u64) {
 async fn unknown_routes_and_methods_answer_json(cluster: &Cluster, leader: u64) {
     let unknown = cluster.get(leader, "/v2/nothing").await;
     assert_eq!((unknown.status, unknown.code()), (404, "not_found"));
-    let method = cluster
-        .call(leader, Method::DELETE, REJECTED_PATH, None)
-        .await;
+    // A key answers POST (messages) and DELETE (an admin's delete), not PUT.
+    let method = cluster.call(leader, Method::PUT, REJECTED_PATH, None).await;
     assert_eq!(method.status, 405);
     assert!(method.body["error"]["message"].is_string());
 }

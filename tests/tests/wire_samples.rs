@@ -25,6 +25,8 @@ use permitd_core::contract::protocol::{
 use permitd_core::contract::{
     headers, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage, MemberRole,
 };
+use permitd_core::engine::delete_key::KeyDeleted;
+use permitd_core::engine::force_release::ForceReleased;
 use permitd_core::engine::usage::GroupUsage;
 use permitd_core::{
     GroupConfig, IdAllocator, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning, Usage,
@@ -273,6 +275,15 @@ fn samples() -> Value {
         "KeyConfig": configs(),
         "KeyConfigUpdate": updates,
         "GroupConfig": [GroupConfig { limit: Some(5), permitted: true }, GroupConfig { limit: None, permitted: false }],
+        "KeyDeleted": [
+            KeyDeleted {
+                existed: true,
+                released: ForceReleased { grants: 2, leases: 1, permits: 70 },
+                clients: 2,
+                log_index: 1_234,
+            },
+            KeyDeleted { log_index: 9, ..KeyDeleted::default() },
+        ],
         "KeyList": lists,
         "ClusterStatus": [status],
         "ErrorAnswer": errors,

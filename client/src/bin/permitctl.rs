@@ -107,6 +107,15 @@ enum ConfigCommand {
     },
     /// Replaces the key's configuration; omitted fields take the cluster defaults.
     Set(ConfigSet),
+    /// Admin: deletes the key's settings, groups and state; it follows the
+    /// cluster defaults again. Refused while the key has grants, leases or
+    /// waiting requests, unless `--force` (which releases them).
+    Delete {
+        key: String,
+        /// Release the key's grants and leases instead of refusing.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -189,6 +198,10 @@ async fn run(cli: Cli) -> CliResult {
             };
             let config = client.set_key_config(&set.key, &update).await?;
             print(json, &config, || config_table(&set.key, &config))
+        }
+        Command::Config(ConfigCommand::Delete { key, force }) => {
+            let deleted = client.delete_key(&key, force).await?;
+            print(json, &deleted, || deleted_text(&key, &deleted))
         }
         Command::Group(GroupCommand::Set {
             key,
@@ -342,6 +355,18 @@ fn usage_table(key: &str, usage: &Usage) -> String {
         text.push_str(&table(&["GROUP", "GRANTED", "LIMIT"], &rows));
     }
     text
+}
+
+/// What `config delete` says when not asked for JSON.
+fn deleted_text(key: &str, deleted: &permitd_core::engine::delete_key::KeyDeleted) -> String {
+    if !deleted.existed {
+        return format!("{key}: nothing was kept for it; it follows the defaults\n");
+    }
+    let released = deleted.released;
+    format!(
+        "{key}: deleted at log index {}; released {} grants and {} leases ({} permits) of {} clients\n",
+        deleted.log_index, released.grants, released.leases, released.permits, deleted.clients
+    )
 }
 
 fn config_table(key: &str, config: &KeyConfig) -> String {

@@ -31,6 +31,7 @@ import {
   type GroupConfig,
   type KeyConfig,
   type KeyConfigUpdate,
+  type KeyDeleted,
   type KeyList,
   type PermitGrant,
   type PermitRequest,
@@ -221,6 +222,18 @@ export class SemaphoreClient {
 
   async deleteGroup(key: string, group: string, options: CallOptions = {}): Promise<void> {
     await this.call("DELETE", [...semaphorePath(key, "groups"), group], undefined, undefined, options);
+  }
+
+  /**
+   * Admin: deletes the key's settings, groups and state; it follows the cluster defaults again.
+   * A key with grants, leases or waiting requests is refused (`key_in_use`, 409) unless `force`,
+   * which releases them. One `requestId` serves every attempt, so a retry after a lost answer
+   * gets the first answer instead of deleting again.
+   */
+  deleteKey(key: string, deletion: { force?: boolean } = {}, options: CallOptions = {}): Promise<KeyDeleted> {
+    const query = new URLSearchParams({ requestId: crypto.randomUUID() });
+    if (deletion.force) query.set("force", "true");
+    return this.call("DELETE", semaphorePath(key), undefined, "KeyDeleted", { ...options, query: query.toString() });
   }
 
   /** One page of the keys with state, in byte order, with their usage; pass `next` as `after` for the next page. */

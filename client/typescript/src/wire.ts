@@ -169,6 +169,25 @@ export interface KeyConfigUpdate {
   leases?: LeasePolicy | null;
 }
 
+/** What an admin's force release dropped, or a forced key delete released. */
+export interface ForceReleased {
+  grants: number;
+  leases: number;
+  /** Grant permits plus lease footprint returned to the key. */
+  permits: number;
+}
+
+/** `DELETE /v1/semaphores/{key}`: what the delete did (a replay by `requestId` gets it again). */
+export interface KeyDeleted {
+  /** The key held settings or state, now gone; `false`: nothing was kept for it, nothing changed. */
+  existed: boolean;
+  released: ForceReleased;
+  /** Clients whose grants or leases were released. */
+  clients: number;
+  /** The log index of the entry that deleted the key. */
+  logIndex: number;
+}
+
 /** `PUT .../groups/{group}`. */
 export interface GroupConfig {
   limit?: number | null;
@@ -218,6 +237,7 @@ export const ERROR_CODES = [
   "already_initialized",
   "membership_conflict",
   "too_many_tokens",
+  "key_in_use",
   "too_far_behind",
   "payload_too_large",
   "unsupported_media_type",
@@ -227,6 +247,7 @@ export const ERROR_CODES = [
   "not_leader",
   "no_quorum",
   "leader_changed",
+  "key_deleted",
   "shutting_down",
   "overloaded",
   "timeout",
@@ -494,6 +515,12 @@ export const parse = {
     leases: optional(nullable(leasePolicy)),
   }),
   GroupConfig: object<GroupConfig>({ limit: optional(nullable(count)), permitted: optional(flag) }),
+  KeyDeleted: object<KeyDeleted>({
+    existed: flag,
+    released: object<ForceReleased>({ grants: count, leases: count, permits: count }),
+    clients: count,
+    logIndex: count,
+  }),
   KeyList: object<KeyList>({ keys: list(object<KeyUsage>({ key: text, usage })), next: optional(text) }),
   ClusterStatus: object<ClusterStatus>({
     id: count,

@@ -15,7 +15,7 @@ import { after, before, test } from "node:test";
 import { mkdtemp, rm } from "node:fs/promises";
 import { join } from "node:path";
 
-import { AcquireError, QueueStoreFailedError, SemaphoreClient, SemaphoreQueue, type Admission, type AdmittedItem } from "../src/index.js";
+import { AcquireError, QueueStoreFailedError, RejectedError, SemaphoreClient, SemaphoreQueue, type Admission, type AdmittedItem } from "../src/index.js";
 import { FileStore } from "../src/node/index.js";
 import { ADMIN_TOKEN, answerDroppingProxy, Cluster, eventually } from "./harness.js";
 
@@ -249,6 +249,33 @@ test("a retried request whose answer was lost gets the original answer", async (
   } finally {
     proxy.close();
   }
+});
+
+test("a key delete is refused while in use, and a forced one whose answer was lost is retried and answered as the first time", async () => {
+  const admin = client();
+  await admin.setKeyConfig("ts-delete", { limit: 5 });
+  const held = await admin.acquire("ts-delete", "wf", 2);
+  await assert.rejects(
+    admin.deleteKey("ts-delete"),
+    (error: unknown) => error instanceof RejectedError && error.status === 409 && error.code === "key_in_use",
+  );
+  assert.equal((await admin.usage("ts-delete")).granted, 2, "a refusal changes nothing");
+  const proxy = await answerDroppingProxy(cluster.nodes[0]!.url);
+  try {
+    const operator = new SemaphoreClient({ endpoints: [proxy.url], backoffInitialMs: 10, token: ADMIN_TOKEN });
+    const deleted = await operator.deleteKey("ts-delete", { force: true });
+    assert.equal(proxy.dropped(), 1, "the first answer was lost");
+    // The retry carried the same requestId: the first answer, not `existed: false`.
+    assert.equal(deleted.existed, true);
+    assert.deepEqual(deleted.released, { grants: 1, leases: 0, permits: 2 });
+  } finally {
+    proxy.close();
+  }
+  assert.equal((await admin.usage("ts-delete")).granted, 0);
+  assert.notEqual((await admin.keyConfig("ts-delete")).limit, 5, "the key follows the defaults");
+  await held.release();
+  const again = await admin.deleteKey("ts-delete");
+  assert.equal(again.existed, false);
 });
 
 test("a leader kill is retried onto the new leader", async () => {

@@ -31,6 +31,9 @@ pub enum ErrorCode {
     MembershipConflict,
     /// 409: the cluster already holds the most API tokens it may.
     TooManyTokens,
+    /// 409: `DELETE /v1/semaphores/{key}` without `force` of a key with
+    /// grants, leases or requests waiting for its round.
+    KeyInUse,
     /// 410: an event stream's `from` is older than the oldest event this node
     /// still keeps, or the stream fell further behind than the buffer.
     TooFarBehind,
@@ -54,6 +57,10 @@ pub enum ErrorCode {
     /// 503: leadership changed before the call was answered; the entry may or
     /// may not have committed, so ask again (a `requestId` makes that safe).
     LeaderChanged,
+    /// 503: the key was deleted right after the request's round committed: the
+    /// grants it answered were released with the key, so ask again (a new
+    /// round, on the key as the delete left it).
+    KeyDeleted,
     /// 503: the node is shutting down.
     ShuttingDown,
     /// 503: the leader already holds its most waiting requests and syncs, or
@@ -67,7 +74,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [Self; 21] = [
+    pub const ALL: [Self; 23] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::Forbidden,
@@ -76,6 +83,7 @@ impl ErrorCode {
         Self::AlreadyInitialized,
         Self::MembershipConflict,
         Self::TooManyTokens,
+        Self::KeyInUse,
         Self::TooFarBehind,
         Self::PayloadTooLarge,
         Self::UnsupportedMediaType,
@@ -85,6 +93,7 @@ impl ErrorCode {
         Self::NotLeader,
         Self::NoQuorum,
         Self::LeaderChanged,
+        Self::KeyDeleted,
         Self::ShuttingDown,
         Self::Overloaded,
         Self::Timeout,
@@ -102,6 +111,7 @@ impl ErrorCode {
             Self::AlreadyInitialized => "already_initialized",
             Self::MembershipConflict => "membership_conflict",
             Self::TooManyTokens => "too_many_tokens",
+            Self::KeyInUse => "key_in_use",
             Self::TooFarBehind => "too_far_behind",
             Self::PayloadTooLarge => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
@@ -111,6 +121,7 @@ impl ErrorCode {
             Self::NotLeader => "not_leader",
             Self::NoQuorum => "no_quorum",
             Self::LeaderChanged => "leader_changed",
+            Self::KeyDeleted => "key_deleted",
             Self::ShuttingDown => "shutting_down",
             Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
@@ -126,7 +137,10 @@ impl ErrorCode {
             Self::Forbidden => 403,
             Self::NotFound => 404,
             Self::MethodNotAllowed => 405,
-            Self::AlreadyInitialized | Self::MembershipConflict | Self::TooManyTokens => 409,
+            Self::AlreadyInitialized
+            | Self::MembershipConflict
+            | Self::TooManyTokens
+            | Self::KeyInUse => 409,
             Self::TooFarBehind => 410,
             Self::PayloadTooLarge => 413,
             Self::UnsupportedMediaType => 415,
@@ -134,6 +148,7 @@ impl ErrorCode {
             Self::NotLeader
             | Self::NoQuorum
             | Self::LeaderChanged
+            | Self::KeyDeleted
             | Self::ShuttingDown
             | Self::Overloaded
             | Self::Timeout => 503,

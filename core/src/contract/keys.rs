@@ -17,6 +17,21 @@ pub struct ListQuery {
     pub limit: Option<usize>,
 }
 
+/// The query of `DELETE /v1/semaphores/{key}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct DeleteKeyQuery {
+    /// Release the key's grants and leases (as a force release of each
+    /// client does) instead of refusing with 409 `key_in_use`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
+    /// Makes a retry safe: a delete asked again with the same `requestId`
+    /// (within 10 minutes) gets the first answer and changes nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
 /// One page of keys.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KeyList {

@@ -37,4 +37,4 @@ pub use cluster::{ClusterMember, ClusterStatus, MemberRole, MembershipChange};
 pub use errors::{ErrorAnswer, ErrorBody, ErrorCode};
 pub use event_stream::{EventQuery, EventRecord};
 pub use health::{Health, HealthStatus, Readiness, ReadyStatus};
-pub use keys::{KeyList, KeyUsage, ListQuery};
+pub use keys::{DeleteKeyQuery, KeyList, KeyUsage, ListQuery};

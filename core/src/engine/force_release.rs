@@ -48,23 +48,30 @@ impl Semaphores {
         }
         let timestamp_ms = self.advance_clock(now_ms);
         let released = self.with_key(key, |state, _| release_client(state, client_id));
-        let events = if released == ForceReleased::default() {
-            Vec::new()
-        } else {
-            vec![Event::ClientReleased {
-                timestamp_ms,
-                client_id: client_id.to_owned(),
-                grants: released.grants,
-                leases: released.leases,
-                permits: released.permits,
-            }]
-        };
+        let events = released_event(timestamp_ms, client_id, released)
+            .into_iter()
+            .collect();
         (released, events)
     }
 }
 
+/// The `client_released` event of a release, if it released anything.
+pub(crate) fn released_event(
+    timestamp_ms: u64,
+    client_id: &str,
+    released: ForceReleased,
+) -> Option<Event> {
+    (released != ForceReleased::default()).then(|| Event::ClientReleased {
+        timestamp_ms,
+        client_id: client_id.to_owned(),
+        grants: released.grants,
+        leases: released.leases,
+        permits: released.permits,
+    })
+}
+
 /// Deletes the client's rows from one key's state through the tallying setters.
-fn release_client(state: &mut KeyState, client_id: &str) -> ForceReleased {
+pub(crate) fn release_client(state: &mut KeyState, client_id: &str) -> ForceReleased {
     let mut released = ForceReleased::default();
     let grants: Vec<_> = state
         .grants()

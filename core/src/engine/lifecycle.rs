@@ -74,6 +74,15 @@ pub enum Event {
         leases: u64,
         permits: u64,
     },
+    /// An operator deleted the key's settings and state; with `force`, after
+    /// releasing its holders (`grants`, `leases` and their `permits`, zeros
+    /// for a key that was idle). The key follows the defaults again.
+    KeyDeleted {
+        timestamp_ms: u64,
+        grants: u64,
+        leases: u64,
+        permits: u64,
+    },
 }
 
 impl Event {
@@ -87,6 +96,7 @@ impl Event {
             Self::LeaseRetired { .. } => "lease_retired",
             Self::LeaseReclaimed { .. } => "lease_reclaimed",
             Self::ClientReleased { .. } => "client_released",
+            Self::KeyDeleted { .. } => "key_deleted",
         }
     }
 }

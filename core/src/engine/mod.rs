@@ -10,13 +10,15 @@
 //!   runs the [`leases`] pass;
 //! - [`permit_sync`]: a sync, reports only, applied without a round;
 //! - [`replay`]: `requestId` de-duplication, a retry gets the original answer;
-//! - [`force_release`]: an operator drops one client's footprint on a key;
+//! - [`force_release`]: an operator drops one client's footprint on a key, and
+//!   [`delete_key`] a whole key (releasing its holders first when forced);
 //! - [`restore`]: a whole backup written into a new cluster;
 //! - views: [`usage`], [`holders`], and the [`lifecycle`] events apply returns.
 //!
 //! Nothing here reads a clock, a random source or a file: time and ids come
 //! from the entry, iteration is ordered.
 
+pub mod delete_key;
 pub mod force_release;
 pub mod holders;
 pub mod leases;

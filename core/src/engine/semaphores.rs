@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
 use crate::contract::protocol::{PermitRequest, PermitSync};
 use crate::contract::validate::{validate_group_config, validate_key_config, InvalidInput};
+use crate::engine::delete_key::RememberedDeletes;
 use crate::engine::lifecycle::Event;
 use crate::engine::permit_sync::{run_sync, SyncOutcome};
 use crate::engine::reclaim::reclaim_expired;
@@ -42,6 +43,11 @@ pub struct Semaphores {
     /// before this field existed come from clusters whose init wrote them.
     #[serde(default = "written_by_older_versions")]
     defaults_written: bool,
+    /// Answers of deletes with a `requestId`, for replays
+    /// ([`crate::engine::delete_key`]). Left out when empty, so a state that never saw
+    /// one encodes as before this field existed.
+    #[serde(default, skip_serializing_if = "RememberedDeletes::is_empty")]
+    deletes: RememberedDeletes,
     /// Most keys this state holds ([`MAX_KEYS`]; smaller only in tests). Not
     /// replicated: every replica runs the same build, so every replica refuses alike.
     #[serde(skip, default = "max_keys_default")]
@@ -65,6 +71,7 @@ impl Default for Semaphores {
             last_now_ms: 0,
             keys: BTreeMap::new(),
             defaults_written: false,
+            deletes: RememberedDeletes::new(),
             max_keys: MAX_KEYS,
             dirty: Dirty::default(),
         }
@@ -229,6 +236,17 @@ impl Semaphores {
     /// [`KeyState::next_deadline_ms`]).
     pub fn next_deadline_ms(&self, key: &str) -> Option<u64> {
         self.key(key).and_then(KeyState::next_deadline_ms)
+    }
+
+    /// The answers of deletes kept for their `requestId`s.
+    pub fn deletes(&self) -> &RememberedDeletes {
+        &self.deletes
+    }
+
+    /// The remembered deletes, to change: the cluster row is dirty.
+    pub(crate) fn deletes_mut(&mut self) -> &mut RememberedDeletes {
+        self.dirty.cluster = true;
+        &mut self.deletes
     }
 
     pub(crate) fn advance_clock(&mut self, now_ms: u64) -> u64 {

@@ -11,6 +11,7 @@ pub(crate) enum Outcome {
     Config(Result<KeyConfig, InvalidInput>),
     Group(Result<(), InvalidInput>),
     Released(ForceReleased, Vec<Event>),
+    Deleted(Result<(KeyDeleted, Vec<Event>), KeyInUse>),
     Local,
 }
 
@@ -323,6 +324,21 @@ impl Harness {
                 let (released, events) =
                     self.sem.force_release(KEYS[*key], CLIENTS[*client], now_ms);
                 Outcome::Released(released, events)
+            }
+            Op::DeleteKey { key, force, when } => {
+                let delete = DeleteKey {
+                    key: KEYS[*key],
+                    force: *force,
+                    request_id: None,
+                    now_ms: self.entry_now(*when),
+                    log_index: self.last_index,
+                };
+                let deleted = self.sem.delete_key(delete);
+                if deleted.is_ok() {
+                    // The key runs with the defaults now: the model follows.
+                    self.configs[*key] = self.sem.defaults().clone();
+                }
+                Outcome::Deleted(deleted)
             }
         }
     }

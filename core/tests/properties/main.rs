@@ -42,6 +42,7 @@ use permitd_core::contract::protocol::{
     PermitRequest, PermitSync, SemaphoreRequest, V1,
 };
 use permitd_core::contract::validate::validate_request;
+use permitd_core::engine::delete_key::{DeleteKey, KeyDeleted, KeyInUse};
 use permitd_core::engine::force_release::ForceReleased;
 use permitd_core::engine::permit_sync::SyncOutcome;
 use permitd_core::engine::round::RoundOutcome;

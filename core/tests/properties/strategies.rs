@@ -189,6 +189,8 @@ pub(crate) fn op(modes: Modes) -> BoxedStrategy<Op> {
         (key(), 0..GROUPS.len()).prop_map(|(key, group)| Op::RemoveGroup { key, group });
     let force_release = (key(), 0..CLIENTS.len(), when())
         .prop_map(|(key, client, when)| Op::ForceRelease { key, client, when });
+    let delete_key = (key(), prop::bool::ANY, when())
+        .prop_map(|(key, force, when)| Op::DeleteKey { key, force, when });
     match modes {
         Modes::Any => {
             let set_leases = (key(), lease_policy(Modes::Any))
@@ -203,6 +205,7 @@ pub(crate) fn op(modes: Modes) -> BoxedStrategy<Op> {
                 1 => remove_group,
                 1 => set_leases,
                 1 => force_release,
+                1 => delete_key,
             ]
             .boxed()
         }
@@ -215,6 +218,7 @@ pub(crate) fn op(modes: Modes) -> BoxedStrategy<Op> {
             1 => set_group,
             1 => remove_group,
             1 => force_release,
+            1 => delete_key,
         ]
         .boxed(),
     }

@@ -92,6 +92,13 @@ pub(crate) enum Op {
         client: usize,
         when: When,
     },
+    /// An operator deletes the key (forced or not); it follows the defaults
+    /// after, and its clients, not dead after all, keep reporting what they knew.
+    DeleteKey {
+        key: usize,
+        force: bool,
+        when: When,
+    },
 }
 
 #[derive(Debug, Clone)]

@@ -58,6 +58,9 @@ pub enum ApiError {
     CommitStalled(String),
     #[error("leadership changed before the request was answered; ask again")]
     LeaderChanged,
+    /// The key was deleted right after the request's round: ask again.
+    #[error("{0}")]
+    KeyDeleted(String),
     #[error("the node is shutting down")]
     ShuttingDown,
     #[error("the leader did not answer in time")]
@@ -94,6 +97,7 @@ impl ApiError {
             Self::NotLeader { .. } => ErrorCode::NotLeader,
             Self::NoQuorum | Self::CommitStalled(_) => ErrorCode::NoQuorum,
             Self::LeaderChanged => ErrorCode::LeaderChanged,
+            Self::KeyDeleted(_) => ErrorCode::KeyDeleted,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
             Self::Timeout => ErrorCode::Timeout,
             Self::Internal(_) => ErrorCode::Internal,
@@ -141,6 +145,10 @@ impl From<Refused> for ApiError {
                 message: error.to_string(),
             },
             Refused::NotRestored(reason) => Self::BadRequest(reason),
+            Refused::KeyInUse(in_use) => Self::Conflict {
+                code: ErrorCode::KeyInUse,
+                message: in_use.to_string(),
+            },
             other @ Refused::OtherAnswer { .. } => Self::Internal(other.to_string()),
         }
     }
@@ -172,6 +180,7 @@ impl From<RoundError> for ApiError {
             RoundError::NoQuorum { .. } => Self::CommitStalled(error.to_string()),
             RoundError::Refused(refused) => refused.into(),
             RoundError::Mismatch => Self::Internal(error.to_string()),
+            RoundError::KeyDeleted { .. } => Self::KeyDeleted(error.to_string()),
         }
     }
 }

@@ -24,6 +24,11 @@ pub enum RoundError {
     Refused(#[from] Refused),
     #[error("the round's result did not match its requests")]
     Mismatch,
+    #[error(
+        "the key was deleted (entry {log_index}) right after this round: the grants it \
+         answered were released with it; ask again"
+    )]
+    KeyDeleted { log_index: u64 },
 }
 
 impl From<CannotPark> for RoundError {

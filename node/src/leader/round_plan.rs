@@ -339,11 +339,15 @@ pub(crate) fn empty_handed(answer: &PermitGrant) -> bool {
         })
 }
 
-/// An applied event that returns permits to a key.
+/// An applied event that returns permits to a key (or, a deleted key, may
+/// give it a higher limit: the defaults').
 pub(crate) fn returns_permits_of(event: &Event) -> bool {
     matches!(
         event,
-        Event::GrantReclaimed { .. } | Event::LeaseReclaimed { .. } | Event::ClientReleased { .. }
+        Event::GrantReclaimed { .. }
+            | Event::LeaseReclaimed { .. }
+            | Event::ClientReleased { .. }
+            | Event::KeyDeleted { .. }
     )
 }
 

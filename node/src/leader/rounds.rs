@@ -210,6 +210,12 @@ impl Rounds {
             .collect()
     }
 
+    /// How many requests wait on this leader for `key`'s round (parked or
+    /// held; 0 on a follower).
+    pub fn waiting_count(&self, key: &str) -> usize {
+        self.schedule().pending(key)
+    }
+
     /// Parks `request` (`bytes` as received) for `key`'s next round and waits
     /// for its answer. Its grant reports go ahead with the next entry, as a
     /// sync's would ([`round_plan::split_early_reports`]).
@@ -410,8 +416,12 @@ impl Rounds {
             return;
         };
         let elapsed = started.elapsed();
+        let mut log_index = 0;
         let answered = match result {
-            Ok((result, _)) => result.into_round().map_err(RoundError::from),
+            Ok((result, index)) => {
+                log_index = index;
+                result.into_round().map_err(RoundError::from)
+            }
             Err(error) => Err(error.into()),
         };
         let matched = match answered {
@@ -427,7 +437,10 @@ impl Rounds {
                 let rounds = self.hold_empty_handed(matched.rounds, woken_before);
                 self.end_entry(id);
                 for (key, answers) in rounds {
-                    answer_round(&key, answers, elapsed);
+                    match self.deleted_after(&key, log_index) {
+                        Some(error) => fail_replies(&key, replies_of(answers), error),
+                        None => answer_round(&key, answers, elapsed),
+                    }
                 }
             }
             Err((replies, error)) => {
@@ -435,6 +448,17 @@ impl Rounds {
                 fail(replies, error);
             }
         }
+    }
+
+    /// Whether `key` was deleted after the round entry at `log_index` applied
+    /// (docs/protocol.md, "Deleting a key"): the delete released the grants
+    /// of the round's answers, so they must not be handed out. Read under the
+    /// state's lock: a delete applied after this read comes after the answers.
+    fn deleted_after(&self, key: &str, log_index: u64) -> Option<RoundError> {
+        let deleted_at = self.inner.state.deleted_after(key, log_index)?;
+        Some(RoundError::KeyDeleted {
+            log_index: deleted_at,
+        })
     }
 
     fn end_entry(&self, id: super::schedule::EntryId) {
@@ -562,6 +586,14 @@ fn answer_round(
     crate::observe::metrics::round_finished(elapsed);
     for (reply, answer) in answers {
         reply.send(Ok(answer));
+    }
+}
+
+/// The replies of one key's answers, whether they matched or not.
+fn replies_of(answers: Result<Vec<(RoundReply, PermitGrant)>, Vec<RoundReply>>) -> Vec<RoundReply> {
+    match answers {
+        Ok(answers) => answers.into_iter().map(|(reply, _)| reply).collect(),
+        Err(replies) => replies,
     }
 }
 

@@ -133,5 +133,11 @@ fn emit(log_index: u64, key: &str, event: &Event) {
             leases,
             permits
         ),
+        Event::KeyDeleted {
+            grants,
+            leases,
+            permits,
+            ..
+        } => tracing::warn!(event = name, log_index, key, grants, leases, permits),
     }
 }

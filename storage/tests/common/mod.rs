@@ -133,7 +133,7 @@ impl Workload {
     pub fn next_command(&mut self) -> Command {
         self.now_ms += self.rng.below(3_000);
         let now_ms = self.now_ms;
-        match self.rng.below(41) {
+        match self.rng.below(43) {
             0..=24 => {
                 let keys = 1 + self.rng.below(3) as usize;
                 let requests = 1 + self.rng.below(6) as usize;
@@ -179,8 +179,15 @@ impl Workload {
                 key: self.rng.pick(&KEYS).to_owned(),
                 client_id: self.rng.pick(&CLIENTS).to_owned(),
             },
-            _ => Command::RemoveKey {
+            40 => Command::RemoveKey {
                 key: self.rng.pick(&KEYS).to_owned(),
+            },
+            // Forced or not, with a requestId (replays included) or not.
+            _ => Command::DeleteKey {
+                now_ms,
+                key: self.rng.pick(&KEYS).to_owned(),
+                force: self.rng.below(2) == 0,
+                request_id: (self.rng.below(2) == 0).then(|| format!("d{}", self.rng.below(3))),
             },
         }
     }

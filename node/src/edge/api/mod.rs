@@ -12,6 +12,7 @@
 pub mod backup;
 pub mod batch;
 pub mod cluster;
+pub mod delete_key;
 pub mod event_stream;
 pub mod extract;
 pub mod forward;
@@ -114,6 +115,7 @@ pub fn internal_router(app: App) -> Router {
 fn admin_router(app: App) -> Router<App> {
     Router::new()
         .route(paths::CLIENT_RELEASE, post(holders::force_release))
+        .route(paths::SEMAPHORE, delete(delete_key::delete_key))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
         .route_layer(middleware::from_fn_with_state(
             to_leader(&app),

@@ -10,7 +10,7 @@
 //! | `GET /v1/semaphores/{key}/config`, `GET /v1/semaphores` | – | yes | yes |
 //! | `GET /v1/semaphores/{key}/holders` | – | yes | yes |
 //! | `GET /metrics` | – | yes | yes |
-//! | `PUT …/config`, `PUT`/`DELETE …/groups/{group}` | – | – | yes |
+//! | `PUT …/config`, `PUT`/`DELETE …/groups/{group}`, `DELETE /v1/semaphores/{key}` | – | – | yes |
 //! | `POST …/clients/{clientId}/release`, `/v1/tokens*`, `/cluster/*` | – | – | yes |
 //! | `/ui`, `/ui/{asset}`, `/healthz`, `/readyz` | open | open | open |
 //!
@@ -44,7 +44,7 @@ pub enum Action {
     Metrics,
     /// Who holds a key's permits and who waits (read-only).
     Holders,
-    /// Key and group configuration changes.
+    /// Key and group configuration changes, and deleting a key.
     WriteConfig,
     Tokens,
     Cluster,
@@ -78,6 +78,7 @@ pub fn action_of(method: &Method, matched_path: &str, key: Option<String>) -> Op
             key,
             client_id: None,
         },
+        ("DELETE", paths::SEMAPHORE) => Action::WriteConfig,
         ("POST", paths::BATCH) => Action::Batch,
         ("GET", paths::USAGE) => Action::Usage { key },
         ("GET", paths::EVENTS) => Action::Events { key },
@@ -241,6 +242,11 @@ mod tests {
         assert_eq!(action_of(&Method::GET, paths::UI_ASSET, None), None);
         assert_eq!(
             action_of(&Method::DELETE, paths::SEMAPHORE, None),
+            Some(Action::WriteConfig),
+            "deleting a key is a configuration change"
+        );
+        assert_eq!(
+            action_of(&Method::PUT, paths::SEMAPHORE, None),
             Some(Action::Cluster),
             "an unlisted method on a key is for admins only"
         );

@@ -116,6 +116,7 @@ pub fn parameter(name: &str) -> Option<Rule> {
         "key" => Some(Rule::Name(MAX_KEY_BYTES)),
         "group" => Some(Rule::Name(MAX_GROUP_BYTES)),
         "clientId" => Some(Rule::Name(MAX_CLIENT_ID_BYTES)),
+        "requestId" => Some(Rule::Name(MAX_REQUEST_ID_BYTES)),
         _ => None,
     }
 }

@@ -55,6 +55,7 @@ const BEARER: &str = "bearer";
         super::semaphores::delete_group,
         super::holders::get,
         super::holders::force_release,
+        super::delete_key::delete_key,
         super::event_stream::stream,
         super::ui::page,
         super::ui::asset,
