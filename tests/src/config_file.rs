@@ -32,6 +32,7 @@ pub fn write_cluster_file(dir: &Path, count: u64) -> (PathBuf, Vec<String>) {
             scheme: "http",
             config: path.clone(),
             worker_threads: None,
+            namespace: None,
             child: None,
         })
         .collect();

@@ -60,8 +60,10 @@ pub enum ApiError {
     LeaderChanged,
     #[error("the node is shutting down")]
     ShuttingDown,
-    #[error("the leader did not answer in time")]
-    Timeout,
+    /// A follower could not reach the leader for a call, or the leader did not
+    /// answer it in time; the answer names the leader, whom a client may reach.
+    #[error("the leader (node {leader}) did not answer this node in time")]
+    LeaderUnreachable { leader: NodeId },
     #[error("internal error")]
     Internal(String),
 }
@@ -95,7 +97,7 @@ impl ApiError {
             Self::NoQuorum | Self::CommitStalled(_) => ErrorCode::NoQuorum,
             Self::LeaderChanged => ErrorCode::LeaderChanged,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
-            Self::Timeout => ErrorCode::Timeout,
+            Self::LeaderUnreachable { .. } => ErrorCode::Timeout,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -124,7 +126,8 @@ impl IntoResponse for ApiError {
         }
         if let Self::NotLeader {
             leader: Some(leader),
-        } = self
+        }
+        | Self::LeaderUnreachable { leader } = self
         {
             response_headers.insert(headers::LEADER, HeaderValue::from(leader));
         }

@@ -1,0 +1,120 @@
+//! Whether this follower can reach its leader's API: what `/readyz` says.
+//!
+//! A follower that hears the leader's appends knows a leader, but that says
+//! nothing of the other direction: with its own calls to the leader cut, every
+//! call it forwards fails while Raft looks healthy. So readiness follows the
+//! forwarding path itself: every forwarded call that the leader answers (with
+//! anything but a 503) counts as a contact, every call that cannot reach it as
+//! a failure, and while no call told it within [`ForwardTimings::reach`], a
+//! task asks the leader's `/readyz` over the same client (the same pool, the
+//! same limits) at that interval, and at once when the leader changes.
+//!
+//! Rules:
+//! - a leader this node has not tried yet counts as reachable (a new leader
+//!   is ready on every follower at once; the probe follows straight away);
+//! - the last word about the current leader decides, whether it came from a
+//!   call or a probe;
+//! - a leader that answered its probe with 503 (it cannot commit) makes this
+//!   node unready too: its forwarded calls would get that 503.
+//!
+//! [`ForwardTimings::reach`]: super::deadline::ForwardTimings::reach
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use permitd_core::contract::{paths, ErrorAnswer};
+use permitd_storage::NodeId;
+
+use super::ToLeader;
+use crate::leader::leadership::Leadership;
+
+/// The last thing learned about reaching a leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Contact {
+    /// The leader answered a call or a probe.
+    Answered,
+    /// The leader answered its probe, but is not ready: its error message.
+    NotReady(String),
+    /// No answer: no connection, or nothing acknowledged in time.
+    Unreached,
+}
+
+/// What this node last learned about reaching its leader's API.
+#[derive(Debug, Default)]
+pub struct LeaderReach {
+    /// A std mutex: held for a copy, never across an await.
+    last: Mutex<Option<(NodeId, Contact, Instant)>>,
+}
+
+impl LeaderReach {
+    /// Records what a call or probe to `leader` found.
+    pub fn record(&self, leader: NodeId, contact: Contact) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.as_ref().map(|(id, seen, _)| (*id, seen)) != Some((leader, &contact)) {
+            tracing::info!(leader, ?contact, "reaching the leader's API");
+        }
+        *last = Some((leader, contact, Instant::now()));
+    }
+
+    /// The last contact with `leader`, and when; `None` if it was never tried.
+    pub fn with(&self, leader: NodeId) -> Option<(Contact, Instant)> {
+        let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let (id, contact, at) = last.as_ref()?;
+        (*id == leader).then(|| (contact.clone(), *at))
+    }
+}
+
+/// Starts the probe task of a node whose forwarding state is `to`.
+pub fn start(to: Arc<ToLeader>) {
+    tokio::spawn(async move {
+        let mut leadership = to.leadership.clone();
+        loop {
+            let now = *leadership.borrow_and_update();
+            if let Some(leader) = due(&to, now) {
+                let contact = probe(&to, leader).await;
+                to.reach.record(leader, contact);
+            }
+            tokio::select! {
+                changed = leadership.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep(to.timings.reach) => {}
+            }
+        }
+    });
+}
+
+/// The leader to probe now: a follower's, unless a call answered within the
+/// last interval.
+fn due(to: &ToLeader, leadership: Leadership) -> Option<NodeId> {
+    let leader = leadership.leader.filter(|_| !leadership.is_leader)?;
+    match to.reach.with(leader) {
+        Some((Contact::Answered, at)) if at.elapsed() < to.timings.reach => None,
+        _ => Some(leader),
+    }
+}
+
+/// Asks `leader`'s `/readyz`, within two reach limits (connecting, answering).
+async fn probe(to: &ToLeader, leader: NodeId) -> Contact {
+    let Some(base) = to.base_of(leader) else {
+        return Contact::Unreached;
+    };
+    let answer = to
+        .client
+        .get(format!("{base}{}", paths::READYZ))
+        .timeout(2 * to.timings.reach)
+        .send()
+        .await;
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(error) => {
+            tracing::debug!(%error, leader, "probing the leader failed");
+            return Contact::Unreached;
+        }
+    };
+    if answer.status().is_success() {
+        return Contact::Answered;
+    }
+    match answer.json::<ErrorAnswer>().await {
+        Ok(error) => Contact::NotReady(error.error.message),
+        Err(_) => Contact::Unreached,
+    }
+}
