@@ -23,8 +23,11 @@
 //! round (at most `max(roundWaitMs, roundPeriodMs)` after it arrives) and, when
 //! held, for `waitMs` and the key's next round after that; a batch as long as
 //! its slowest item. The key's timings are this node's replicated configuration
-//! (a change not yet applied here can only have been made moments ago). Every
-//! other call waits for one commit or one read confirmation at most.
+//! (a change not yet applied here can only have been made moments ago). A
+//! backup (`GET /cluster/snapshot`) is built whole on the leader, under its
+//! state's read lock, before a byte of it is sent: on a large state that takes
+//! seconds, so it keeps [`BACKUP_MAY_WAIT`]. Every other call waits for one
+//! commit or one read confirmation at most.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -33,6 +36,11 @@ use permitd_core::limits::MAX_REQUEST_WAIT_MS;
 use serde::Deserialize;
 
 use crate::config::ForwardTimings;
+
+/// How long a forwarded backup may take on the leader: the flat limit every
+/// forwarded call had before deadlines followed the call (100,000 keys made a
+/// 25 MB backup in well under a second; the state may hold ten times more).
+pub const BACKUP_MAY_WAIT: Duration = Duration::from_secs(60);
 
 /// The deadline of a forwarded call of `body_bytes` that may wait `may_wait`
 /// on the leader before its round answers it.
@@ -69,6 +77,8 @@ pub enum Call<'a> {
     Message { key: &'a str, body: &'a [u8] },
     /// `POST /v1/batch` with its body.
     Batch { body: &'a [u8] },
+    /// `GET /cluster/snapshot`: a backup of the whole state.
+    Backup,
     /// Anything else: one commit or one read confirmation.
     Other,
 }
@@ -97,6 +107,7 @@ pub fn may_wait(call: Call<'_>, config_of: impl Fn(&str) -> (u64, u64)) -> Durat
                 waits.max().unwrap_or_default()
             })
             .unwrap_or_default(),
+        Call::Backup => BACKUP_MAY_WAIT,
         Call::Other => Duration::ZERO,
     }
 }
@@ -175,6 +186,11 @@ mod tests {
             may_wait(Call::Batch { body }, config_of),
             Duration::from_millis(2_000)
         );
+    }
+
+    #[test]
+    fn a_backup_keeps_the_long_wait() {
+        assert_eq!(may_wait(Call::Backup, config_of), BACKUP_MAY_WAIT);
     }
 
     #[test]

@@ -121,9 +121,10 @@ impl ToLeader {
             .get::<MatchedPath>()
             .map(MatchedPath::as_str);
         let post = parts.method == Method::POST;
-        let (message, batch) = (
+        let (message, batch, backup) = (
             post && matched == Some(paths::SEMAPHORE),
             post && matched == Some(paths::BATCH),
+            matched == Some(paths::CLUSTER_SNAPSHOT),
         );
         let key = match message {
             true => ApiPath::<String>::from_request_parts(parts, &()).await.ok(),
@@ -132,6 +133,7 @@ impl ToLeader {
         let call = match key {
             Some(ApiPath(ref key)) => Call::Message { key, body },
             None if batch => Call::Batch { body },
+            None if backup => Call::Backup,
             None => Call::Other,
         };
         may_wait(call, |key| {
