@@ -34,7 +34,6 @@ use permitd_core::limits::MAX_BODY_BYTES;
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
-use self::forward::reach::Contact;
 use crate::app::App;
 use crate::edge::auth::middleware::require_token;
 use crate::edge::error::ApiError;
@@ -222,14 +221,8 @@ async fn readyz(
         }
         Serving::Local
     } else {
-        match to_leader.reach.with(leader) {
-            Some((Contact::Unreached, _)) => return Err(ApiError::LeaderUnreachable { leader }),
-            Some((Contact::NotReady(why), _)) => {
-                let why = format!("the leader (node {leader}) is not ready: {why}");
-                return Err(ApiError::CommitStalled(why));
-            }
-            Some((Contact::Answered, _)) | None => Serving::Forwarded,
-        }
+        let last = to_leader.reach.with(leader).map(|(contact, _)| contact);
+        forward::reach::follower_serving(leader, last)?
     };
     Ok(Json(Readiness {
         status: ReadyStatus::Ready,

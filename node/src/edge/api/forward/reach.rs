@@ -22,10 +22,11 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use permitd_core::contract::{paths, ErrorAnswer};
+use permitd_core::contract::{paths, ErrorAnswer, Serving};
 use permitd_storage::NodeId;
 
 use super::ToLeader;
+use crate::edge::error::ApiError;
 use crate::leader::leadership::Leadership;
 
 /// The last thing learned about reaching a leader.
@@ -61,6 +62,19 @@ impl LeaderReach {
         let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         let (id, contact, at) = last.as_ref()?;
         (*id == leader).then(|| (contact.clone(), *at))
+    }
+}
+
+/// How a follower that names `leader` answers v1 calls, from what it last
+/// learned about reaching it (`None`: not tried yet): forwarded, or the error a
+/// call would get now.
+pub fn follower_serving(leader: NodeId, last: Option<Contact>) -> Result<Serving, ApiError> {
+    match last {
+        Some(Contact::Unreached) => Err(ApiError::LeaderUnreachable { leader }),
+        Some(Contact::NotReady(why)) => Err(ApiError::CommitStalled(format!(
+            "the leader (node {leader}) is not ready: {why}"
+        ))),
+        Some(Contact::Answered) | None => Ok(Serving::Forwarded),
     }
 }
 
@@ -116,5 +130,46 @@ async fn probe(to: &ToLeader, leader: NodeId) -> Contact {
     match answer.json::<ErrorAnswer>().await {
         Ok(error) => Contact::NotReady(error.error.message),
         Err(_) => Contact::Unreached,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use permitd_core::contract::ErrorCode;
+
+    use super::*;
+
+    fn code(result: Result<Serving, ApiError>) -> ErrorCode {
+        result.expect_err("not ready").body().error.code
+    }
+
+    #[test]
+    fn the_last_word_about_the_current_leader_decides() {
+        let reach = LeaderReach::default();
+        assert_eq!(reach.with(1), None);
+        reach.record(1, Contact::Answered);
+        reach.record(1, Contact::Unreached);
+        assert_eq!(
+            reach.with(1).map(|(contact, _)| contact),
+            Some(Contact::Unreached)
+        );
+        // Another leader's contact says nothing of this one.
+        assert_eq!(reach.with(2), None);
+        reach.record(1, Contact::Answered);
+        assert_eq!(
+            reach.with(1).map(|(contact, _)| contact),
+            Some(Contact::Answered)
+        );
+    }
+
+    #[test]
+    fn a_follower_is_ready_unless_its_leader_was_not_reached_or_not_ready() {
+        assert_eq!(follower_serving(1, None).ok(), Some(Serving::Forwarded));
+        let answered = follower_serving(1, Some(Contact::Answered));
+        assert_eq!(answered.ok(), Some(Serving::Forwarded));
+        let unreached = follower_serving(1, Some(Contact::Unreached));
+        assert_eq!(code(unreached), ErrorCode::Timeout);
+        let stalled = follower_serving(1, Some(Contact::NotReady("no quorum".into())));
+        assert_eq!(code(stalled), ErrorCode::NoQuorum);
     }
 }
