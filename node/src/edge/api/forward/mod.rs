@@ -93,7 +93,7 @@ impl ToLeader {
             timings: app.forward_timings,
             reach: Arc::default(),
         });
-        reach::start(to.clone());
+        tokio::spawn(probe_leader(to.clone()));
         to
     }
 
@@ -142,6 +142,28 @@ impl ToLeader {
                 (config.round_wait_ms, config.round_period_ms)
             })
         })
+    }
+}
+
+/// While this node follows, asks its leader's `/readyz` whenever no call
+/// answered within `timings.reach`, and at once when the leader changes
+/// ([`reach`]); a probe gets two reaches (connecting, answering).
+async fn probe_leader(to: Arc<ToLeader>) {
+    let mut leadership = to.leadership.clone();
+    loop {
+        let now = *leadership.borrow_and_update();
+        let leader = now.leader.filter(|_| !now.is_leader);
+        if let Some(leader) = leader.filter(|leader| to.reach.due(*leader, to.timings.reach)) {
+            let contact = match to.base_of(leader) {
+                Some(base) => reach::probe(&to.client, &base, 2 * to.timings.reach).await,
+                None => Contact::Unreached,
+            };
+            to.reach.record(leader, contact);
+        }
+        tokio::select! {
+            changed = leadership.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(to.timings.reach) => {}
+        }
     }
 }
 

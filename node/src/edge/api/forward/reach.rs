@@ -19,15 +19,13 @@
 //!
 //! [`ForwardTimings::reach`]: super::deadline::ForwardTimings::reach
 
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use permitd_core::contract::{paths, ErrorAnswer, Serving};
 use permitd_storage::NodeId;
 
-use super::ToLeader;
 use crate::edge::error::ApiError;
-use crate::leader::leadership::Leadership;
 
 /// The last thing learned about reaching a leader.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,49 +76,28 @@ pub fn follower_serving(leader: NodeId, last: Option<Contact>) -> Result<Serving
     }
 }
 
-/// Starts the probe task of a node whose forwarding state is `to`.
-pub fn start(to: Arc<ToLeader>) {
-    tokio::spawn(async move {
-        let mut leadership = to.leadership.clone();
-        loop {
-            let now = *leadership.borrow_and_update();
-            if let Some(leader) = due(&to, now) {
-                let contact = probe(&to, leader).await;
-                to.reach.record(leader, contact);
-            }
-            tokio::select! {
-                changed = leadership.changed() => if changed.is_err() { return },
-                () = tokio::time::sleep(to.timings.reach) => {}
-            }
+impl LeaderReach {
+    /// Whether `leader` is due a probe: no call or probe answered within
+    /// `every`.
+    pub fn due(&self, leader: NodeId, every: Duration) -> bool {
+        match self.with(leader) {
+            Some((Contact::Answered, at)) => at.elapsed() >= every,
+            _ => true,
         }
-    });
-}
-
-/// The leader to probe now: a follower's, unless a call answered within the
-/// last interval.
-fn due(to: &ToLeader, leadership: Leadership) -> Option<NodeId> {
-    let leader = leadership.leader.filter(|_| !leadership.is_leader)?;
-    match to.reach.with(leader) {
-        Some((Contact::Answered, at)) if at.elapsed() < to.timings.reach => None,
-        _ => Some(leader),
     }
 }
 
-/// Asks `leader`'s `/readyz`, within two reach limits (connecting, answering).
-async fn probe(to: &ToLeader, leader: NodeId) -> Contact {
-    let Some(base) = to.base_of(leader) else {
-        return Contact::Unreached;
-    };
-    let answer = to
-        .client
+/// Asks the `/readyz` of the leader at `base`, within `timeout`.
+pub async fn probe(client: &reqwest::Client, base: &str, timeout: Duration) -> Contact {
+    let answer = client
         .get(format!("{base}{}", paths::READYZ))
-        .timeout(2 * to.timings.reach)
+        .timeout(timeout)
         .send()
         .await;
     let answer = match answer {
         Ok(answer) => answer,
         Err(error) => {
-            tracing::debug!(%error, leader, "probing the leader failed");
+            tracing::debug!(%error, base, "probing the leader failed");
             return Contact::Unreached;
         }
     };
