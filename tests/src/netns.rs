@@ -193,6 +193,9 @@ impl Lan {
 impl Drop for Lan {
     fn drop(&mut self) {
         for id in &self.ids {
+            // Deleting one end deletes the pair now; a namespace's own
+            // deletion (and its veth's) waits for the kernel's cleanup.
+            let _ = run(&["ip", "link", "del", &self.veth(*id)]);
             let _ = run(&["ip", "netns", "del", &self.namespace(*id)]);
         }
         let _ = run(&["ip", "link", "del", &self.tag]);
@@ -225,7 +228,7 @@ fn run(args: &[&str]) -> Result<(), String> {
     Err(format!("{}: {}", args.join(" "), stderr.trim()))
 }
 
-/// Deletes the namespaces and bridges of test processes that are gone.
+/// Deletes the namespaces, bridges and veths of test processes that are gone.
 fn sweep_orphans() {
     let orphan = |name: &str| {
         let digits: String = name
@@ -241,7 +244,9 @@ fn sweep_orphans() {
         let text = output.map(|output| String::from_utf8_lossy(&output.stdout).into_owned());
         text.unwrap_or_default()
             .lines()
-            .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+            .filter_map(|line| line.split_whitespace().next())
+            // A veth is listed as `name@peer`.
+            .filter_map(|name| name.split('@').next().map(str::to_owned))
             .collect()
     };
     for namespace in listed(&["ip", "netns", "list"]) {
@@ -249,7 +254,7 @@ fn sweep_orphans() {
             let _ = run(&["ip", "netns", "del", &namespace]);
         }
     }
-    for link in listed(&["ip", "-o", "-br", "link", "show", "type", "bridge"]) {
+    for link in listed(&["ip", "-o", "-br", "link", "show"]) {
         if orphan(&link) {
             let _ = run(&["ip", "link", "del", &link]);
         }
