@@ -4,13 +4,15 @@
 //! (`permitd_tests::netns`), with the shipped Raft timings and limits.
 //!
 //! Every call to the cut-off follower is answered within 3 s, with the error
-//! its `/readyz` gives at the same time; a call that legitimately waits on the
-//! leader longer than that, on a healthy path, still gets its answer.
+//! its `/readyz` gives at the same time, and a client that asks it first gets
+//! around it; a call that legitimately waits on the leader longer than that,
+//! on a healthy path, still gets its answer.
 
 use std::time::{Duration, Instant};
 
+use permitd_client::{ClientConfig, SemaphoreClient};
 use permitd_tests::cluster::NAMESPACED_RAFT_PORT;
-use permitd_tests::{eventually_seen, netns, request, Answer, Cluster, Settings};
+use permitd_tests::{eventually_seen, netns, request, Answer, Cluster, Settings, ADMIN_TOKEN};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -41,6 +43,7 @@ async fn a_follower_whose_calls_to_the_leader_are_cut_answers_within_3_s_as_its_
     lan.cut_calls(follower, leader, &[NAMESPACED_RAFT_PORT])
         .expect("cut the follower's calls to the leader");
     calls_through_the_cut_are_answered_in_time(&cluster, leader, follower).await;
+    a_client_that_asks_the_cut_off_follower_first_gets_around_it(&cluster, follower).await;
     the_leaders_appends_still_reach_the_follower(&cluster, leader, follower).await;
     assert!(lan.dropped(leader) > 0, "the cut dropped nothing");
 
@@ -141,6 +144,29 @@ async fn calls_through_the_cut_are_answered_in_time(cluster: &Cluster, leader: u
             let ready = cluster.get(follower, "/readyz").await;
             assert_unreachable(&ready, leader, "/readyz");
         }
+    }
+}
+
+/// `SemaphoreClient` with the cut-off follower first among its endpoints: the
+/// follower's answer (and its `/readyz`, which the client asks while no node
+/// serves) sends it elsewhere, so the call succeeds within the same 3 s.
+async fn a_client_that_asks_the_cut_off_follower_first_gets_around_it(
+    cluster: &Cluster,
+    follower: u64,
+) {
+    let mut endpoints = vec![cluster.node(follower).url()];
+    let others = cluster.nodes.iter().filter(|node| node.id != follower);
+    endpoints.extend(others.map(|node| node.url()));
+    let mut config = ClientConfig::new(endpoints);
+    config.token = Some(ADMIN_TOKEN.to_owned());
+    let client = SemaphoreClient::new(config).expect("client");
+    for _ in 0..CUT_ROUNDS {
+        let started = Instant::now();
+        let usage = client.usage(KEY).await;
+        let took = started.elapsed();
+        eprintln!("a client with the cut-off follower first: usage in {took:?}");
+        assert!(usage.is_ok(), "{usage:?}");
+        assert!(took < ANSWER_WITHIN, "took {took:?}");
     }
 }
 
