@@ -49,7 +49,13 @@ impl LeaderReach {
     /// Records what a call or probe to `leader` found.
     pub fn record(&self, leader: NodeId, contact: Contact) {
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.as_ref().map(|(id, seen, _)| (*id, seen)) != Some((leader, &contact)) {
+        // Logged when the kind changes, not the wording (a stalled leader's
+        // message counts the ms it has been stalled).
+        let kind = std::mem::discriminant(&contact);
+        let seen = last
+            .as_ref()
+            .map(|(id, seen, _)| (*id, std::mem::discriminant(seen)));
+        if seen != Some((leader, kind)) {
             tracing::info!(leader, ?contact, "reaching the leader's API");
         }
         *last = Some((leader, contact, Instant::now()));
