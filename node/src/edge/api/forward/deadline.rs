@@ -10,8 +10,8 @@
 //!   connection the same way). A cut path, in either direction, thus fails a
 //!   call within about `rpc_timeout_ms`, however long the call could have
 //!   waited: the kernel's acknowledgements do not wait for the leader's answer.
-//!   A limit under a second would also cut a connection whose first SYN was
-//!   lost (the kernel sends it again after 1 s).
+//!   A much shorter limit would make one lost packet look like a cut (the
+//!   kernel sends a lost segment again after at least 200 ms, a SYN after 1 s).
 //! - **The leader's answer** ([`deadline`]): what the call may
 //!   legitimately wait on the leader, plus the leader's own commit timeout
 //!   (after which the leader answers `no_quorum` itself), plus the reach limit
