@@ -7,6 +7,8 @@
 # What it installs, each by its ordinary installer and pinned:
 # - Debian's Chromium (apt-get; the dashboard test drives it with playwright-core,
 #   pinned in tests/ui/package-lock.json), when /usr/bin/chromium is missing;
+# - Debian's iproute2 (`ip`, `tc`), when missing: the one-way cut test puts each
+#   node in a network namespace (root only; it skips, saying why, elsewhere);
 # - the npm packages of tests/ui and client/typescript, from their lockfiles;
 # - schemathesis, pinned in tests/schemathesis/run.sh, into a venv under the target dir;
 # - the Python client's tools, pinned in client/python/constraints.txt, into another.
@@ -28,12 +30,14 @@ need node "Node.js 20 or newer, for the dashboard test and the TypeScript client
 need npm "npm, with Node.js"
 need python3 "Python 3 with venv, for schemathesis and the Python client"
 
-if [ ! -x /usr/bin/chromium ]; then
-  as_root=()
+apt_install() {
+  local as_root=()
   [ "$(id -u)" -eq 0 ] || as_root=(sudo)
   "${as_root[@]}" apt-get update
-  DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y --no-install-recommends chromium
-fi
+  DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y --no-install-recommends "$@"
+}
+[ -x /usr/bin/chromium ] || apt_install chromium
+{ command -v ip && command -v tc; } >/dev/null 2>&1 || apt_install iproute2
 (cd tests/ui && npm ci --no-audit --no-fund)
 
 # Every binary first, so the end-to-end tests never run a stale permitctl/permitd.

@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
-use crate::config::RaftTimings;
+use crate::config::{ForwardTimings, RaftTimings};
 use crate::credentials::tls::Tls;
 use crate::credentials::{AuthSettings, Secret};
 use crate::leader::leadership::{watch_leadership, Leadership};
@@ -97,6 +97,8 @@ pub struct Node {
     pub rounds: Rounds,
     /// The pooled client followers forward leader-only calls with.
     pub leader_client: reqwest::Client,
+    /// Its limits, and how long a forwarded call may take (`edge/api/forward/`).
+    pub forward_timings: ForwardTimings,
     pub secret: Secret,
     pub auth: Arc<AuthSettings>,
     /// `http` or `https`: how this node reaches its peers' listeners.
@@ -207,13 +209,18 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
     let events = EventLog::new(applied_at_start);
     crate::observe::applied_events::start(state.clone(), events.clone(), applied);
     crate::observe::raft_metrics::start(raft.clone());
+    let forward_timings = ForwardTimings::new(timings, settings.rounds.commit_timeout);
+    // Dropped before the leader's listener would close it as idle, so no call
+    // is sent on a connection the leader is closing.
+    let pool_idle = settings.edge.header_read_timeout / 2;
     let app = App(Arc::new(Node {
         id: settings.id,
         raft,
         state,
         leadership,
         rounds,
-        leader_client: leader_client(settings.tls.as_ref())?,
+        leader_client: leader_client(&forward_timings, pool_idle, settings.tls.as_ref())?,
+        forward_timings,
         secret: settings.secret.clone(),
         auth: Arc::new(settings.auth.clone()),
         scheme: crate::credentials::tls::scheme(settings.tls.as_ref()),
@@ -231,24 +238,34 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
     })
 }
 
-/// How long a follower waits for the leader's answer to a forwarded call. A
-/// forwarded request waits for its round, so this is generous.
-pub const FORWARD_TIMEOUT_MS: u64 = 60_000;
-
-/// The HTTP client followers forward with (`edge/api/forward.rs`); one
+/// The HTTP client followers forward with (`edge/api/forward/`); one
 /// connection pool per node. With `tls`, the leader is reached over HTTPS,
 /// trusting only the cluster CA. Built here, with the node's other clients, so
-/// the edge gets it handed in.
-fn leader_client(tls: Option<&Tls>) -> Result<reqwest::Client, reqwest::Error> {
+/// the edge gets it handed in. A path to the leader that stops delivering fails
+/// a call within `timings.reach`: the connect timeout, `TCP_USER_TIMEOUT` for
+/// what was sent and not acknowledged, and keep-alive probes on an idle
+/// connection. Each call sets its own deadline (`forward/deadline.rs`).
+fn leader_client(
+    timings: &ForwardTimings,
+    pool_idle: Duration,
+    tls: Option<&Tls>,
+) -> Result<reqwest::Client, reqwest::Error> {
     let mut builder = reqwest::Client::builder()
-        .timeout(Duration::from_millis(FORWARD_TIMEOUT_MS))
-        .connect_timeout(Duration::from_secs(2))
+        .connect_timeout(timings.reach)
+        .tcp_user_timeout(timings.reach)
+        .tcp_keepalive(KEEPALIVE)
+        .tcp_keepalive_interval(KEEPALIVE)
+        .pool_idle_timeout(pool_idle)
         .tcp_nodelay(true);
     if let Some(tls) = tls {
         builder = tls.client(builder)?;
     }
     builder.build()
 }
+
+/// Idle time before a keep-alive probe of a pooled connection to the leader,
+/// and between probes: the kernel counts them in whole seconds.
+const KEEPALIVE: Duration = Duration::from_secs(1);
 
 /// Most entries in one AppendEntries. openraft's 300 made every step of a new
 /// leader's search through a follower's log read and decode 300 entries (~10 ms

@@ -309,6 +309,29 @@ impl NodeConfig {
     }
 }
 
+/// How a follower forwards calls to the leader (`edge/api/forward/`), from the
+/// Raft timings and the leader's commit timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardTimings {
+    /// Longest wait to connect to the leader, and for the leader to acknowledge
+    /// what was sent on a connection (`rpc_timeout_ms`, the patience Raft gives
+    /// a peer's call); also how often an idle follower checks that it can reach
+    /// the leader.
+    pub reach: Duration,
+    /// The leader's `[limits] commit_timeout_ms`: it answers every waiting
+    /// message by then, with `no_quorum` if it cannot commit.
+    pub commit_timeout: Duration,
+}
+
+impl ForwardTimings {
+    pub fn new(raft: &RaftTimings, commit_timeout: Duration) -> Self {
+        Self {
+            reach: Duration::from_millis(raft.rpc_timeout_ms),
+            commit_timeout,
+        }
+    }
+}
+
 /// The bounds one listener serves with (`[limits]` of the cluster file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EdgeLimits {

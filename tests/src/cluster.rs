@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::config_file::{cluster_toml, SNAPSHOT_EVERY_LOGS};
 use crate::http::{granted, http_client, request, Answer};
 use crate::process::{clone_node, free_port, Node};
-use crate::{certs, disks, ADMIN_TOKEN, POLL, START_TIMEOUT};
+use crate::{certs, disks, netns, ADMIN_TOKEN, POLL, START_TIMEOUT};
 
 /// Cluster-wide settings of a test cluster.
 #[derive(Debug, Clone)]
@@ -43,6 +43,10 @@ pub struct Settings {
     /// Each node's data dir on a `powerfs` mount that can lose power
     /// ([`disks`]; [`Cluster::power_loss`]).
     pub power_loss_disks: bool,
+    /// Each node in a network namespace of its own on one bridge
+    /// ([`netns::Lan`], [`Cluster::lan`]); needs root: check
+    /// [`netns::unavailable`] first.
+    pub namespaces: bool,
 }
 
 impl Default for Settings {
@@ -61,6 +65,7 @@ impl Default for Settings {
             rpc_timeout_ms: None,
             worker_threads: None,
             power_loss_disks: false,
+            namespaces: false,
         }
     }
 }
@@ -114,6 +119,11 @@ pub fn shipped_cluster_file() -> toml::Table {
     text.parse().expect("cluster.toml is TOML")
 }
 
+/// The API port of a node in a namespace of its own ([`Settings::namespaces`]).
+pub const NAMESPACED_API_PORT: u16 = 7000;
+/// The Raft port of a node in a namespace of its own.
+pub const NAMESPACED_RAFT_PORT: u16 = 7100;
+
 /// A cluster of real `permitd` processes in a temporary directory.
 #[derive(Debug)]
 pub struct Cluster {
@@ -128,6 +138,8 @@ pub struct Cluster {
     settings: Settings,
     /// The nodes' `powerfs` mounts, with [`Settings::power_loss_disks`].
     disks: Option<disks::Disks>,
+    /// The nodes' namespaces, with [`Settings::namespaces`].
+    pub lan: Option<netns::Lan>,
 }
 
 impl Cluster {
@@ -177,18 +189,34 @@ impl Cluster {
             .tls
             .then(|| certs::generate(&dir.path().join("tls")));
         let scheme = if settings.tls { "https" } else { "http" };
-        let mut nodes: Vec<Node> = (1..=settings.nodes as u64)
-            .map(|id| {
-                let raft_addr = format!("127.0.0.1:{}", free_port());
+        let ids: Vec<u64> = (1..=settings.nodes as u64).collect();
+        let lan = settings.namespaces.then(|| {
+            assert!(!settings.tls, "namespaced nodes have no certificates");
+            netns::Lan::create(&ids).expect("network namespaces")
+        });
+        let mut nodes: Vec<Node> = ids
+            .iter()
+            .map(|&id| {
+                // A node of its own host listens on fixed ports.
+                let (host, api_port, raft_port) = match &lan {
+                    Some(lan) => (
+                        lan.ip(id).to_string(),
+                        NAMESPACED_API_PORT,
+                        NAMESPACED_RAFT_PORT,
+                    ),
+                    None => ("127.0.0.1".to_owned(), free_port(), free_port()),
+                };
+                let raft_addr = format!("{host}:{raft_port}");
                 Node {
                     id,
-                    api_addr: format!("127.0.0.1:{}", free_port()),
+                    api_addr: format!("{host}:{api_port}"),
                     advertise_raft_addr: advertise(id, &raft_addr),
                     raft_addr,
                     scheme,
                     config: config.clone(),
                     working_dir: None,
                     worker_threads: settings.worker_threads,
+                    namespace: lan.as_ref().map(|lan| lan.namespace(id)),
                     child: None,
                 }
             })
@@ -218,6 +246,7 @@ impl Cluster {
             certs,
             settings,
             disks,
+            lan,
         }
     }
 
@@ -438,6 +467,7 @@ impl Cluster {
     /// Writes a cluster file for `nodes` plus a new node, and starts the new node
     /// (uninitialised: it waits to be added). Returns its id.
     pub fn spawn_extra_node(&mut self) -> u64 {
+        assert!(self.lan.is_none(), "a namespaced cluster cannot grow");
         let id = self.nodes.len() as u64 + 1;
         let config = self.dir.path().join(format!("cluster-{id}.toml"));
         let mut node = Node {
@@ -449,6 +479,7 @@ impl Cluster {
             config: config.clone(),
             working_dir: None,
             worker_threads: self.settings.worker_threads,
+            namespace: None,
             child: None,
         };
         let mut all: Vec<Node> = self.nodes.iter().map(clone_node).collect();
@@ -561,5 +592,7 @@ impl Drop for Cluster {
         }
         // Unmounted before the temp dir is removed, never through the mount.
         drop(self.disks.take());
+        // Deleted once no process runs in them.
+        drop(self.lan.take());
     }
 }

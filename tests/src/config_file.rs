@@ -33,6 +33,7 @@ pub fn write_cluster_file(dir: &Path, count: u64) -> (PathBuf, Vec<String>) {
             config: path.clone(),
             working_dir: None,
             worker_threads: None,
+            namespace: None,
             child: None,
         })
         .collect();

@@ -33,7 +33,9 @@
 //! [`process`] finds the binaries, hands out ports and runs one node's process;
 //! [`cluster`] is the [`Cluster`]; [`config_file`] writes its `cluster.toml`;
 //! [`http`] holds the HTTP client and JSON helpers; [`wait`] waits on
-//! conditions ([`eventually`], [`wait_for_pending`]), never for fixed times.
+//! conditions ([`eventually`], [`wait_for_pending`]), never for fixed times;
+//! [`netns`] puts each node in a network namespace of its own
+//! ([`Settings::namespaces`]) so a test can cut one direction of one path.
 //! Every public name is also here at the root.
 
 use std::time::Duration;
@@ -46,6 +48,7 @@ pub mod config_file;
 pub mod ctl;
 pub mod disks;
 pub mod http;
+pub mod netns;
 pub mod power_loss;
 pub mod process;
 pub mod wait;

@@ -85,6 +85,8 @@ pub struct Node {
     pub(crate) working_dir: Option<PathBuf>,
     /// `--worker-threads` of its process (`None`: permitd's default).
     pub(crate) worker_threads: Option<u16>,
+    /// The network namespace it runs in ([`crate::netns`]), if any.
+    pub(crate) namespace: Option<String>,
     pub(crate) child: Option<Child>,
 }
 
@@ -95,7 +97,10 @@ impl Node {
             .append(true)
             .open(dir.join(format!("node-{}.log", self.id)))
             .expect("log file");
-        let mut command = Command::new(permitd_bin());
+        let mut command = match &self.namespace {
+            Some(namespace) => crate::netns::command_in(namespace, &permitd_bin()),
+            None => Command::new(permitd_bin()),
+        };
         if let Some(threads) = self.worker_threads {
             command.args(["--worker-threads", &threads.to_string()]);
         }
@@ -143,6 +148,7 @@ pub(crate) fn clone_node(node: &Node) -> Node {
         config: node.config.clone(),
         working_dir: node.working_dir.clone(),
         worker_threads: node.worker_threads,
+        namespace: node.namespace.clone(),
         child: None,
     }
 }

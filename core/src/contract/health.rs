@@ -18,13 +18,31 @@ pub enum HealthStatus {
     Ok,
 }
 
-/// The answer of `GET /readyz` once a leader is known.
+/// The answer of `GET /readyz` while the node can answer v1 calls (writes and
+/// linearizable reads). A node that cannot answers 503 with the error such a
+/// call would get now: `no_quorum` (no leader known, or the leader cannot
+/// commit) or `timeout` (a follower that cannot reach its leader; the answer
+/// names the leader in `x-permitd-leader`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Readiness {
-    /// Always `ready`: a node without a leader answers 503 `no_quorum` instead.
+    /// Always `ready`.
     pub status: ReadyStatus,
     /// The leader this node knows of.
     pub leader: NodeId,
+    /// How it answers v1 calls. Absent from nodes older than this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<Serving>,
+}
+
+/// How a ready node answers v1 calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Serving {
+    /// It leads: it answers them itself.
+    Local,
+    /// It forwards them to the leader, which its last call or probe reached
+    /// (probes run every `rpc_timeout_ms` while no call does).
+    Forwarded,
 }
 
 /// The one value of [`Readiness::status`].
@@ -48,8 +66,13 @@ mod tests {
         let ready = Readiness {
             status: ReadyStatus::Ready,
             leader: 2,
+            serving: Some(Serving::Forwarded),
         };
         let ready = serde_json::to_value(ready).unwrap();
-        assert_eq!(ready, serde_json::json!({"status": "ready", "leader": 2}));
+        let expected = serde_json::json!({"status": "ready", "leader": 2, "serving": "forwarded"});
+        assert_eq!(ready, expected);
+        let older: Readiness =
+            serde_json::from_value(serde_json::json!({"status": "ready", "leader": 2})).unwrap();
+        assert_eq!(older.serving, None);
     }
 }

@@ -36,5 +36,5 @@ pub mod validate;
 pub use cluster::{ClusterMember, ClusterStatus, MemberRole, MembershipChange};
 pub use errors::{ErrorAnswer, ErrorBody, ErrorCode};
 pub use event_stream::{EventQuery, EventRecord};
-pub use health::{Health, HealthStatus, Readiness, ReadyStatus};
+pub use health::{Health, HealthStatus, Readiness, ReadyStatus, Serving};
 pub use keys::{DeleteKeyQuery, KeyList, KeyUsage, ListQuery};

@@ -55,7 +55,8 @@ pub const CLUSTER_RESTORE: &str = "/cluster/restore";
 pub const METRICS: &str = "/metrics";
 /// Liveness: answers while the process serves HTTP.
 pub const HEALTHZ: &str = "/healthz";
-/// Readiness: 200 once a leader is known, else 503 `no_quorum`.
+/// Readiness: 200 while the node can answer v1 calls, else 503 with the error
+/// such a call would get.
 pub const READYZ: &str = "/readyz";
 /// `GET`: the OpenAPI 3.1 document of every route above (open, like the probes).
 pub const OPENAPI: &str = "/openapi.json";

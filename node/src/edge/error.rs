@@ -63,8 +63,10 @@ pub enum ApiError {
     KeyDeleted(String),
     #[error("the node is shutting down")]
     ShuttingDown,
-    #[error("the leader did not answer in time")]
-    Timeout,
+    /// A follower could not reach the leader for a call, or the leader did not
+    /// answer it in time; the answer names the leader, whom a client may reach.
+    #[error("the leader (node {leader}) did not answer this node in time")]
+    LeaderUnreachable { leader: NodeId },
     #[error("internal error")]
     Internal(String),
 }
@@ -99,7 +101,7 @@ impl ApiError {
             Self::LeaderChanged => ErrorCode::LeaderChanged,
             Self::KeyDeleted(_) => ErrorCode::KeyDeleted,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
-            Self::Timeout => ErrorCode::Timeout,
+            Self::LeaderUnreachable { .. } => ErrorCode::Timeout,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -128,7 +130,8 @@ impl IntoResponse for ApiError {
         }
         if let Self::NotLeader {
             leader: Some(leader),
-        } = self
+        }
+        | Self::LeaderUnreachable { leader } = self
         {
             response_headers.insert(headers::LEADER, HeaderValue::from(leader));
         }

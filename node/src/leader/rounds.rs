@@ -524,6 +524,13 @@ impl Rounds {
         }
     }
 
+    /// The error every new message gets while the leader counts as stalled
+    /// (an entry waited `commit_timeout` to commit); `None` while it commits.
+    pub fn stalled(&self) -> Option<RoundError> {
+        let stalled = self.schedule().is_stalled(Instant::now());
+        stalled.then(|| self.stalled_error())
+    }
+
     /// The answer for messages failed because the leader is stalled.
     fn stalled_error(&self) -> RoundError {
         let now = Instant::now();

@@ -19,8 +19,9 @@ use axum::response::Response;
 pub const HTTP_REQUESTS: &str = "permitd_http_requests_total";
 pub const HTTP_DURATION: &str = "permitd_http_request_duration_seconds";
 
-/// Latency buckets, in seconds: 1 ms to 60 s (forwarded requests wait up to a
-/// minute for the leader).
+/// Latency buckets, in seconds: 1 ms to 60 s (a request may be held 15 s plus
+/// its key's rounds, and a forwarded one a few seconds more: see
+/// `edge/api/forward/deadline.rs`).
 pub const HTTP_BUCKETS_SECONDS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];

@@ -25,12 +25,12 @@ pub mod ui;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
-use permitd_core::contract::{paths, Health, HealthStatus, Readiness, ReadyStatus};
+use permitd_core::contract::{paths, Health, HealthStatus, Readiness, ReadyStatus, Serving};
 use permitd_core::limits::MAX_BODY_BYTES;
 use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
 use tracing::Level;
@@ -45,6 +45,7 @@ pub const MAX_RAFT_BODY_BYTES: usize = 128 * 1024 * 1024;
 
 /// The public API, served on `api_addr`.
 pub fn public_router(app: App) -> Router {
+    let to_leader = forward::ToLeader::start(&app);
     let v1 = Router::new()
         .route(paths::SEMAPHORES, get(semaphores::list))
         .route(paths::SEMAPHORE, post(semaphores::post))
@@ -63,7 +64,7 @@ pub fn public_router(app: App) -> Router {
         .route(paths::TOKEN, delete(tokens::revoke))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
         .route_layer(middleware::from_fn_with_state(
-            to_leader(&app),
+            to_leader.clone(),
             forward::to_leader,
         ));
     // Answered by the node called, from its own state: never forwarded.
@@ -73,12 +74,15 @@ pub fn public_router(app: App) -> Router {
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token));
     Router::new()
         .merge(v1)
-        .merge(admin_router(app.clone()))
-        .merge(cluster_router(app.clone()))
+        .merge(admin_router(app.clone(), &to_leader))
+        .merge(cluster_router(app.clone(), &to_leader))
         .merge(local)
         .merge(ui::router())
         .route(paths::HEALTHZ, get(healthz))
-        .route(paths::READYZ, get(readyz))
+        .route(
+            paths::READYZ,
+            get(readyz).with_state((app.clone(), to_leader)),
+        )
         .route(paths::OPENAPI, get(openapi::document))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -112,25 +116,25 @@ pub fn internal_router(app: App) -> Router {
 
 /// Operator actions that change other clients' state. Every route here is for
 /// administrators only: an access check for them is added to this router alone.
-fn admin_router(app: App) -> Router<App> {
+fn admin_router(app: App, to_leader: &Arc<forward::ToLeader>) -> Router<App> {
     Router::new()
         .route(paths::CLIENT_RELEASE, post(holders::force_release))
         .route(paths::SEMAPHORE, delete(delete_key::delete_key))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
         .route_layer(middleware::from_fn_with_state(
-            to_leader(&app),
+            to_leader.clone(),
             forward::to_leader,
         ))
 }
 
-fn cluster_router(app: App) -> Router<App> {
+fn cluster_router(app: App, to_leader: &Arc<forward::ToLeader>) -> Router<App> {
     let leader_only = Router::new()
         .route(paths::CLUSTER_MEMBERS, post(cluster::members))
         .route(paths::CLUSTER_DEFAULTS, put(cluster::put_defaults))
         .route(paths::CLUSTER_SNAPSHOT, get(backup::save))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
         .route_layer(middleware::from_fn_with_state(
-            to_leader(&app),
+            to_leader.clone(),
             forward::to_leader,
         ));
     Router::new()
@@ -139,17 +143,6 @@ fn cluster_router(app: App) -> Router<App> {
         .route(paths::CLUSTER_RESTORE, post(backup::restore))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
         .merge(leader_only)
-}
-
-/// What forwarding to the leader needs of this node.
-fn to_leader(app: &App) -> Arc<forward::ToLeader> {
-    Arc::new(forward::ToLeader {
-        id: app.id,
-        leadership: app.leadership.clone(),
-        raft: app.raft.clone(),
-        scheme: app.scheme,
-        client: app.leader_client.clone(),
-    })
 }
 
 /// A span per request at `level` (responses are logged at DEBUG).
@@ -212,25 +205,32 @@ async fn healthz(State(app): State<App>) -> Result<Json<Health>, ApiError> {
     }
 }
 
-/// Ready when a leader is known: requests can be served or forwarded.
+/// Ready while v1 calls can be answered: as the leader, while it can commit;
+/// as a follower, while its leader is known and was reached (see
+/// `forward/reach.rs`). Otherwise the error such a call would get now.
 #[utoipa::path(
     get, path = paths::READYZ, tag = "operations",
-    responses((status = 200, description = "A leader is known.", body = Readiness)),
+    responses((status = 200, description = "The node answers v1 calls (writes and linearizable reads), itself or through the leader; else 503 with the error a call would get.", body = Readiness)),
 )]
-async fn readyz(State(app): State<App>) -> Response {
+async fn readyz(
+    State((app, to_leader)): State<(App, Arc<forward::ToLeader>)>,
+) -> Result<Json<Readiness>, ApiError> {
     let leadership = *app.leadership.borrow();
-    match leadership.leader {
-        Some(leader) => Json(Readiness {
-            status: ReadyStatus::Ready,
-            leader,
-        })
-        .into_response(),
-        None => {
-            let mut response = ApiError::NoQuorum.into_response();
-            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            response
+    let leader = leadership.leader.ok_or(ApiError::NoQuorum)?;
+    let serving = if leadership.is_leader {
+        if let Some(stalled) = app.rounds.stalled() {
+            return Err(stalled.into());
         }
-    }
+        Serving::Local
+    } else {
+        let last = to_leader.reach.with(leader).map(|(contact, _)| contact);
+        forward::reach::follower_serving(leader, last)?
+    };
+    Ok(Json(Readiness {
+        status: ReadyStatus::Ready,
+        leader,
+        serving: Some(serving),
+    }))
 }
 
 async fn not_found(request: Request) -> ApiError {

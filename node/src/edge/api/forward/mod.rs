@@ -1,0 +1,289 @@
+//! Followers forward leader-only calls to the leader: one hop, within deadlines
+//! that follow the Raft timings and what the call may wait ([`deadline`]).
+//!
+//! The caller's own `Authorization` goes along and the leader decides: a
+//! follower never vouches for a caller, so its registry lagging a revocation
+//! cannot let a revoked token through.
+//!
+//! A forwarded call carries [`headers::FORWARDED`]; a node that receives one and
+//! does not lead answers `not_leader` instead of forwarding again, so a call never
+//! bounces around a cluster that is changing leaders. Every answer names the
+//! leader in [`headers::LEADER`].
+//!
+//! A call ends as soon as this node can tell it will get no answer: the leader
+//! cannot be reached ([`deadline::ForwardTimings::reach`]: 503 `timeout`
+//! naming the leader, so a client can call it directly), this node stops
+//! naming that leader (503 `leader_changed`), or the leader took longer than
+//! the call may wait (503 `timeout`). What the calls find is what `/readyz`
+//! reports ([`reach`]).
+
+pub mod deadline;
+pub mod reach;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use permitd_core::contract::{headers, paths};
+use permitd_core::limits::MAX_BODY_BYTES;
+
+use permitd_storage::{NodeId, PeerNode, SharedState};
+use tokio::sync::watch;
+
+use self::deadline::{deadline, may_wait, Call};
+use self::reach::{Contact, LeaderReach};
+use crate::app::App;
+use crate::config::ForwardTimings;
+use crate::edge::api::extract::ApiPath;
+use crate::edge::error::ApiError;
+use crate::leader::leadership::Leadership;
+use crate::raft::Raft;
+
+/// Headers copied in both directions; everything else is hop-by-hop or ours.
+const REQUEST_HEADERS: &[HeaderName] = &[header::CONTENT_TYPE, header::AUTHORIZATION];
+const RESPONSE_HEADERS: &[HeaderName] = &[header::CONTENT_TYPE, header::RETRY_AFTER];
+
+/// What forwarding needs from the node, built with the node (`app.rs`), so this
+/// module does not depend on the node's whole state. Shared behind an `Arc`:
+/// every forwarded call clones it, and one reference count is cheaper than one
+/// per field (see `App`).
+#[derive(Clone)]
+pub struct ToLeader {
+    /// This node, named in [`headers::LEADER`] when it leads.
+    pub id: NodeId,
+    pub leadership: watch::Receiver<Leadership>,
+    /// Where the current membership says the leader listens.
+    pub raft: Raft,
+    /// `http` or `https`: how this node reaches its peers' listeners.
+    pub scheme: &'static str,
+    /// The replicated state: a key's round timings bound how long its calls
+    /// may wait ([`deadline::may_wait`]).
+    pub state: SharedState,
+    /// The node's pooled client to the leader (TLS-configured when the cluster
+    /// uses TLS; built in `app.rs`, with the limits of [`deadline`]).
+    pub client: reqwest::Client,
+    pub timings: ForwardTimings,
+    /// What calls and probes last found about reaching the leader.
+    pub reach: Arc<LeaderReach>,
+}
+
+impl std::fmt::Debug for ToLeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToLeader")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ToLeader {
+    /// Forwarding for `app`'s node, with its probe of the leader started.
+    pub fn start(app: &App) -> Arc<Self> {
+        let to = Arc::new(Self {
+            id: app.id,
+            leadership: app.leadership.clone(),
+            raft: app.raft.clone(),
+            scheme: app.scheme,
+            state: app.state.clone(),
+            client: app.leader_client.clone(),
+            timings: app.forward_timings,
+            reach: Arc::default(),
+        });
+        tokio::spawn(probe_leader(to.clone()));
+        to
+    }
+
+    /// The peer entry of `id` in the current membership.
+    fn peer(&self, id: NodeId) -> Option<PeerNode> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .cloned()
+    }
+
+    /// `scheme://api_addr` of `leader` in the current membership.
+    fn base_of(&self, leader: NodeId) -> Option<String> {
+        let peer = self.peer(leader)?;
+        Some(format!("{}://{}", self.scheme, peer.api_addr))
+    }
+
+    /// How long the call of `parts` with `body` may wait on the leader.
+    async fn may_wait(&self, parts: &mut Parts, body: &[u8]) -> Duration {
+        let matched = parts
+            .extensions
+            .get::<MatchedPath>()
+            .map(MatchedPath::as_str);
+        let post = parts.method == Method::POST;
+        let (message, batch, backup) = (
+            post && matched == Some(paths::SEMAPHORE),
+            post && matched == Some(paths::BATCH),
+            matched == Some(paths::CLUSTER_SNAPSHOT),
+        );
+        let key = match message {
+            true => ApiPath::<String>::from_request_parts(parts, &()).await.ok(),
+            false => None,
+        };
+        let call = match key {
+            Some(ApiPath(ref key)) => Call::Message { key, body },
+            None if batch => Call::Batch { body },
+            None if backup => Call::Backup,
+            None => Call::Other,
+        };
+        may_wait(call, |key| {
+            self.state.read(|semaphores| {
+                let config = semaphores.config(key);
+                (config.round_wait_ms, config.round_period_ms)
+            })
+        })
+    }
+}
+
+/// While this node follows, asks its leader's `/readyz` whenever no call
+/// answered within `timings.reach`, and at once when the leader changes
+/// ([`reach`]); a probe gets two reaches (connecting, answering).
+async fn probe_leader(to: Arc<ToLeader>) {
+    let mut leadership = to.leadership.clone();
+    loop {
+        let now = *leadership.borrow_and_update();
+        let leader = now.leader.filter(|_| !now.is_leader);
+        if let Some(leader) = leader.filter(|leader| to.reach.due(*leader, to.timings.reach)) {
+            let contact = match to.base_of(leader) {
+                Some(base) => reach::probe(&to.client, &base, 2 * to.timings.reach).await,
+                None => Contact::Unreached,
+            };
+            to.reach.record(leader, contact);
+        }
+        tokio::select! {
+            changed = leadership.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(to.timings.reach) => {}
+        }
+    }
+}
+
+/// Middleware: serve locally on the leader, forward from a follower.
+pub async fn to_leader(State(to): State<Arc<ToLeader>>, request: Request, next: Next) -> Response {
+    let leadership = *to.leadership.borrow();
+    if leadership.is_leader {
+        let mut response = next.run(request).await;
+        response
+            .headers_mut()
+            .insert(headers::LEADER, HeaderValue::from(to.id));
+        return response;
+    }
+    let Some(leader) = leadership.leader else {
+        return ApiError::NoQuorum.into_response();
+    };
+    if request.headers().contains_key(headers::FORWARDED) {
+        return ApiError::NotLeader {
+            leader: Some(leader),
+        }
+        .into_response();
+    }
+    let Some(base) = to.base_of(leader) else {
+        return ApiError::NoQuorum.into_response();
+    };
+    let forwarded = forward(&to, &base, request);
+    // A leader this node stops naming (another won, or it fell silent past
+    // the lease) will not answer in a way anyone waits for.
+    let mut leadership = to.leadership.clone();
+    let replaced = leadership.wait_for(|now| now.leader != Some(leader));
+    let result = tokio::select! {
+        result = forwarded => result,
+        _ = replaced => Err(Failure::Replaced),
+    };
+    let contact = match &result {
+        Ok(response) if response.status() == StatusCode::SERVICE_UNAVAILABLE => None,
+        Ok(_) => Some(Contact::Answered),
+        Err(Failure::Unreached) => Some(Contact::Unreached),
+        Err(_) => None,
+    };
+    if let Some(contact) = contact {
+        to.reach.record(leader, contact);
+    }
+    result.unwrap_or_else(|failure| failure.into_error(leader).into_response())
+}
+
+/// Why a forwarded call got no answer from the leader.
+#[derive(Debug)]
+enum Failure {
+    /// This node could not reach the leader, or the leader did not answer
+    /// within the call's deadline.
+    Unreached,
+    /// The leader took the call and then went away: it may have been waiting
+    /// for a round that will now never answer.
+    Dropped,
+    /// This node stopped naming that leader.
+    Replaced,
+    /// Refused before it was sent.
+    Refused(ApiError),
+}
+
+impl Failure {
+    fn of(error: &reqwest::Error) -> Self {
+        if error.is_timeout() || error.is_connect() {
+            Self::Unreached
+        } else {
+            Self::Dropped
+        }
+    }
+
+    fn into_error(self, leader: NodeId) -> ApiError {
+        match self {
+            Self::Unreached => ApiError::LeaderUnreachable { leader },
+            Self::Dropped | Self::Replaced => ApiError::LeaderChanged,
+            Self::Refused(error) => error,
+        }
+    }
+}
+
+async fn forward(to: &ToLeader, base: &str, request: Request) -> Result<Response, Failure> {
+    let (mut parts, body) = request.into_parts();
+    let body = to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
+        Failure::Refused(ApiError::PayloadTooLarge {
+            max: MAX_BODY_BYTES,
+        })
+    })?;
+    let may_wait = to.may_wait(&mut parts, &body).await;
+    let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+    let mut outgoing = to
+        .client
+        .request(parts.method.clone(), format!("{base}{path}"))
+        .timeout(deadline(&to.timings, may_wait, body.len()))
+        .header(headers::FORWARDED, "1")
+        .body(body);
+    for name in REQUEST_HEADERS {
+        if let Some(value) = parts.headers.get(name) {
+            outgoing = outgoing.header(name, value);
+        }
+    }
+    let answer = outgoing.send().await.map_err(|error| {
+        tracing::warn!(%error, base, "forwarding to the leader failed");
+        Failure::of(&error)
+    })?;
+    relay(answer).await
+}
+
+async fn relay(answer: reqwest::Response) -> Result<Response, Failure> {
+    let status = StatusCode::from_u16(answer.status().as_u16())
+        .map_err(|error| Failure::Refused(ApiError::Internal(error.to_string())))?;
+    let mut headers = Vec::new();
+    for name in RESPONSE_HEADERS
+        .iter()
+        .chain([&HeaderName::from_static(headers::LEADER)])
+    {
+        if let Some(value) = answer.headers().get(name) {
+            headers.push((name.clone(), value.clone()));
+        }
+    }
+    let body = answer.bytes().await.map_err(|error| Failure::of(&error))?;
+    let mut response = (status, Body::from(body)).into_response();
+    response.headers_mut().extend(headers);
+    Ok(response)
+}
