@@ -98,9 +98,12 @@ async fn a_node_without_quorum_answers_no_quorum_with_retry_after() {
         .unwrap();
     cluster.kill(leader);
     cluster.kill(other);
-    // Once its election timeout passes, the survivor knows no leader.
+    // Once its election timeout passes, the survivor knows no leader. (Before
+    // that, /readyz already answers 503 `timeout`: the leader it still names
+    // cannot be reached.)
     let unready = eventually(Duration::from_secs(10), || async {
-        cluster.get(survivor, "/readyz").await.status == 503
+        let ready = cluster.get(survivor, "/readyz").await;
+        (ready.status, ready.code()) == (503, "no_quorum")
     })
     .await;
     assert!(unready, "the survivor stops being ready");
