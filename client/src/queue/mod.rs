@@ -28,6 +28,7 @@
 //! is not object-safe, so the queue takes the implementor as a type parameter of
 //! [`SemaphoreQueue::start`] (the handle itself is generic only in `T`).
 
+pub mod journal;
 pub mod state;
 pub mod store;
 
