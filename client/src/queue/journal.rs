@@ -11,10 +11,13 @@
 //!
 //! A record is framed as
 //! ```text
-//! +-------------+-------------------------+---------------------+
-//! | len: u32 LE | crc32(payload): u32 LE  | payload: len bytes  |
-//! +-------------+-------------------------+---------------------+
+//! +-------------+-------------------------------+--------------------+
+//! | len: u32 LE | crc32(len, payload): u32 LE   | payload: len bytes |
+//! +-------------+-------------------------------+--------------------+
 //! ```
+//! A payload is never empty, so a zero-filled region (a file extended but
+//! never written, after a crash) cannot pass as a record: `len` 0 is damage
+//! (the CRC of nothing is 0). The CRC covers `len`, so a flipped length fails.
 //!
 //! Durability, in the order a crash could cut it:
 //! - [`Journal::append`] writes a record at the end (page cache only);
@@ -204,11 +207,21 @@ fn frame(payload: &[u8]) -> Result<Vec<u8>, QueueError> {
             max: MAX_RECORD_BYTES,
         });
     }
+    assert!(!payload.is_empty(), "a journal record is never empty");
+    let len = (payload.len() as u32).to_le_bytes();
     let mut record = Vec::with_capacity(FRAME_BYTES + payload.len());
-    record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    record.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    record.extend_from_slice(&len);
+    record.extend_from_slice(&checksum(len, payload).to_le_bytes());
     record.extend_from_slice(payload);
     Ok(record)
+}
+
+/// The CRC32 of a record's length and payload.
+fn checksum(len: [u8; 4], payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&len);
+    hasher.update(payload);
+    hasher.finalize()
 }
 
 /// The payloads of `bytes` (a whole journal file) up to the first record that
@@ -231,13 +244,14 @@ fn read_records(bytes: &[u8]) -> Result<(Vec<Vec<u8>>, usize), String> {
 
 /// The record at the start of `bytes` and what follows it, if it is whole.
 fn next_record(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
-    let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
+    let len_bytes: [u8; 4] = bytes.get(0..4)?.try_into().ok()?;
     let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
-    if len > MAX_RECORD_BYTES {
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    if len == 0 || len > MAX_RECORD_BYTES {
         return None;
     }
     let payload = bytes.get(FRAME_BYTES..FRAME_BYTES + len)?;
-    (crc32fast::hash(payload) == crc).then(|| (payload, &bytes[FRAME_BYTES + len..]))
+    (checksum(len_bytes, payload) == crc).then(|| (payload, &bytes[FRAME_BYTES + len..]))
 }
 
 /// Creates (or replaces) `path` and writes [`MAGIC`] and `records` to it,
@@ -376,6 +390,14 @@ mod tests {
         std::fs::write(path.join(JOURNAL), &bytes).unwrap();
         let (_, payloads) = Journal::open(&path, b"head").unwrap();
         assert_eq!(payloads.last().unwrap(), b"new");
+        // A zero-filled tail (the file grew, its data never came) is no record.
+        let mut bytes = journal_bytes(&path);
+        let records_end = bytes.len();
+        bytes.extend_from_slice(&[0; 64]);
+        std::fs::write(path.join(JOURNAL), &bytes).unwrap();
+        let (_, payloads) = Journal::open(&path, b"head").unwrap();
+        assert_eq!(payloads.last().unwrap(), b"new");
+        assert_eq!(journal_bytes(&path).len(), records_end);
     }
 
     #[test]
