@@ -35,8 +35,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use permitd_client::queue::state::Phase;
 use permitd_client::queue::store::QueueStore;
 use permitd_client::{
-    Admission, AdmittedItem, ClientConfig, QueueConfig, QueueItem, SemaphoreClient,
-    SemaphoreQueue, StateConfig,
+    Admission, AdmittedItem, ClientConfig, QueueConfig, QueueItem, SemaphoreClient, SemaphoreQueue,
+    StateConfig,
 };
 use permitd_core::config::{LeasePolicy, Provisioning};
 use permitd_core::KeyConfigUpdate;
@@ -190,7 +190,12 @@ struct Runner {
 impl Runner {
     fn start(mount: &Path, spec: &ChildSpec) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "runner_child", "--include-ignored", "--nocapture"])
+            .args([
+                "--exact",
+                "runner_child",
+                "--include-ignored",
+                "--nocapture",
+            ])
             .env(CHILD_ENV, spec.to_env())
             .current_dir(mount)
             .stdout(Stdio::piped())
@@ -402,10 +407,19 @@ async fn a_queue_loses_nothing_to_power_cuts() {
         total.enqueues,
         total.admissions,
     );
-    assert_eq!(total.enqueues, 0, "acknowledged enqueues lost (seed {seed})");
+    assert_eq!(
+        total.enqueues, 0,
+        "acknowledged enqueues lost (seed {seed})"
+    );
     assert_eq!(total.admissions, 0, "seen admissions lost (seed {seed})");
-    assert_eq!(stuck, 0, "jobs never released after the drain (seed {seed})");
-    assert!(usage_zero, "a permit leaked: usage never returned to zero (seed {seed})");
+    assert_eq!(
+        stuck, 0,
+        "jobs never released after the drain (seed {seed})"
+    );
+    assert!(
+        usage_zero,
+        "a permit leaked: usage never returned to zero (seed {seed})"
+    );
     drop(cluster);
     disk.unmount().unwrap();
 }

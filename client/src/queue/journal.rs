@@ -148,8 +148,9 @@ impl Journal {
     }
 
     /// Writes `journal.new` with `records` (the header, then every live
-    /// record) and appends to it from now on; the next sync renames it over
-    /// `journal`. Until then `journal` still holds the old records.
+    /// record) and appends to it from now on; the next sync `fdatasync`s it
+    /// and renames it over `journal`. Until then `journal` still holds the
+    /// old records.
     pub fn compact(&mut self, records: &[&[u8]]) -> Result<(), QueueError> {
         let (file, len) = create_with_records(&self.dir.join(COMPACTING), records)?;
         self.file = Arc::new(file);
@@ -254,8 +255,9 @@ fn next_record(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
     (checksum(len_bytes, payload) == crc).then(|| (payload, &bytes[FRAME_BYTES + len..]))
 }
 
-/// Creates (or replaces) `path` and writes [`MAGIC`] and `records` to it,
-/// fsynced. Returns the file, open for appending, and its length.
+/// Creates (or replaces) `path` and writes [`MAGIC`] and `records` to it, not
+/// synced (a compaction's is synced by the next flush, outside the queue's
+/// locks). Returns the file, open for appending, and its length.
 fn create_with_records(path: &Path, records: &[&[u8]]) -> Result<(File, u64), QueueError> {
     let mut bytes = MAGIC.to_vec();
     for record in records {
@@ -273,14 +275,13 @@ fn create_with_records(path: &Path, records: &[&[u8]]) -> Result<(File, u64), Qu
         .append(true)
         .open(path)?;
     file.write_all(&bytes)?;
-    file.sync_all()?;
     Ok((file, bytes.len() as u64))
 }
 
 /// Writes a whole new `journal` in `dir` durably: to `journal.new`, fsynced,
 /// renamed over `journal`, dir fsynced.
 fn write_whole_file(dir: &Path, records: &[&[u8]]) -> Result<(), QueueError> {
-    create_with_records(&dir.join(COMPACTING), records)?;
+    create_with_records(&dir.join(COMPACTING), records)?.0.sync_all()?;
     std::fs::rename(dir.join(COMPACTING), dir.join(JOURNAL))?;
     fsync_dir(dir)?;
     Ok(())
@@ -345,6 +346,13 @@ fn parent_dir(dir: &Path) -> &Path {
 mod tests {
     use super::*;
 
+    /// What a flush does: sync what is due, record it.
+    fn sync(journal: &mut Journal) {
+        let target = journal.sync_target().expect("something to sync");
+        target.sync().unwrap();
+        journal.synced(&target).unwrap();
+    }
+
     fn journal_bytes(dir: &Path) -> Vec<u8> {
         std::fs::read(dir.join(JOURNAL)).unwrap()
     }
@@ -357,13 +365,14 @@ mod tests {
         assert_eq!(payloads, [b"head".to_vec()]);
         journal.append(b"one").unwrap();
         journal.append(b"two").unwrap();
-        let target = journal.sync_target().unwrap();
-        target.sync().unwrap();
-        journal.synced(&target).unwrap();
+        sync(&mut journal);
         assert!(journal.sync_target().is_none(), "all synced");
         drop(journal);
         let (_, payloads) = Journal::open(&path, b"other").unwrap();
-        assert_eq!(payloads, [b"head".to_vec(), b"one".to_vec(), b"two".to_vec()]);
+        assert_eq!(
+            payloads,
+            [b"head".to_vec(), b"one".to_vec(), b"two".to_vec()]
+        );
     }
 
     #[test]
@@ -410,9 +419,7 @@ mod tests {
         journal.append(b"step").unwrap();
         // Not synced: `journal` still holds the old records.
         assert!(journal_bytes(&path).ends_with(b"old"));
-        let target = journal.sync_target().unwrap();
-        target.sync().unwrap();
-        journal.synced(&target).unwrap();
+        sync(&mut journal);
         drop(journal);
         let (_, payloads) = Journal::open(&path, b"head").unwrap();
         assert_eq!(
@@ -432,9 +439,7 @@ mod tests {
         let (mut journal, payloads) = Journal::open(&path, b"head").unwrap();
         assert_eq!(payloads, [b"head".to_vec(), b"old".to_vec()]);
         journal.compact(&[b"head", b"again"]).unwrap();
-        let target = journal.sync_target().unwrap();
-        target.sync().unwrap();
-        journal.synced(&target).unwrap();
+        sync(&mut journal);
         drop(journal);
         let (_, payloads) = Journal::open(&path, b"head").unwrap();
         assert_eq!(payloads, [b"head".to_vec(), b"again".to_vec()]);
@@ -445,7 +450,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut journal, _) = Journal::open(&dir.path().join("q"), b"head").unwrap();
         assert!(!journal.compaction_due(), "a short journal is kept");
-        journal.append(&vec![7; COMPACT_MIN_BYTES as usize]).unwrap();
+        journal
+            .append(&vec![7; COMPACT_MIN_BYTES as usize])
+            .unwrap();
         assert!(journal.compaction_due(), "long, never compacted");
         journal.compact(&[b"head", &[7; 1_000]]).unwrap();
         assert!(!journal.compaction_due(), "just compacted");

@@ -10,9 +10,10 @@
 //! All accounting lives in the synchronous [`state::QueueState`]; this module only
 //! moves values. One step of the loop:
 //! 1. `poll` the state (draws lease permits, decides each key's next message);
-//! 2. write the changed records to the sled file and flush ([`store`]), before
-//!    anything leaves the process; a failed write or flush stops the queue for
-//!    good (it fails closed: [`QueueError::StoreFailed`]);
+//! 2. write the changed records to the queue's journal and `fdatasync` it
+//!    ([`store`], [`journal`]), before anything leaves the process; a failed
+//!    write or sync stops the queue for good (it fails closed:
+//!    [`QueueError::StoreFailed`]);
 //! 3. hand admitted items to `admit` (a spawned task) and send the messages
 //!    (at most one in flight per key and lane; the poll's reports, across its
 //!    keys, in one `POST /v1/batch` call, each key's demand alone: [`send_all`];
@@ -85,7 +86,8 @@ pub struct QueueConfig {
     /// This runner's id towards the holder; must be stable across restarts of a
     /// queue file (grants are the client's own).
     pub client_id: String,
-    /// Keep the queue in a sled file here; `None` keeps it in memory only.
+    /// Keep the queue in this dir (its journal, see [`store`]); `None` keeps
+    /// it in memory only.
     pub path: Option<PathBuf>,
     /// Time between two `finished` checks.
     pub finished_interval: Duration,
@@ -106,7 +108,7 @@ impl QueueConfig {
         }
     }
 
-    /// Keeps the queue in a sled file at `path`.
+    /// Keeps the queue in the dir `path` (created if missing).
     pub fn with_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.path = Some(path.into());
         self
@@ -130,8 +132,8 @@ pub struct SemaphoreQueue<T> {
 
 #[derive(Debug)]
 struct Shared<T> {
-    /// A std mutex: held for pure state changes and a sled batch, never across
-    /// an await.
+    /// A std mutex: held for pure state changes and a journal append, never
+    /// across an await (the sync runs outside it).
     state: Mutex<QueueState<T>>,
     store: Option<QueueStore>,
     /// Wakes the loop after an enqueue or a release.

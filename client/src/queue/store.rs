@@ -96,7 +96,10 @@ impl QueueStore {
         if stored.format != FORMAT {
             return Err(QueueError::Corrupt {
                 path: path.to_path_buf(),
-                reason: format!("its record format is {}, this build reads {FORMAT}", stored.format),
+                reason: format!(
+                    "its record format is {}, this build reads {FORMAT}",
+                    stored.format
+                ),
             });
         }
         if stored.client_id != client_id {
