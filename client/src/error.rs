@@ -115,7 +115,7 @@ pub enum QueueError {
         source: serde_json::Error,
     },
     /// The queue's store belongs to another client id.
-    #[error("the queue file belongs to client {stored:?}, not {configured:?}")]
+    #[error("the queue store belongs to client {stored:?}, not {configured:?}")]
     ClientIdMismatch { stored: String, configured: String },
     /// An enqueued item breaks a limit (empty or overlong id, key or group).
     #[error("invalid item {id:?}: {reason}")]

@@ -168,7 +168,7 @@ async fn start_queue(
         match SemaphoreQueue::start(client.clone(), config.clone(), jobs.clone()) {
             Ok(queue) => break Arc::new(queue),
             Err(error @ QueueError::Locked { .. }) if Instant::now() < deadline => {
-                eprintln!("queue file busy ({error}); retrying");
+                eprintln!("queue dir busy ({error}); retrying");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(error) => panic!("queue start: {error}"),

@@ -21,11 +21,13 @@ use permitd_client::{
 use permitd_core::{GroupConfig, KeyConfigUpdate};
 use permitd_tests::{Cluster, Settings, ADMIN_TOKEN};
 
-/// The body of the queued item: each write of its record takes this much.
-const LARGE_BODY_BYTES: usize = 256 * 1024;
-/// The tmpfs: the enqueue's record and a few small steps fit, a second
-/// record of the item (its claim) does not.
-const DISK_BYTES: usize = LARGE_BODY_BYTES + 128 * 1024;
+/// The body of the queued item: each write of its record takes this much,
+/// more than the zeros the journal keeps ahead of its records (1 MiB).
+const LARGE_BODY_BYTES: usize = 1536 * 1024;
+/// The tmpfs: the enqueue's record and the zeros written after it fit (small
+/// steps go into those zeros), a second record of the item (its claim) does
+/// not.
+const DISK_BYTES: usize = LARGE_BODY_BYTES + (1 << 20) + 512 * 1024;
 /// The holder's claim deadline: an unclaimed grant comes back after this.
 const GRANT_TIMEOUT_MS: u64 = 1_000;
 const WAIT_FOR: Duration = Duration::from_secs(20);
@@ -134,13 +136,19 @@ async fn a_queue_whose_store_fails_stops_admitting_and_says_why() {
     );
     // The grant was never claimed: the holder takes it back at the claim deadline.
     let deadline = Instant::now() + WAIT_FOR;
+    let mut saw_the_grant = false;
     loop {
         let usage = client.usage(key).await.unwrap();
+        saw_the_grant |= usage.granted > 0;
         if usage.granted == 0 && usage.leased == 0 {
             break;
         }
         still_waiting("the unclaimed grant is reclaimed", deadline).await;
     }
+    assert!(
+        saw_the_grant,
+        "the step that failed was the grant's claim: the grant was issued"
+    );
     assert_eq!(admits.0.load(Ordering::SeqCst), 0, "nothing was admitted");
     let again = QueueItem {
         id: "job-2".to_string(),

@@ -84,7 +84,7 @@ pub trait Admission<T>: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct QueueConfig {
     /// This runner's id towards the holder; must be stable across restarts of a
-    /// queue file (grants are the client's own).
+    /// queue dir (grants are the client's own).
     pub client_id: String,
     /// Keep the queue in this dir (its journal, see [`store`]); `None` keeps
     /// it in memory only.
@@ -154,7 +154,7 @@ impl<T> SemaphoreQueue<T>
 where
     T: Clone + Send + Sync + Serialize + DeserializeOwned + 'static,
 {
-    /// Opens the queue's file (if any), restores its items and permits, and
+    /// Opens the queue's dir (if any), restores its items and permits, and
     /// starts the loop. Must run inside a tokio runtime.
     pub fn start<A: Admission<T>>(
         client: SemaphoreClient,

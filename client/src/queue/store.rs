@@ -36,7 +36,7 @@ use crate::error::QueueError;
 /// The version of the record model in the header.
 const FORMAT: u32 = 1;
 
-/// Everything a queue file holds.
+/// Everything a queue dir holds.
 pub type Loaded<T> = (
     Vec<ItemRecord<T>>,
     Vec<(String, KeyRecord)>,
