@@ -314,7 +314,9 @@ fn create_with_records(path: &Path, records: &[&[u8]]) -> Result<(File, u64), Qu
 /// Writes a whole new `journal` in `dir` durably: to `journal.new`, fsynced,
 /// renamed over `journal`, dir fsynced.
 fn write_whole_file(dir: &Path, records: &[&[u8]]) -> Result<(), QueueError> {
-    create_with_records(&dir.join(COMPACTING), records)?.0.sync_all()?;
+    create_with_records(&dir.join(COMPACTING), records)?
+        .0
+        .sync_all()?;
     std::fs::rename(dir.join(COMPACTING), dir.join(JOURNAL))?;
     fsync_dir(dir)?;
     Ok(())
