@@ -381,6 +381,14 @@ fn parent_dir(dir: &Path) -> &Path {
 mod tests {
     use super::*;
 
+    /// A new journal (header `head`) in a temp dir, and its dir's path.
+    fn opened() -> (tempfile::TempDir, PathBuf, Journal) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("q");
+        let (journal, _) = Journal::open(&path, b"head").unwrap();
+        (dir, path, journal)
+    }
+
     /// What a flush does: sync what is due, record it.
     fn sync(journal: &mut Journal) {
         let target = journal.sync_target().expect("something to sync");
@@ -412,9 +420,7 @@ mod tests {
 
     #[test]
     fn a_torn_or_damaged_tail_is_cut_at_the_first_bad_record() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("q");
-        let (mut journal, _) = Journal::open(&path, b"head").unwrap();
+        let (_dir, path, mut journal) = opened();
         journal.append(b"kept").unwrap();
         let kept_len = journal.len as usize;
         journal.append(b"flipped").unwrap();
@@ -446,9 +452,7 @@ mod tests {
 
     #[test]
     fn zeros_are_written_ahead_of_the_records_and_cut_at_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("q");
-        let (mut journal, _) = Journal::open(&path, b"head").unwrap();
+        let (_dir, path, mut journal) = opened();
         journal.append(b"one").unwrap();
         let records_end = journal.len;
         let file_len = journal_bytes(&path).len() as u64;
@@ -463,9 +467,7 @@ mod tests {
 
     #[test]
     fn a_compaction_replaces_the_journal_only_once_synced() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("q");
-        let (mut journal, _) = Journal::open(&path, b"head").unwrap();
+        let (_dir, path, mut journal) = opened();
         journal.append(b"old").unwrap();
         journal.compact(&[b"head", b"snapshot"]).unwrap();
         journal.append(b"step").unwrap();
@@ -483,9 +485,7 @@ mod tests {
 
     #[test]
     fn an_unfinished_compaction_is_ignored_and_replaced() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("q");
-        let (mut journal, _) = Journal::open(&path, b"head").unwrap();
+        let (_dir, path, mut journal) = opened();
         journal.append(b"old").unwrap();
         journal.compact(&[b"head", b"snapshot"]).unwrap();
         drop(journal);

@@ -266,9 +266,10 @@ mod tests {
         store.flush_blocking().unwrap();
     }
 
-    fn reopen(path: &Path) -> QueueState<u32> {
+    /// The state a queue restarted on `path` has.
+    fn reopen<T: Clone + DeserializeOwned>(path: &Path) -> QueueState<T> {
         let store = QueueStore::open(path, "runner-1").unwrap();
-        let (items, keys, released) = store.load::<u32>().unwrap();
+        let (items, keys, released) = store.load::<T>().unwrap();
         QueueState::restore("runner-1", StateConfig::default(), items, keys, released)
     }
 
@@ -290,7 +291,7 @@ mod tests {
         assert!(keys.is_empty());
         assert_eq!(released, vec![(0, "a".to_string())]);
         drop(store);
-        let restored = reopen(&path);
+        let restored = reopen::<u32>(&path);
         assert_eq!(restored.counts(0).queued, 1);
         assert_eq!(restored.status("a"), ItemStatus::Released);
     }
@@ -319,10 +320,7 @@ mod tests {
             n += 1;
         }
         drop(store);
-        let store = QueueStore::open(&path, "runner-1").unwrap();
-        let (items, keys, released) = store.load::<String>().unwrap();
-        let restored =
-            QueueState::restore("runner-1", StateConfig::default(), items, keys, released);
+        let restored = reopen::<String>(&path);
         assert_eq!(restored.counts(0).queued, n as usize);
         for m in 0..n {
             assert_eq!(restored.status(&format!("kept-{m}")), ItemStatus::Queued);
