@@ -161,12 +161,18 @@ async fn run_child(spec: ChildSpec) {
     }
 }
 
-/// Waits until every item was admitted and released, shuts down.
+/// Waits until every item was admitted and released, shuts down. Prints the
+/// counts as they change (what is stuck, if the test gives up on it).
 async fn drain(queue: &SemaphoreQueue<u64>) {
+    let mut last = None;
     loop {
         let counts = queue.counts();
         if counts.queued == 0 && counts.admitted == 0 {
             break;
+        }
+        if last != Some(counts) {
+            println!("draining {counts:?}");
+            last = Some(counts);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -215,10 +221,15 @@ impl Runner {
 
     /// The next line, recorded in `seen`; panics if the child fell silent.
     fn next(&self, seen: &mut Seen) -> String {
-        let line = self
-            .lines
-            .recv_timeout(CHILD_SILENT_FOR)
-            .expect("the runner printed nothing for too long");
+        let line = match self.lines.recv_timeout(CHILD_SILENT_FOR) {
+            Ok(line) => line,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("the runner printed nothing for {CHILD_SILENT_FOR:?}")
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("the runner ended early (its stderr above says why)")
+            }
+        };
         record(&line, seen);
         line
     }

@@ -25,14 +25,15 @@
 //!   one `fdatasync`. A step counts once its sync returned.
 //! - The file is kept [`ZERO_AHEAD_BYTES`] of zeros past its records, written
 //!   (not a hole), as the WAL's active segment is: a sync after a write that
-//!   grows the file must also write its inode and wait for the filesystem's
-//!   journal, which made every ~10th step's sync take ms on ext4; now the size
-//!   changes once per MiB. Zeros are never a record (a record's `len` is never
-//!   0), and open cuts them with any torn tail.
-//! - Replay reads records up to the first that is short or fails its CRC and
-//!   cuts the file there: a sync covers everything written before it, so no
-//!   record after a damaged one was ever synced, and a torn last append is
-//!   dropped whole. One record per step makes a step's changes atomic.
+//!   grows the file must also write its inode (its size), which the zeros
+//!   ahead spare all but one sync per MiB (a step's write and sync, p50 on
+//!   this VM's ext4: 150–188 → 125–131 µs; docs/architecture.md). Zeros are
+//!   never a record (a record's `len` is never 0), and open cuts them with
+//!   any torn tail.
+//! - Replay reads records up to the first that is short, empty or fails its
+//!   CRC and cuts the file there: a sync covers everything written before it,
+//!   so no record after a damaged one was ever synced, and a torn last append
+//!   is dropped whole. One record per step makes a step's changes atomic.
 //! - A new journal, and each compaction, is written in full to `journal.new`,
 //!   fsynced, renamed over `journal`, and the dir fsynced: `journal` is always
 //!   the old file or the complete new one. Creating the dir fsyncs its parent.
