@@ -1,6 +1,7 @@
 //! The client crate's errors: one enum for calls to the cluster, one for
 //! acquiring a permit, one for the queue.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use permitd_core::contract::ErrorCode;
@@ -85,9 +86,27 @@ pub enum AcquireError {
 /// Why a queue operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
-    /// The local sled file could not be opened, read or written.
+    /// The queue's dir or journal could not be opened, read, written or synced.
     #[error("queue store: {0}")]
-    Store(#[from] sled::Error),
+    Store(#[from] std::io::Error),
+    /// The queue's journal is not one this build can read.
+    #[error("queue store {path:?} cannot be read: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    /// The queue dir was written by the sled store of an earlier build.
+    #[error(
+        "queue dir {path:?} holds a queue in the sled format of permitd builds before \
+         the journal store, which this build does not read: finish its work with the \
+         build that wrote it (release every item, then shut the queue down), or \
+         force-release this client's permits (POST /v1/semaphores/{{key}}/clients/{{clientId}}/release), \
+         then remove the dir (docs/operations.md, \"The queue's store\")"
+    )]
+    SledFormat { path: PathBuf },
+    /// Another handle (this process or another) has the queue dir open.
+    #[error("queue dir {path:?} is open in another queue (its lock is held)")]
+    Locked { path: PathBuf },
+    /// A record larger than the journal takes.
+    #[error("queue store record of {bytes} bytes is over the {max} bytes a record may hold")]
+    RecordTooLarge { bytes: usize, max: usize },
     /// A stored record could not be encoded or decoded.
     #[error("queue store record {record:?}: {source}")]
     Codec {
@@ -95,8 +114,8 @@ pub enum QueueError {
         #[source]
         source: serde_json::Error,
     },
-    /// The sled file belongs to another client id.
-    #[error("the queue file belongs to client {stored:?}, not {configured:?}")]
+    /// The queue's store belongs to another client id.
+    #[error("the queue store belongs to client {stored:?}, not {configured:?}")]
     ClientIdMismatch { stored: String, configured: String },
     /// An enqueued item breaks a limit (empty or overlong id, key or group).
     #[error("invalid item {id:?}: {reason}")]

@@ -21,7 +21,8 @@
 //!   and oldest enqueue time, draws lease permits locally (one per item), claims
 //!   grants, admits items through the application's [`Admission`], takes
 //!   `release(id)`, recovers lost releases via `finished`, heartbeats, returns
-//!   and settles leases, and survives restarts through a sled file.
+//!   and settles leases, and survives restarts and power cuts through a journal
+//!   it `fdatasync`s ([`queue::store`]).
 //!
 //! Data flow of one admission: `enqueue` → [`queue::state::QueueState`] (pure
 //! accounting) → a `request` → the holder's round → grants (claimed by a `sync`)

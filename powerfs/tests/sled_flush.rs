@@ -11,6 +11,10 @@
 //! the filesystem as an fsync (FUSE has no such request), so nothing it wrote after
 //! opening is durable. On a real disk `sync_file_range` does not flush the drive's
 //! cache nor the file's metadata either: this is the bug powerfs demonstrates.
+//!
+//! Kept as the record of why permitd left sled: the node's state (storage format 4)
+//! and the runner's queue (`client/src/queue/journal.rs`, docs/architecture.md "The
+//! runner's queue store"); sled is now only this test's dev-dependency.
 
 mod common;
 

@@ -7,7 +7,7 @@
 //!   no leases);
 //! - every enqueued job runs exactly once;
 //! - once all jobs ended, every key's usage returns to 0 granted, 0 leased;
-//! - a runner restarted from its sled file loses no job and leaks no permit;
+//! - a runner restarted from its queue dir loses no job and leaks no permit;
 //! - releases the application never sent are recovered through `finished`.
 
 use std::collections::{HashMap, HashSet};
@@ -161,14 +161,14 @@ async fn start_queue(
     config: QueueConfig,
     jobs: &Jobs,
 ) -> Arc<SemaphoreQueue<u64>> {
-    // A crashed runner's sled file may stay locked for a moment while its
+    // A crashed runner's queue dir may stay locked for a moment while its
     // loop task is dropped.
     let deadline = Instant::now() + Duration::from_secs(10);
     let queue = loop {
         match SemaphoreQueue::start(client.clone(), config.clone(), jobs.clone()) {
             Ok(queue) => break Arc::new(queue),
-            Err(QueueError::Store(error)) if Instant::now() < deadline => {
-                eprintln!("queue file busy ({error}); retrying");
+            Err(error @ QueueError::Locked { .. }) if Instant::now() < deadline => {
+                eprintln!("queue dir busy ({error}); retrying");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(error) => panic!("queue start: {error}"),

@@ -10,9 +10,10 @@
 //! All accounting lives in the synchronous [`state::QueueState`]; this module only
 //! moves values. One step of the loop:
 //! 1. `poll` the state (draws lease permits, decides each key's next message);
-//! 2. write the changed records to the sled file and flush ([`store`]), before
-//!    anything leaves the process; a failed write or flush stops the queue for
-//!    good (it fails closed: [`QueueError::StoreFailed`]);
+//! 2. write the changed records to the queue's journal and `fdatasync` it
+//!    ([`store`], [`journal`]), before anything leaves the process; a failed
+//!    write or sync stops the queue for good (it fails closed:
+//!    [`QueueError::StoreFailed`]);
 //! 3. hand admitted items to `admit` (a spawned task) and send the messages
 //!    (at most one in flight per key and lane; the poll's reports, across its
 //!    keys, in one `POST /v1/batch` call, each key's demand alone: [`send_all`];
@@ -28,6 +29,7 @@
 //! is not object-safe, so the queue takes the implementor as a type parameter of
 //! [`SemaphoreQueue::start`] (the handle itself is generic only in `T`).
 
+pub mod journal;
 pub mod state;
 pub mod store;
 
@@ -82,9 +84,10 @@ pub trait Admission<T>: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct QueueConfig {
     /// This runner's id towards the holder; must be stable across restarts of a
-    /// queue file (grants are the client's own).
+    /// queue dir (grants are the client's own).
     pub client_id: String,
-    /// Keep the queue in a sled file here; `None` keeps it in memory only.
+    /// Keep the queue in this dir (its journal, see [`store`]); `None` keeps
+    /// it in memory only.
     pub path: Option<PathBuf>,
     /// Time between two `finished` checks.
     pub finished_interval: Duration,
@@ -105,7 +108,7 @@ impl QueueConfig {
         }
     }
 
-    /// Keeps the queue in a sled file at `path`.
+    /// Keeps the queue in the dir `path` (created if missing).
     pub fn with_path(mut self, path: impl Into<PathBuf>) -> Self {
         self.path = Some(path.into());
         self
@@ -129,8 +132,8 @@ pub struct SemaphoreQueue<T> {
 
 #[derive(Debug)]
 struct Shared<T> {
-    /// A std mutex: held for pure state changes and a sled batch, never across
-    /// an await.
+    /// A std mutex: held for pure state changes and a journal append, never
+    /// across an await (the sync runs outside it).
     state: Mutex<QueueState<T>>,
     store: Option<QueueStore>,
     /// Wakes the loop after an enqueue or a release.
@@ -151,7 +154,7 @@ impl<T> SemaphoreQueue<T>
 where
     T: Clone + Send + Sync + Serialize + DeserializeOwned + 'static,
 {
-    /// Opens the queue's file (if any), restores its items and permits, and
+    /// Opens the queue's dir (if any), restores its items and permits, and
     /// starts the loop. Must run inside a tokio runtime.
     pub fn start<A: Admission<T>>(
         client: SemaphoreClient,
@@ -286,13 +289,15 @@ impl<T: Clone + Serialize> Shared<T> {
 
     /// Writes the state's changed records (not flushed). Without a file, only
     /// forgets the change set. A failed write stops the queue for good.
-    fn persist(&self, state: &mut QueueState<T>) -> Result<bool, QueueError> {
+    fn persist(&self, state: &mut QueueState<T>) -> Result<(), QueueError> {
         self.check_failure()?;
         let dirty = state.take_dirty();
-        match &self.store {
-            Some(store) => store.write(state, &dirty).map_err(|error| self.fail(error)),
-            None => Ok(false),
+        if let Some(store) = &self.store {
+            store
+                .write(state, &dirty)
+                .map_err(|error| self.fail(error))?;
         }
+        Ok(())
     }
 }
 
@@ -357,24 +362,23 @@ where
                 state.poll(now)
             };
             let admits = state.take_admits();
-            shared.persist(&mut state).map(|wrote| {
+            shared.persist(&mut state).map(|()| {
                 let in_flight = state.in_flight() + messages.len();
-                (
-                    messages,
-                    admits,
-                    state.next_wakeup_ms(now),
-                    in_flight,
-                    wrote,
-                )
+                (messages, admits, state.next_wakeup_ms(now), in_flight)
             })
         };
         // Fails closed: a step whose records are not durable neither admits nor
         // sends anything (see `Shared::fail`).
-        let Ok((messages, admits, wake_at_ms, in_flight, wrote)) = step else {
+        let Ok((messages, admits, wake_at_ms, in_flight)) = step else {
             return shared.lock().in_flight();
         };
-        // Durable before anything it records leaves the process.
-        if wrote && shared.flush().await.is_err() {
+        // Durable before anything it records leaves the process. Synced even
+        // when this step wrote nothing: an `enqueue` writes every pending
+        // change, the loop's too (an answer that admitted items), and syncs on
+        // its own time; admitting them before that sync returned lost an
+        // admission to a power cut (tests/tests/queue_power_loss.rs). A flush
+        // with nothing unsynced returns at once.
+        if shared.flush().await.is_err() {
             return shared.lock().in_flight();
         }
         if let Some(deadline) = draining {

@@ -4,7 +4,7 @@
 //! answers come in as protocol values, and out come the next messages per key
 //! ([`QueueState::poll`]) and the items to admit ([`QueueState::take_admits`]).
 //! The async loop in [`crate::queue`] only carries values between this, the
-//! network, the application and the sled store.
+//! network, the application and the store (`crate::queue::store`).
 //!
 //! One item's life: `Queued` → (a permit of a confirmed lease is drawn:
 //! `Admitted`) or (a
@@ -275,6 +275,21 @@ impl<T: Clone> QueueState<T> {
 
     pub fn key_record(&self, key: &str) -> Option<&KeyRecord> {
         self.keys.get(key)
+    }
+
+    /// A change set naming every live record: what a store compacting its
+    /// file writes.
+    pub fn all_records(&self) -> Dirty {
+        Dirty {
+            items: self.items.keys().cloned().collect(),
+            keys: self.keys.keys().cloned().collect(),
+            released_added: self
+                .released_by_seq
+                .iter()
+                .map(|(seq, id)| (*seq, id.clone()))
+                .collect(),
+            ..Dirty::default()
+        }
     }
 }
 

@@ -2,13 +2,17 @@
  * `FileStore`: a queue store in one JSON file, for Node.
  *
  * Each `write` rewrites the whole file through a temporary file that is
- * fsynced and then renamed over the old one, so the file always holds one
- * complete step, old or new, and a resolved `write` is durable. The cost is a
+ * fsynced and then renamed over the old one, and then fsyncs the directory, so
+ * the file always holds one complete step, old or new, and a resolved `write`
+ * survives a power cut: the file's fsync makes its bytes durable, the
+ * directory's makes the rename durable (without it a cut can bring back the
+ * old file, or none at all after the first write). The cost is a
  * write of every record per step: fine for thousands of items; a runner with
  * far more should plug in a store with real batches (sqlite, a Durable Object).
  */
 
 import { open, readFile, rename } from "node:fs/promises";
+import { dirname } from "node:path";
 
 import type { QueueStore } from "../queue/store.js";
 
@@ -46,8 +50,24 @@ export class FileStore implements QueueStore {
         await file.close();
       }
       await rename(temporary, this.path);
+      await syncDirectory(dirname(this.path));
     });
     this.writing = step.catch(() => undefined);
     return step;
+  }
+}
+
+/**
+ * Fsyncs a directory, so that the entries renamed into it are durable.
+ * Windows cannot open a directory for fsync (NTFS journals its metadata
+ * itself), so there it does nothing.
+ */
+async function syncDirectory(path: string): Promise<void> {
+  if (process.platform === "win32") return;
+  const directory = await open(path, "r");
+  try {
+    await directory.sync();
+  } finally {
+    await directory.close();
   }
 }

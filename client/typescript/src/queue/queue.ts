@@ -100,6 +100,8 @@ export class SemaphoreQueue<T> {
   private stopping = false;
   /** Stopped at once by `halt`: the loop neither writes nor sends any more. */
   private halted = false;
+  /** Every store write so far: resolved once they all are durable. */
+  private written: Promise<void> = Promise.resolve();
   /** Set when a store write failed: the queue fails closed (see `QueueStoreFailedError`). */
   private failed: QueueStoreFailedError | undefined;
   private wakeLoop: (() => void) | undefined;
@@ -288,14 +290,23 @@ export class SemaphoreQueue<T> {
       .finally(() => this.wake());
   }
 
-  /** Writes the state's changes; a failed write stops the queue for good and throws. */
+  /**
+   * Writes the state's changes and waits until every write so far is durable;
+   * a failed write stops the queue for good and throws. It waits even when
+   * this call has nothing to write: an `enqueue` writes every pending change,
+   * the loop's too (an answer that admitted items), and admitting them before
+   * that write resolved could lose the admission to a power cut (the Rust
+   * queue's power-loss test caught it there).
+   */
   private async persist(): Promise<void> {
     if (this.halted) return;
     if (this.failed) throw this.failed;
     const changed = changes(this.state, this.state.takeDirty());
-    if (!changed) return;
+    if (changed) {
+      this.written = Promise.all([this.written, this.store.write(changed.puts, changed.deletes)]).then(() => undefined);
+    }
     try {
-      await this.store.write(changed.puts, changed.deletes);
+      await this.written;
     } catch (error) {
       this.failed ??= new QueueStoreFailedError(error);
       this.report(this.failed, "writing the queue store; the queue stopped");

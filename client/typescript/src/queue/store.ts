@@ -4,8 +4,8 @@
  * A `QueueStore` is a small key-value interface with atomic batches, so it fits
  * a Durable Object's `storage` (`list`, and `put`/`delete` of many keys at
  * once), a file (`FileStore` in `@permitd/client/node`), or memory
- * (`MemoryStore`, which keeps nothing across restarts). The record layout is
- * the Rust queue's sled layout:
+ * (`MemoryStore`, which keeps nothing across restarts). The record layout
+ * (the Rust queue's journal keeps the same records, one step per record):
  * - `m/client` → the client id the store belongs to;
  * - `i/{item id}` → an item record;
  * - `k/{semaphore key}` → a key record (grants and leases held);
