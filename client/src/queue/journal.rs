@@ -371,7 +371,7 @@ fn create_dir_durably(dir: &Path) -> io::Result<()> {
 }
 
 /// The directory that names `dir`: "." for a relative path of one part.
-fn parent_dir(dir: &Path) -> &Path {
+pub fn parent_dir(dir: &Path) -> &Path {
     match dir.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),

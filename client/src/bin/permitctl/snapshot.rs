@@ -38,12 +38,16 @@ pub async fn run(client: &SemaphoreClient, json: bool, command: SnapshotCommand)
 }
 
 /// Writes beside the target and renames, so a crash never leaves half a backup
-/// under the final name.
+/// under the final name; then fsyncs the folder that names it, so a backup
+/// reported saved is still there after a power cut (a relative name's folder
+/// is the working directory).
 fn write_atomically(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use permitd_client::queue::journal::{fsync_dir, parent_dir};
     let mut partial = file.as_os_str().to_owned();
     partial.push(".partial");
     let partial = PathBuf::from(partial);
     std::fs::write(&partial, bytes)?;
     std::fs::File::open(&partial)?.sync_all()?;
-    std::fs::rename(&partial, file)
+    std::fs::rename(&partial, file)?;
+    fsync_dir(parent_dir(file))
 }
