@@ -235,3 +235,17 @@ def test_both_clients_trust_the_clusters_ca_over_https() -> None:
         asyncio.run(scenario())
     finally:
         cluster.stop()
+
+
+def test_a_key_in_use_is_deleted_only_when_forced(shared_cluster: Cluster) -> None:
+    with SemaphoreClient(shared_cluster.urls(), token=ADMIN_TOKEN) as client:
+        client.set_key_config("acct-delete", {"limit": 3})
+        permit = client.acquire("acct-delete", "g", 2, timeout=10)
+        with pytest.raises(RejectedError) as in_use:
+            client.delete_key("acct-delete")
+        assert (in_use.value.status, in_use.value.code) == (409, "key_in_use")
+        deleted = client.delete_key("acct-delete", force=True)
+        assert deleted["existed"] and deleted["released"]["permits"] == 2
+        assert client.usage("acct-delete")["granted"] == 0
+        assert client.delete_key("acct-delete")["existed"] is False  # a retry without requestId
+        del permit  # its grant went with the key; its release finds nothing

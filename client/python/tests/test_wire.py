@@ -73,6 +73,8 @@ def _shape_of(example: Dict[str, Any]) -> str:
         return "KeyConfig"
     if "error" in example:
         return "ErrorAnswer"
+    if "existed" in example:
+        return "KeyDeleted"
     return "TokenSpec"
 
 
@@ -84,7 +86,7 @@ def test_the_protocol_documents_examples_are_parsed_and_produced_byte_for_byte()
         if shape == "TokenSpec":
             continue  # tokens are admin JSON, passed through as given
         assert wire.encode(wire.parse(shape, example)) == wire.encode(example), shape
-    assert sorted(shapes) == ["ErrorAnswer", "KeyConfig", "SemaphoreRequest", "SemaphoreResponse", "TokenSpec"]
+    assert sorted(shapes) == ["ErrorAnswer", "KeyConfig", "KeyDeleted", "SemaphoreRequest", "SemaphoreResponse", "TokenSpec"]
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ import functools
 import inspect
 import os
 import time
+import uuid
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union, cast
 
@@ -119,6 +120,13 @@ class _Plans:
 
     def force_release(self, key: str, client_id: str) -> Plan[Dict[str, Any]]:
         return self.core.call("POST", _path("v1", "semaphores", key, "clients", client_id, "release"))
+
+    def delete_key(self, key: str, force: bool) -> Plan[Dict[str, Any]]:
+        # One requestId for every attempt: a retry after a lost answer replays it.
+        query = {"requestId": str(uuid.uuid4())}
+        if force:
+            query["force"] = "true"
+        return self.core.call("DELETE", _path("v1", "semaphores", key), shape="KeyDeleted", query=query)
 
     def create_token(self, spec: Mapping[str, Any]) -> Plan[Dict[str, Any]]:
         return self.core.call("POST", _path("v1", "tokens"), dict(spec))
@@ -300,6 +308,11 @@ class SemaphoreClient:
         """Drops ``client_id``'s grants, leases and remembered answers on ``key`` (admin)."""
         return cast(Dict[str, Any], self._run(self._plans.force_release(key, client_id)))
 
+    def delete_key(self, key: str, force: bool = False) -> Dict[str, Any]:
+        """Deletes ``key``'s settings and state (admin); a key in use fails with
+        ``key_in_use`` unless ``force``, which releases its holders first."""
+        return cast(Dict[str, Any], self._run(self._plans.delete_key(key, force)))
+
     def create_token(self, spec: Mapping[str, Any]) -> Dict[str, Any]:
         return cast(Dict[str, Any], self._run(self._plans.create_token(spec)))
 
@@ -463,6 +476,9 @@ class AsyncSemaphoreClient:
 
     async def force_release(self, key: str, client_id: str) -> Dict[str, Any]:
         return cast(Dict[str, Any], await self._run(self._plans.force_release(key, client_id)))
+
+    async def delete_key(self, key: str, force: bool = False) -> Dict[str, Any]:
+        return cast(Dict[str, Any], await self._run(self._plans.delete_key(key, force)))
 
     async def create_token(self, spec: Mapping[str, Any]) -> Dict[str, Any]:
         return cast(Dict[str, Any], await self._run(self._plans.create_token(spec)))

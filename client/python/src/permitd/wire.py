@@ -172,6 +172,7 @@ ERROR_CODES = (
     "already_initialized",
     "membership_conflict",
     "too_many_tokens",
+    "key_in_use",
     "too_far_behind",
     "payload_too_large",
     "unsupported_media_type",
@@ -181,6 +182,7 @@ ERROR_CODES = (
     "not_leader",
     "no_quorum",
     "leader_changed",
+    "key_deleted",
     "shutting_down",
     "overloaded",
     "timeout",
@@ -425,6 +427,14 @@ PARSERS: Dict[str, Parser] = {
         }
     ),
     "ErrorAnswer": _object({"error": _error_body}),
+    "KeyDeleted": _object(
+        {
+            "existed": _flag,
+            "released": _object({"grants": _count, "leases": _count, "permits": _count}),
+            "clients": _count,
+            "logIndex": _count,
+        }
+    ),
 }
 
 WireTypeName = Literal[
@@ -439,6 +449,7 @@ WireTypeName = Literal[
     "KeyList",
     "ClusterStatus",
     "ErrorAnswer",
+    "KeyDeleted",
 ]
 
 
