@@ -112,6 +112,15 @@ def http_json(url: str, method: str = "GET", body: Optional[object] = None, time
         return json.loads(answer.read() or b"null")
 
 
+def metric_total(url: str, name: str, timeout: float = 2.0) -> float:
+    """The sum of every sample of metric ``name`` in a node's ``/metrics``."""
+    request = urllib.request.Request(f"{url}/metrics", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=timeout, context=_trusted) as answer:
+        lines = answer.read().decode().splitlines()
+    samples = [line.rsplit(" ", 1)[1] for line in lines if line.startswith(name) and not line.startswith("#")]
+    return sum(float(value) for value in samples)
+
+
 class Node:
     def __init__(self, node_id: int, url: str) -> None:
         self.id = node_id

@@ -12,7 +12,7 @@ from typing import List
 
 import pytest
 
-from harness import ADMIN_TOKEN, Cluster
+from harness import ADMIN_TOKEN, Cluster, metric_total
 from permitd import AcquireError, AsyncSemaphoreClient, DeadlineExceededError, RejectedError, SemaphoreClient, SseMessage
 
 
@@ -83,14 +83,22 @@ def test_the_decorator_releases_on_exceptions_and_passes_the_fence(shared_cluste
         assert client.usage("decorated")["granted"] == 0
 
 
+def _blocked(cluster: Cluster) -> float:
+    return sum(metric_total(url, "permitd_blocked_total") for url in cluster.urls())
+
+
 def test_async_acquire_cancellation_and_release(shared_cluster: Cluster) -> None:
     async def scenario() -> None:
         async with AsyncSemaphoreClient(shared_cluster.urls(), token=ADMIN_TOKEN) as client:
             await client.set_key_config("async", {"limit": 2})
             async with client.permit("async", "wf", 2) as held:
                 assert held.count == 2
+                blocked_before = _blocked(shared_cluster)
                 waiter = asyncio.ensure_future(client.acquire("async", "wf", 1))
-                await asyncio.sleep(0.3)
+                for _ in range(1_000):  # up to 10 s, until a round answered it "blocked"
+                    if _blocked(shared_cluster) > blocked_before:
+                        break
+                    await asyncio.sleep(0.01)
                 assert not waiter.done(), "the third permit waits"
                 waiter.cancel()
                 with pytest.raises(asyncio.CancelledError):

@@ -10,7 +10,7 @@ from typing import Callable, List
 
 import pytest
 
-from harness import ADMIN_TOKEN, Cluster
+from harness import ADMIN_TOKEN, Cluster, eventually, metric_total
 from permitd import AcquireError, Permit, SemaphoreClient
 
 
@@ -90,9 +90,12 @@ def test_a_leader_killed_while_a_request_waits(cluster: Cluster) -> None:
     holder.set_key_config("failover-wait", {"limit": 1})
     first = holder.acquire("failover-wait", "wf", 1)
     watch = UsageWatch(reader, "failover-wait")
-    join = in_thread(lambda: waiter.acquire("failover-wait", "wf", 1, timeout=25))
-    time.sleep(0.3)  # the waiter's requests are answered "blocked by the limit", again and again
     leader = cluster.wait_for_leader()
+    leader_url = cluster.node(leader).url
+    blocked_before = metric_total(leader_url, "permitd_blocked_total")
+    join = in_thread(lambda: waiter.acquire("failover-wait", "wf", 1, timeout=25))
+    # The waiter's requests are answered "blocked by the limit" before the kill.
+    eventually(10, lambda: metric_total(leader_url, "permitd_blocked_total") > blocked_before, "the waiter is blocked")
     cluster.kill(leader)
     assert cluster.wait_for_leader() != leader
     first.release()
