@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
+use crate::clock::Clock;
 use crate::config::{ForwardTimings, RaftTimings};
 use crate::credentials::tls::Tls;
 use crate::credentials::{AuthSettings, Secret};
@@ -23,6 +24,7 @@ use crate::observe::event_log::EventLog;
 use crate::raft::election_guard::ElectionGuard;
 use crate::raft::network::Network;
 use crate::raft::Raft;
+use crate::seams::Seams;
 
 /// Everything needed to start one node.
 #[derive(Debug, Clone)]
@@ -53,6 +55,8 @@ pub struct NodeSettings {
     /// Claim deadlines the leader keeps a timer for: those at most this far
     /// ahead (`[limits] reclaim_horizon_ms`; see `leader/reclaim.rs`).
     pub reclaim_horizon: Duration,
+    /// Clock, timer and randomness: the real world's, or the simulator's.
+    pub seams: Seams,
 }
 
 /// Why a node could not start.
@@ -112,6 +116,8 @@ pub struct Node {
     pub leader_contact: Arc<crate::raft::stall_probe::LeaderContact>,
     /// Answers pre-votes; its task decides when this node may stand.
     pub election_guard: Arc<ElectionGuard>,
+    /// Reads usage (lease expiry) at this node's `now`.
+    pub clock: Clock,
 }
 
 impl std::fmt::Debug for Node {
@@ -173,6 +179,7 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
             Duration::from_millis(timings.election_timeout_min_ms),
             Duration::from_millis(timings.election_timeout_max_ms),
         ),
+        settings.seams.rng(RNG_ELECTION_GUARD),
     ));
     {
         let _on_raft_runtime = raft_runtime.enter();
@@ -187,12 +194,14 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
         state.clone(),
         leadership.clone(),
         settings.rounds,
+        &settings.seams,
     );
     crate::leader::reclaim::Reclaimer::start(
         raft.clone(),
         state.clone(),
         leadership.clone(),
         settings.reclaim_horizon,
+        settings.seams.clock.clone(),
     );
     crate::leader::snapshots::start(raft.clone(), settings.id, timings.snapshot_every_ms);
     crate::leader::seed_defaults::start(
@@ -207,7 +216,12 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
     let applied = state.subscribe();
     let applied_at_start = state.last_applied().map_or(0, |log_id| log_id.index);
     let events = EventLog::new(applied_at_start);
-    crate::observe::applied_events::start(state.clone(), events.clone(), applied);
+    crate::observe::applied_events::start(
+        state.clone(),
+        events.clone(),
+        applied,
+        settings.seams.clock.clone(),
+    );
     crate::observe::raft_metrics::start(raft.clone());
     let forward_timings = ForwardTimings::new(timings, settings.rounds.commit_timeout);
     // Dropped before the leader's listener would close it as idle, so no call
@@ -230,6 +244,7 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
         events,
         leader_contact,
         election_guard,
+        clock: settings.seams.clock.clone(),
     }));
     Ok(Started {
         app,
@@ -262,6 +277,9 @@ fn leader_client(
     }
     builder.build()
 }
+
+/// The random stream of the election guard's timeout draws ([`Seams::rng`]).
+const RNG_ELECTION_GUARD: u64 = 1;
 
 /// Idle time before a keep-alive probe of a pooled connection to the leader,
 /// and between probes: the kernel counts them in whole seconds.

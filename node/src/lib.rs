@@ -40,6 +40,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod config_env;
 pub mod credentials;
@@ -47,12 +48,5 @@ pub mod edge;
 pub mod leader;
 pub mod observe;
 pub mod raft;
+pub mod seams;
 pub mod shutdown;
-
-/// Milliseconds since the Unix epoch by this node's clock: the `now` of entries
-/// this node proposes as leader.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as u64)
-}

@@ -68,7 +68,7 @@ const DECODE_APART_BYTES: usize = 64 * 1024;
 
 async fn append(State(app): State<App>, body: Bytes) -> Response {
     // Taken before decoding: a large body decoded apart must not delay it.
-    let arrived = std::time::Instant::now();
+    let arrived = tokio::time::Instant::now();
     // The leader counts as heard until this append has been handled.
     let mut receiving = app.leader_contact.receiving();
     let decoded = if body.len() < DECODE_APART_BYTES {

@@ -42,6 +42,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::clock::Clock;
 use crate::leader::deadlines::Deadlines;
 use crate::leader::leadership::Leadership;
 use crate::leader::propose::propose;
@@ -90,6 +91,8 @@ pub struct Reclaimer {
     scan: Option<Option<Arc<str>>>,
     /// When the next scan starts.
     next_scan: Instant,
+    /// Whose `now` deadlines are compared with and reclaims are stamped with.
+    clock: Clock,
 }
 
 impl std::fmt::Debug for Reclaimer {
@@ -111,6 +114,7 @@ impl Reclaimer {
         state: SharedState,
         leadership: watch::Receiver<Leadership>,
         horizon: Duration,
+        clock: Clock,
     ) {
         let applied = state.subscribe();
         let horizon_ms = u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX);
@@ -124,6 +128,7 @@ impl Reclaimer {
             reclaiming: HashSet::new(),
             scan: None,
             next_scan: Instant::now(),
+            clock,
         };
         tokio::spawn(reclaimer.run(applied));
     }
@@ -192,7 +197,7 @@ impl Reclaimer {
             return None;
         }
         let &deadline_ms = self.deadlines.first()?;
-        let wait_ms = deadline_ms.saturating_sub(crate::now_ms());
+        let wait_ms = deadline_ms.saturating_sub(self.clock.now_ms());
         Some(Instant::now() + Duration::from_millis(wait_ms))
     }
 
@@ -213,7 +218,7 @@ impl Reclaimer {
         let Some(after) = self.scan.take() else {
             return;
         };
-        let horizon_ms = crate::now_ms() + self.horizon_ms;
+        let horizon_ms = self.clock.now_ms() + self.horizon_ms;
         let (due, last) = self.state.read(|semaphores| {
             let slice = semaphores
                 .keys_after(after.as_deref())
@@ -248,7 +253,7 @@ impl Reclaimer {
                 .map(|key| semaphores.next_deadline_ms(key))
                 .collect()
         });
-        let horizon_ms = crate::now_ms() + self.horizon_ms;
+        let horizon_ms = self.clock.now_ms() + self.horizon_ms;
         for (key, deadline_ms) in keys.iter().zip(deadlines) {
             if self.reclaiming.contains(key) {
                 continue;
@@ -264,7 +269,7 @@ impl Reclaimer {
     /// Takes the keys due now (at most one entry's worth) out of the timers and
     /// proposes their reclaim.
     fn fire(&mut self) {
-        let now_ms = crate::now_ms();
+        let now_ms = self.clock.now_ms();
         let mut keys = Vec::new();
         let mut latest_ms = 0;
         while keys.len() < MAX_RECLAIM_KEYS_PER_ENTRY {
@@ -282,8 +287,13 @@ impl Reclaimer {
         tracing::debug!(keys = keys.len(), "reclaim timers fired");
         let raft = self.raft.clone();
         let leadership = self.leadership.clone();
-        self.in_flight
-            .spawn(propose_reclaim(raft, leadership, keys, latest_ms));
+        self.in_flight.spawn(propose_reclaim(
+            raft,
+            leadership,
+            self.clock.clone(),
+            keys,
+            latest_ms,
+        ));
     }
 
     fn cancel_all(&mut self) {
@@ -300,12 +310,13 @@ impl Reclaimer {
 async fn propose_reclaim(
     raft: Raft,
     leadership: watch::Receiver<Leadership>,
+    clock: Clock,
     keys: Vec<String>,
     latest_deadline_ms: u64,
 ) -> Vec<String> {
     loop {
         let command = Command::Reclaim {
-            now_ms: crate::now_ms().max(latest_deadline_ms),
+            now_ms: clock.now_ms().max(latest_deadline_ms),
             keys: keys.clone(),
         };
         match propose(&raft, &leadership, command).await {

@@ -4,7 +4,7 @@
 //! passed in, as in [`super::schedule`], so every rule is unit-tested here and
 //! the async driver (`rounds.rs`) keeps only proposing, locking and sending.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use permitd_core::contract::protocol::{
     BlockedReason, GrantReport, PermitGrant, PermitRequest, PermitSync, PermitSyncResult, V1,
@@ -13,6 +13,7 @@ use permitd_core::limits::MAX_REQUEST_WAIT_MS;
 use permitd_core::Event;
 use permitd_storage::{Command, KeyRound, KeySync};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::round_error::RoundError;
 

@@ -31,7 +31,7 @@
 //! `requestId` is safe).
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use permitd_core::contract::protocol::{PermitGrant, PermitRequest, PermitSync, PermitSyncResult};
 use permitd_core::limits::{
@@ -39,6 +39,7 @@ use permitd_core::limits::{
     MAX_KEYS_PER_ENTRY, MAX_PARKED_BYTES, MAX_PARKED_MESSAGES, MAX_PENDING_REQUESTS_PER_KEY,
 };
 use tokio::sync::{broadcast, oneshot, watch, Notify};
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::leadership::Leadership;
@@ -50,7 +51,9 @@ use super::round_plan::{
 };
 use super::schedule::{Entry, Schedule, ScheduleSettings, Timings};
 use super::timer::PreciseTimer;
+use crate::clock::Clock;
 use crate::raft::Raft;
+use crate::seams::Seams;
 
 /// The leader's bounds on waiting work (`[limits]` of the cluster file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +126,10 @@ struct Inner {
     /// [`PreciseTimer`] wakes it at the schedule's deadlines).
     wake: Arc<Notify>,
     commit_timeout: Duration,
+    /// Stamps each entry's `now` (leases and claim deadlines count from it).
+    clock: Clock,
+    /// Round deadlines on a timerfd ([`PreciseTimer`]) or tokio's timer.
+    precise_timer: bool,
 }
 
 impl Rounds {
@@ -132,6 +139,7 @@ impl Rounds {
         state: permitd_storage::SharedState,
         leadership: watch::Receiver<Leadership>,
         limits: RoundLimits,
+        seams: &Seams,
     ) -> Self {
         let settings = limits.schedule_settings();
         let wake = Arc::new(Notify::new());
@@ -143,6 +151,8 @@ impl Rounds {
                 schedule: Mutex::new(Schedule::new(settings)),
                 wake,
                 commit_timeout: settings.commit_timeout,
+                clock: seams.clock.clone(),
+                precise_timer: seams.precise_timer,
             }),
         };
         tokio::spawn(rounds.clone().drive());
@@ -316,7 +326,7 @@ impl Rounds {
     /// parked once the leader is stalled, then sleeps until the schedule's next
     /// wake-up or until something changes.
     async fn drive(self) {
-        let mut timer = PreciseTimer::register();
+        let mut timer = PreciseTimer::register(self.inner.precise_timer);
         loop {
             let now = Instant::now();
             let (entry, next_wake) = {
@@ -368,7 +378,7 @@ impl Rounds {
         );
         let started = Instant::now();
         let (id, woken_before) = (entry.id, entry.woken_before);
-        let (command, replies) = into_command(entry.syncs, entry.rounds, crate::now_ms());
+        let (command, replies) = into_command(entry.syncs, entry.rounds, self.inner.clock.now_ms());
         crate::observe::metrics::requests_abandoned(replies.abandoned);
         if replies.is_empty() {
             self.end_entry(id);

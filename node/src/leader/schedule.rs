@@ -36,7 +36,9 @@
 //! share.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::deadlines::Deadlines;
 

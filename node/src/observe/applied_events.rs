@@ -9,16 +9,27 @@ use permitd_core::{Event, Usage};
 use permitd_storage::{Applied, SharedState};
 use tokio::sync::broadcast;
 
+use crate::clock::Clock;
 use crate::observe::event_log::EventLog;
 use crate::observe::metrics::UsageGauges;
 
 /// Starts the task on `applied` (the state machine's notices, subscribed before
 /// `log` was made); it ends when the broadcast closes.
-pub fn start(state: SharedState, log: EventLog, applied: broadcast::Receiver<Arc<Applied>>) {
-    tokio::spawn(run(state, log, applied));
+pub fn start(
+    state: SharedState,
+    log: EventLog,
+    applied: broadcast::Receiver<Arc<Applied>>,
+    clock: Clock,
+) {
+    tokio::spawn(run(state, log, applied, clock));
 }
 
-async fn run(state: SharedState, log: EventLog, mut applied: broadcast::Receiver<Arc<Applied>>) {
+async fn run(
+    state: SharedState,
+    log: EventLog,
+    mut applied: broadcast::Receiver<Arc<Applied>>,
+    clock: Clock,
+) {
     let mut gauges = crate::observe::metrics::UsageGauges::default();
     loop {
         match applied.recv().await {
@@ -27,7 +38,7 @@ async fn run(state: SharedState, log: EventLog, mut applied: broadcast::Receiver
                     emit(entry.log_index, key, event);
                 }
                 log.push(&entry);
-                refresh_usage(&state, &mut gauges, &entry.keys);
+                refresh_usage(&state, &clock, &mut gauges, &entry.keys);
             }
             Err(broadcast::error::RecvError::Lagged(missed)) => {
                 tracing::warn!(missed, "applied-entry events skipped: the node fell behind");
@@ -40,12 +51,12 @@ async fn run(state: SharedState, log: EventLog, mut applied: broadcast::Receiver
 
 /// Refreshes the per-key series of the keys an entry touched (the all-keys
 /// totals are added up at each scrape: `metrics::publish_totals`).
-fn refresh_usage(state: &SharedState, gauges: &mut UsageGauges, keys: &[String]) {
+fn refresh_usage(state: &SharedState, clock: &Clock, gauges: &mut UsageGauges, keys: &[String]) {
     let keys: Vec<&String> = keys.iter().filter(|key| gauges.wants(key)).collect();
     if keys.is_empty() {
         return;
     }
-    let now_ms = crate::now_ms();
+    let now_ms = clock.now_ms();
     let usages: Vec<Usage> = state.read(|semaphores| {
         keys.iter()
             .map(|key| semaphores.usage(key, now_ms))

@@ -215,7 +215,7 @@ const TOTALS_REUSED_FOR: Duration = Duration::from_secs(1);
 /// of every key's last usage kept between scrapes (80 B per key). Blocking: at
 /// 100,000 keys it takes a few milliseconds of CPU, at most once per
 /// [`TOTALS_REUSED_FOR`].
-pub fn publish_totals(state: &permitd_storage::SharedState) {
+pub fn publish_totals(state: &permitd_storage::SharedState, clock: &crate::clock::Clock) {
     static LAST_WALK: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
     // Held for the whole walk: concurrent scrapes wait for it and then reuse it.
     let mut last_walk = LAST_WALK
@@ -224,7 +224,7 @@ pub fn publish_totals(state: &permitd_storage::SharedState) {
     if last_walk.is_some_and(|at| at.elapsed() < TOTALS_REUSED_FOR) {
         return;
     }
-    let now_ms = crate::now_ms();
+    let now_ms = clock.now_ms();
     let mut totals = permitd_core::engine::usage::UsageCounts::default();
     let mut after: Option<std::sync::Arc<str>> = None;
     loop {

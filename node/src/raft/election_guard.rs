@@ -49,13 +49,15 @@
 //! leader, as it did when such a node stood for election.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use openraft::{LogId, ServerState};
 use permitd_storage::{codec, NodeId, PeerNode};
+use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::network::Network;
 use super::Raft;
@@ -117,10 +119,9 @@ struct Decision {
 }
 
 /// An election timeout within `[min, max]`, drawn uniformly.
-fn draw_timeout(min: Duration, max: Duration) -> Duration {
-    use rand::Rng;
+fn draw_timeout(rng: &mut impl rand::Rng, min: Duration, max: Duration) -> Duration {
     let (min_ms, max_ms) = (min.as_millis() as u64, max.as_millis() as u64);
-    Duration::from_millis(rand::rng().random_range(min_ms..=max_ms.max(min_ms)))
+    Duration::from_millis(rng.random_range(min_ms..=max_ms.max(min_ms)))
 }
 
 /// The node's guard: its timings and what it heard.
@@ -139,6 +140,8 @@ pub struct ElectionGuard {
     /// True while this node follows a leader it has not heard for longer than
     /// the maximum plus the minimum election timeout.
     leader_silent: watch::Sender<bool>,
+    /// Draws the timeouts: the OS's entropy, or the simulation's seed.
+    rng: Mutex<StdRng>,
 }
 
 impl ElectionGuard {
@@ -146,6 +149,7 @@ impl ElectionGuard {
         id: NodeId,
         contact: Arc<LeaderContact>,
         (heartbeat, timeout_min, timeout_max): (Duration, Duration, Duration),
+        rng: Mutex<StdRng>,
     ) -> Self {
         Self {
             id,
@@ -157,7 +161,16 @@ impl ElectionGuard {
             voted_at_ms: AtomicU64::new(0),
             started: Instant::now(),
             leader_silent: watch::channel(false).0,
+            rng,
         }
+    }
+
+    fn draw_timeout(&self) -> Duration {
+        let mut rng = self
+            .rng
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        draw_timeout(&mut *rng, self.timeout_min, self.timeout_max)
     }
 
     /// Changes when this node's leader goes silent or is heard again.
@@ -293,7 +306,7 @@ impl ElectionGuard {
         }
         let patience = last
             .patience
-            .unwrap_or_else(|| self.timeout_max + draw_timeout(self.timeout_min, self.timeout_max));
+            .unwrap_or_else(|| self.timeout_max + self.draw_timeout());
         let waiting = Decision {
             patience: Some(patience),
             ..last
@@ -324,7 +337,7 @@ impl ElectionGuard {
         // timeout, so two nodes whose campaigns split do not ask in step.
         let next = Decision {
             elect_until: None,
-            ask_after: Some(done + draw_timeout(self.timeout_min, self.timeout_max)),
+            ask_after: Some(done + self.draw_timeout()),
             patience: None,
         };
         if !won {
@@ -472,14 +485,20 @@ mod tests {
     #[test]
     fn a_timeout_lies_within_the_election_timeouts_and_is_drawn_afresh() {
         let (min, max) = (MIN, LEASE);
-        let drawn: Vec<Duration> = (0..200).map(|_| draw_timeout(min, max)).collect();
+        let drawn: Vec<Duration> = (0..200)
+            .map(|_| draw_timeout(&mut rand::rng(), min, max))
+            .collect();
         assert!(drawn.iter().all(|timeout| (min..=max).contains(timeout)));
         let first = drawn[0];
         assert!(
             drawn.iter().any(|timeout| *timeout != first),
             "drawn afresh"
         );
-        assert_eq!(draw_timeout(min, min), min, "an empty range");
+        assert_eq!(
+            draw_timeout(&mut rand::rng(), min, min),
+            min,
+            "an empty range"
+        );
     }
 
     #[test]

@@ -23,10 +23,11 @@
 //! gaps with a high lateness on the follower itself point at the follower.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openraft::Vote;
 use permitd_storage::NodeId;
+use tokio::time::Instant;
 
 use crate::raft::Raft;
 

@@ -2,7 +2,7 @@
 //! Every call needs the admin token (checked by the router's auth layer).
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
@@ -14,6 +14,7 @@ use permitd_core::contract::{
 };
 use permitd_core::InvalidInput;
 use permitd_storage::{Command, NodeId, PeerNode};
+use tokio::time::Instant;
 
 use super::extract::ApiJson;
 use super::semaphores::write;

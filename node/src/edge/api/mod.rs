@@ -174,10 +174,11 @@ async fn require_secret(State(app): State<App>, request: Request, next: Next) ->
     responses((status = 200, description = "Prometheus text.", content_type = "text/plain", body = String)),
 )]
 async fn metrics(State(app): State<App>) -> impl IntoResponse {
-    let state = app.state.clone();
+    let (state, clock) = (app.state.clone(), app.clock.clone());
     // Adding up every key's usage is CPU work: keep it off the async workers.
     if let Err(error) =
-        tokio::task::spawn_blocking(move || crate::observe::metrics::publish_totals(&state)).await
+        tokio::task::spawn_blocking(move || crate::observe::metrics::publish_totals(&state, &clock))
+            .await
     {
         tracing::warn!(%error, "adding up the usage gauges failed");
     }

@@ -129,7 +129,7 @@ pub async fn usage(
 ) -> Result<Json<Usage>, ApiError> {
     validate_key(&key)?;
     linearizable(&app).await?;
-    let now_ms = crate::now_ms();
+    let now_ms = app.clock.now_ms();
     Ok(Json(
         app.state.read(|semaphores| semaphores.usage(&key, now_ms)),
     ))
@@ -250,7 +250,7 @@ pub async fn list(
         .unwrap_or(DEFAULT_LIST_KEYS)
         .clamp(1, MAX_LIST_KEYS);
     linearizable(&app).await?;
-    let now_ms = crate::now_ms();
+    let now_ms = app.clock.now_ms();
     let list = app.state.read(|semaphores| {
         let mut keys: Vec<KeyUsage> = semaphores
             .keys_after(query.after.as_deref())
