@@ -14,7 +14,6 @@ use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
-use crate::clock::Clock;
 use crate::config::{ForwardTimings, RaftTimings};
 use crate::credentials::tls::Tls;
 use crate::credentials::{AuthSettings, Secret};
@@ -116,8 +115,8 @@ pub struct Node {
     pub leader_contact: Arc<crate::raft::stall_probe::LeaderContact>,
     /// Answers pre-votes; its task decides when this node may stand.
     pub election_guard: Arc<ElectionGuard>,
-    /// Reads usage (lease expiry) at this node's `now`.
-    pub clock: Clock,
+    /// Its clock (usage reads count lease expiry from it), blocking work.
+    pub seams: Seams,
 }
 
 impl std::fmt::Debug for Node {
@@ -244,7 +243,7 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
         events,
         leader_contact,
         election_guard,
-        clock: settings.seams.clock.clone(),
+        seams: settings.seams.clone(),
     }));
     Ok(Started {
         app,

@@ -7,7 +7,10 @@
 //! - the round timer: a Linux timerfd in production (sub-millisecond), tokio's
 //!   timer in the simulator, whose paused clock a timerfd cannot see;
 //! - randomness: the election guard's timeout draws, from the OS's entropy or
-//!   from the simulation's seed.
+//!   from the simulation's seed;
+//! - blocking work (parsing or decoding a large body): on tokio's blocking
+//!   threads in production, inline in the simulator, where another thread
+//!   would finish in real time, not in the simulation's.
 //!
 //! Durations and deadlines use `tokio::time::Instant` throughout the node, so
 //! the simulator's paused runtime clock drives them without a seam.
@@ -27,6 +30,8 @@ pub struct Seams {
     pub precise_timer: bool,
     /// Seeds the node's random draws; `None`: the OS's entropy.
     pub seed: Option<u64>,
+    /// Blocking work runs inline, on the calling task ([`Seams::blocking`]).
+    pub inline_blocking: bool,
 }
 
 impl Seams {
@@ -36,6 +41,7 @@ impl Seams {
             clock: Clock::System,
             precise_timer: true,
             seed: None,
+            inline_blocking: false,
         }
     }
 
@@ -48,6 +54,29 @@ impl Seams {
         })
     }
 }
+
+impl Seams {
+    /// Runs `work` off the async workers (production) or inline (the
+    /// simulator). A panic in `work` is an error either way, as a blocking
+    /// task's is.
+    pub async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, BlockingFailed> {
+        if self.inline_blocking {
+            return std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+                .map_err(|_| BlockingFailed("the work panicked".into()));
+        }
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|error| BlockingFailed(error.to_string()))
+    }
+}
+
+/// Blocking work that panicked (or was cancelled at shutdown).
+#[derive(Debug, thiserror::Error)]
+#[error("blocking work failed: {0}")]
+pub struct BlockingFailed(String);
 
 impl Default for Seams {
     fn default() -> Self {

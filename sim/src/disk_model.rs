@@ -105,7 +105,9 @@ fn split(path: &Path) -> io::Result<(PathBuf, String)> {
         .ok_or_else(|| error(io::ErrorKind::InvalidInput, "no file name", &path))?
         .to_string_lossy()
         .into_owned();
-    let parent = path.parent().map_or_else(|| PathBuf::from("/"), Path::to_owned);
+    let parent = path
+        .parent()
+        .map_or_else(|| PathBuf::from("/"), Path::to_owned);
     Ok((parent, name))
 }
 
@@ -151,7 +153,9 @@ impl DiskModel {
                 self.next_inode += 1;
                 let inode = self.next_inode;
                 self.files.insert(inode, FileState::default());
-                self.dir_mut(&parent)?.current.insert(name, Entry::File(inode));
+                self.dir_mut(&parent)?
+                    .current
+                    .insert(name, Entry::File(inode));
                 Ok(inode)
             }
         }
@@ -176,7 +180,9 @@ impl DiskModel {
     /// Reads at `offset`; short at the end of the file.
     pub fn read_at(&self, inode: Inode, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let data = &self.file(inode)?.current;
-        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(data.len());
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(data.len());
         let n = buf.len().min(data.len() - start);
         buf[..n].copy_from_slice(&data[start..start + n]);
         Ok(n)
@@ -249,7 +255,11 @@ impl DiskModel {
     /// The names in a directory, sorted.
     pub fn list(&self, path: &Path) -> io::Result<Vec<(String, Entry)>> {
         let dir = self.dir(&normalize(path))?;
-        Ok(dir.current.iter().map(|(name, entry)| (name.clone(), *entry)).collect())
+        Ok(dir
+            .current
+            .iter()
+            .map(|(name, entry)| (name.clone(), *entry))
+            .collect())
     }
 
     pub fn rename(&mut self, from: &Path, to: &Path) -> io::Result<()> {
@@ -263,8 +273,12 @@ impl DiskModel {
         if let Entry::Dir = entry {
             // Moving a directory moves its subtree of paths.
             let (old, new) = (normalize(from), normalize(to));
-            let moved: Vec<PathBuf> =
-                self.dirs.keys().filter(|dir| dir.starts_with(&old)).cloned().collect();
+            let moved: Vec<PathBuf> = self
+                .dirs
+                .keys()
+                .filter(|dir| dir.starts_with(&old))
+                .cloned()
+                .collect();
             for dir in moved {
                 let state = self.dirs.remove(&dir).expect("listed");
                 let suffix = dir.strip_prefix(&old).expect("under it").to_owned();
@@ -362,7 +376,8 @@ impl DiskModel {
             index += 1;
         }
         self.dirs.retain(|path, _| reachable_dirs.contains(path));
-        self.files.retain(|inode, _| reachable_files.contains(inode));
+        self.files
+            .retain(|inode, _| reachable_files.contains(inode));
     }
 
     /// A name of `inode`, for reports.
@@ -379,7 +394,10 @@ impl DiskModel {
 
     /// Bytes held (current view), for the trace.
     pub fn bytes(&self) -> u64 {
-        self.files.values().map(|file| file.current.len() as u64).sum()
+        self.files
+            .values()
+            .map(|file| file.current.len() as u64)
+            .sum()
     }
 }
 
@@ -413,7 +431,11 @@ mod tests {
         disk.write_at(file, b"synced data", 0).unwrap();
         disk.sync_file(file).unwrap();
         disk.power_cut(None);
-        assert_eq!(disk.lookup(&p("/data")), None, "the dir's own name was never synced");
+        assert_eq!(
+            disk.lookup(&p("/data")),
+            None,
+            "the dir's own name was never synced"
+        );
         assert!(disk.read_at(file, &mut [0; 4], 0).is_err());
     }
 
@@ -458,8 +480,12 @@ mod tests {
         let file = disk.open(&p("/f"), true, true).unwrap();
         disk.write_at(file, b"1234", 0).unwrap();
         disk.faults.full = true;
-        assert_eq!(disk.write_at(file, b"5", 4).unwrap_err().raw_os_error(), Some(28));
-        disk.write_at(file, b"x", 0).expect("an overwrite needs no space");
+        assert_eq!(
+            disk.write_at(file, b"5", 4).unwrap_err().raw_os_error(),
+            Some(28)
+        );
+        disk.write_at(file, b"x", 0)
+            .expect("an overwrite needs no space");
         disk.faults.failing_sync = true;
         assert_eq!(disk.sync_file(file).unwrap_err().raw_os_error(), Some(5));
     }

@@ -36,7 +36,9 @@ impl HttpTransport for SimTransport {
             let response = match deadline {
                 Some(at) => tokio::time::timeout_at(at, exchange)
                     .await
-                    .map_err(|elapsed| TransportError::new(TransportErrorKind::Timeout, elapsed))??,
+                    .map_err(|elapsed| {
+                        TransportError::new(TransportErrorKind::Timeout, elapsed)
+                    })??,
                 None => exchange.await?,
             };
             Ok(response.map(|body| boxed(DeadlineBody::new(body, deadline))))
@@ -51,7 +53,10 @@ async fn exchange(
         .uri()
         .authority()
         .ok_or_else(|| TransportError::new(TransportErrorKind::Request, "no host in the URI"))?;
-    let (host, port) = (authority.host().to_owned(), authority.port_u16().unwrap_or(80));
+    let (host, port) = (
+        authority.host().to_owned(),
+        authority.port_u16().unwrap_or(80),
+    );
     let stream = turmoil::net::TcpStream::connect((host.as_str(), port))
         .await
         .map_err(|error| TransportError::new(TransportErrorKind::Connect, error))?;
@@ -71,7 +76,10 @@ async fn exchange(
 fn with_host_header(mut request: http::Request<Bytes>) -> http::Request<Bytes> {
     if let Some(authority) = request.uri().authority().cloned() {
         if let Ok(value) = http::HeaderValue::from_str(authority.as_str()) {
-            request.headers_mut().entry(http::header::HOST).or_insert(value);
+            request
+                .headers_mut()
+                .entry(http::header::HOST)
+                .or_insert(value);
         }
     }
     request
@@ -107,9 +115,9 @@ impl http_body::Body for DeadlineBody {
                 return Poll::Ready(Some(Err(Box::new(timeout))));
             }
         }
-        Pin::new(&mut self.inner)
-            .poll_frame(cx)
-            .map_err(|error| Box::new(TransportError::new(TransportErrorKind::Exchange, error)) as BoxError)
+        Pin::new(&mut self.inner).poll_frame(cx).map_err(|error| {
+            Box::new(TransportError::new(TransportErrorKind::Exchange, error)) as BoxError
+        })
     }
 
     fn is_end_stream(&self) -> bool {

@@ -74,7 +74,7 @@ async fn append(State(app): State<App>, body: Bytes) -> Response {
     let decoded = if body.len() < DECODE_APART_BYTES {
         codec::decode::<AppendEntriesRequest<TypeConfig>>(&body)
     } else {
-        match tokio::task::spawn_blocking(move || codec::decode(&body)).await {
+        match app.seams.blocking(move || codec::decode(&body)).await {
             Ok(decoded) => decoded,
             Err(error) => {
                 tracing::error!(%error, "decoding an append failed");

@@ -42,7 +42,7 @@ pub async fn post(
             "batch reached without an item gate".into(),
         ));
     };
-    let items = parse_off_the_runtime(body, parse_batch).await?;
+    let items = parse_off_the_runtime(&app, body, parse_batch).await?;
     metrics::counter!("permitd_batch_items_total").increment(items.len() as u64);
     let answers = join_all(items.into_iter().map(|item| answer(&app, &gate, item))).await;
     Ok(Json(BatchResponse {

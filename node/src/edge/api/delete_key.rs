@@ -59,7 +59,7 @@ pub async fn delete_key(
         refuse_in_use(&app, &key, query.request_id.as_deref())?;
     }
     let command = Command::DeleteKey {
-        now_ms: app.clock.now_ms(),
+        now_ms: app.seams.clock.now_ms(),
         key: key.clone(),
         force: query.force,
         request_id: query.request_id.clone(),

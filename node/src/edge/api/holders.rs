@@ -57,7 +57,7 @@ pub async fn force_release(
     validate_key(&key)?;
     validate_client_id(&client_id)?;
     let command = Command::ForceRelease {
-        now_ms: app.clock.now_ms(),
+        now_ms: app.seams.clock.now_ms(),
         key: key.clone(),
         client_id: client_id.clone(),
     };

@@ -174,12 +174,10 @@ async fn require_secret(State(app): State<App>, request: Request, next: Next) ->
     responses((status = 200, description = "Prometheus text.", content_type = "text/plain", body = String)),
 )]
 async fn metrics(State(app): State<App>) -> impl IntoResponse {
-    let (state, clock) = (app.state.clone(), app.clock.clone());
+    let (state, clock) = (app.state.clone(), app.seams.clock.clone());
     // Adding up every key's usage is CPU work: keep it off the async workers.
-    if let Err(error) =
-        tokio::task::spawn_blocking(move || crate::observe::metrics::publish_totals(&state, &clock))
-            .await
-    {
+    let publish = move || crate::observe::metrics::publish_totals(&state, &clock);
+    if let Err(error) = app.seams.blocking(publish).await {
         tracing::warn!(%error, "adding up the usage gauges failed");
     }
     (

@@ -56,7 +56,7 @@ pub async fn post(
     JsonBytes(body): JsonBytes,
 ) -> Result<Json<SemaphoreResponse>, ApiError> {
     validate_key(&key)?;
-    let message = parse_off_the_runtime(body.clone(), parse_request).await?;
+    let message = parse_off_the_runtime(&app, body.clone(), parse_request).await?;
     let answer = deliver(&app, &key, message, body.len()).await?;
     Ok(Json(answer))
 }
@@ -93,6 +93,7 @@ static LARGE_PARSES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(
 
 /// Parses and validates a body with `parse`, large ones on a blocking thread.
 pub(crate) async fn parse_off_the_runtime<T: Send + 'static>(
+    app: &App,
     body: Bytes,
     parse: fn(&[u8]) -> Result<T, InvalidInput>,
 ) -> Result<T, ApiError> {
@@ -103,7 +104,8 @@ pub(crate) async fn parse_off_the_runtime<T: Send + 'static>(
         .acquire()
         .await
         .map_err(|error| ApiError::Internal(error.to_string()))?;
-    tokio::task::spawn_blocking(move || parse(&body))
+    app.seams
+        .blocking(move || parse(&body))
         .await
         .map_err(|error| ApiError::Internal(error.to_string()))?
         .map_err(ApiError::from)
@@ -129,7 +131,7 @@ pub async fn usage(
 ) -> Result<Json<Usage>, ApiError> {
     validate_key(&key)?;
     linearizable(&app).await?;
-    let now_ms = app.clock.now_ms();
+    let now_ms = app.seams.clock.now_ms();
     Ok(Json(
         app.state.read(|semaphores| semaphores.usage(&key, now_ms)),
     ))
@@ -250,7 +252,7 @@ pub async fn list(
         .unwrap_or(DEFAULT_LIST_KEYS)
         .clamp(1, MAX_LIST_KEYS);
     linearizable(&app).await?;
-    let now_ms = app.clock.now_ms();
+    let now_ms = app.seams.clock.now_ms();
     let list = app.state.read(|semaphores| {
         let mut keys: Vec<KeyUsage> = semaphores
             .keys_after(query.after.as_deref())

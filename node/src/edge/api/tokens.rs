@@ -54,7 +54,7 @@ pub async fn create(
     }
     let token = generate_token()?;
     let command = Command::CreateToken {
-        now_ms: app.clock.now_ms(),
+        now_ms: app.seams.clock.now_ms(),
         hash: to_hex(&hash_token(&token)),
         spec,
     };
