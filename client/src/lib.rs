@@ -29,7 +29,7 @@
 //! or a lease (drawn locally) → `Admission::admit` → work → `release` → the
 //! next report returns the permit.
 //!
-//! Every HTTP exchange (calls, probes, event streams) is built in [`outgoing`]
+//! Every HTTP exchange (calls, probes, event streams) is built in `outgoing.rs`
 //! and sent through the client's `permitd_transport::Transport`: by default a
 //! reqwest client built from the [`ClientConfig`], or one given with
 //! [`ClientConfig::with_transport`] (the deterministic simulator's network, a
