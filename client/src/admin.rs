@@ -9,12 +9,12 @@
 //! `next` when more follow; [`SemaphoreClient::keys_page`] asks for one page and
 //! [`SemaphoreClient::keys`] follows `next` to the end.
 
+use http::Method;
 use permitd_core::contract::{paths, ClusterStatus, ErrorCode, KeyList, KeyUsage};
 use permitd_core::engine::delete_key::KeyDeleted;
 use permitd_core::engine::force_release::ForceReleased;
 use permitd_core::engine::holders::KeyHolders;
 use permitd_core::engine::restore::BackupFile;
-use reqwest::Method;
 
 use crate::{ClientError, SemaphoreClient};
 

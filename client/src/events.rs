@@ -7,8 +7,12 @@
 //! with `from = id + 1` (a 410 `too_far_behind` means the node no longer keeps
 //! events that old: re-read the state instead).
 
+use bytes::Bytes;
+use http_body_util::BodyExt;
 use permitd_core::contract::event_stream::STREAM_ERROR_EVENT;
 use permitd_core::contract::{paths, ErrorAnswer};
+use permitd_transport::{Body, TransportError};
+use sync_wrapper::SyncWrapper;
 
 use crate::{ClientError, SemaphoreClient};
 
@@ -30,7 +34,12 @@ pub struct SseMessage {
 /// An open event stream.
 #[derive(Debug)]
 pub struct EventStream {
-    response: reqwest::Response,
+    /// The URL that answered, to name in errors.
+    url: String,
+    /// The answer's body, read as it arrives. A transport's body need not be
+    /// `Sync`; the wrapper keeps the stream `Sync` (it is only read through
+    /// `&mut self`).
+    body: SyncWrapper<Body>,
     parser: SseParser,
 }
 
@@ -50,9 +59,10 @@ impl SemaphoreClient {
         if let Some(from) = from {
             query.push(("from", from.to_string()));
         }
-        let response = self.open_stream(&path, &query).await?;
+        let (url, body) = self.open_stream(&path, &query).await?;
         Ok(EventStream {
-            response,
+            url: url.to_string(),
+            body: SyncWrapper::new(body),
             parser: SseParser::default(),
         })
     }
@@ -69,26 +79,38 @@ impl EventStream {
                 }
                 return Ok(Some(message));
             }
-            let chunk =
-                self.response
-                    .chunk()
-                    .await
-                    .map_err(|error| ClientError::UnexpectedAnswer {
-                        url: self.response.url().to_string(),
-                        reason: format!("the event stream broke: {error}"),
-                    })?;
+            let chunk = self
+                .next_chunk()
+                .await
+                .map_err(|error| ClientError::UnexpectedAnswer {
+                    url: self.url.clone(),
+                    reason: format!("the event stream broke: {error}"),
+                })?;
             match chunk {
                 Some(bytes) => {
                     self.parser
                         .feed(&bytes)
                         .map_err(|reason| ClientError::UnexpectedAnswer {
-                            url: self.response.url().to_string(),
+                            url: self.url.clone(),
                             reason,
                         })?
                 }
                 None => return Ok(None),
             }
         }
+    }
+
+    /// The body's next bytes; `None` at its end. Frames other than data
+    /// (trailers) are skipped.
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
+        let body = self.body.get_mut();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(TransportError::from_body)?;
+            if let Ok(data) = frame.into_data() {
+                return Ok(Some(data));
+            }
+        }
+        Ok(None)
     }
 }
 

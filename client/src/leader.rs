@@ -23,10 +23,14 @@
 
 use std::time::{Duration, Instant};
 
+use http::StatusCode;
 use permitd_core::contract::Readiness;
-use reqwest::{StatusCode, Url};
+use permitd_transport::Transport;
+use url::Url;
 
 use crate::error::ClientError;
+use crate::outgoing::Outgoing;
+
 /// Most endpoints one client remembers (configured plus learned).
 pub const MAX_ENDPOINTS: usize = 64;
 
@@ -137,9 +141,9 @@ impl LeaderHint {
 /// Asks every endpoint's `/readyz` at once, in rounds [`READY_PROBE_INTERVAL_MS`]
 /// apart, until one answers that it knows a leader or `until` passes. Returns
 /// that node and the leader it named. Probes still in flight when one answers
-/// are dropped.
+/// are dropped. Every probe goes through `transport`, the client's.
 pub async fn find_ready(
-    http: &reqwest::Client,
+    transport: &Transport,
     endpoints: &[Endpoint],
     until: Instant,
 ) -> Option<(Endpoint, Option<LeaderHint>)> {
@@ -148,9 +152,9 @@ pub async fn find_ready(
         let round_ends = (Instant::now() + interval).min(until);
         let mut probes = tokio::task::JoinSet::new();
         for endpoint in endpoints {
-            let (http, endpoint) = (http.clone(), endpoint.clone());
+            let (transport, endpoint) = (transport.clone(), endpoint.clone());
             probes.spawn(async move {
-                probe_ready(&http, &endpoint)
+                probe_ready(&transport, &endpoint)
                     .await
                     .map(|hint| (endpoint, hint))
             });
@@ -166,17 +170,17 @@ pub async fn find_ready(
 }
 
 /// `Some(leader)` when `endpoint` is ready (it knows a leader), `None` otherwise.
-async fn probe_ready(http: &reqwest::Client, endpoint: &Endpoint) -> Option<Option<LeaderHint>> {
-    let answer = http
-        .get(endpoint.url(&["readyz"]))
-        .timeout(Duration::from_millis(READY_PROBE_TIMEOUT_MS))
-        .send()
+async fn probe_ready(transport: &Transport, endpoint: &Endpoint) -> Option<Option<LeaderHint>> {
+    let answer = Outgoing::get(&endpoint.url(&["readyz"]))
+        .limit(Duration::from_millis(READY_PROBE_TIMEOUT_MS))
+        .send(transport)
         .await
         .ok()?;
     if answer.status() != StatusCode::OK {
         return None;
     }
-    let ready: Readiness = answer.json().await.ok()?;
+    let body = permitd_transport::collect(answer.into_body()).await.ok()?;
+    let ready: Readiness = serde_json::from_slice(&body).ok()?;
     Some(Some(LeaderHint::NodeId(ready.leader)))
 }
 

@@ -29,8 +29,15 @@
 //! or a lease (drawn locally) → `Admission::admit` → work → `release` → the
 //! next report returns the permit.
 //!
-//! The crate depends on `permitd-core` for the wire types only, never on the
-//! server crates. Errors: [`ClientError`] for calls, [`QueueError`] for the queue.
+//! Every HTTP exchange (calls, probes, event streams) is built in `outgoing.rs`
+//! and sent through the client's `permitd_transport::Transport`: by default a
+//! reqwest client built from the [`ClientConfig`], or one given with
+//! [`ClientConfig::with_transport`] (the deterministic simulator's network, a
+//! test's in-process fake).
+//!
+//! The crate depends on `permitd-core` for the wire types only and on
+//! `permitd-transport` for the HTTP seam, never on the server crates. Errors:
+//! [`ClientError`] for calls, [`QueueError`] for the queue.
 
 pub mod admin;
 pub mod backoff;
@@ -38,6 +45,7 @@ pub mod client;
 pub mod error;
 pub mod events;
 pub mod leader;
+mod outgoing;
 pub mod permit;
 pub mod queue;
 pub mod run;

@@ -1,8 +1,12 @@
 //! [`ClientConfig`]: how a [`SemaphoreClient`](super::SemaphoreClient) reaches
 //! the cluster (endpoints, deadlines, backoff, token, TLS, HTTP version), its
-//! defaults, and the one HTTP client built from it.
+//! defaults, and the one transport every call goes through: the one given, or
+//! the production reqwest client built from it.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use permitd_transport::{ReqwestTransport, Transport};
 
 use crate::backoff::{DEFAULT_INITIAL_DELAY_MS, DEFAULT_MAX_DELAY_MS};
 use crate::error::ClientError;
@@ -41,6 +45,14 @@ pub struct ClientConfig {
     /// with a pool of connections, cheaper for a process with few calls in
     /// flight (docs/operations.md, "HTTP/2" has the measured costs).
     pub http2: bool,
+    /// What carries every HTTP exchange of the client (its calls, probes and
+    /// event streams, and so those of a [`SemaphoreQueue`](crate::SemaphoreQueue)
+    /// built on it). `None`, the default: a reqwest client built from the
+    /// fields above. A given transport is used as it is, so `connect_timeout`,
+    /// `ca_file` and `http2` do not apply to it; attempt limits still do, as
+    /// each request's [`Deadline`](permitd_transport::Deadline). The
+    /// deterministic simulator passes its simulated network here.
+    pub transport: Option<Transport>,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -52,6 +64,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("ca_file", &self.ca_file)
             .field("http2", &self.http2)
+            .field("transport", &self.transport)
             .finish_non_exhaustive()
     }
 }
@@ -69,12 +82,29 @@ impl ClientConfig {
             token: None,
             ca_file: None,
             http2: false,
+            transport: None,
         }
+    }
+
+    /// This configuration, sending through `transport` instead of the reqwest
+    /// client it would build (see [`Self::transport`](#structfield.transport)).
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = Some(transport);
+        self
     }
 }
 
-/// The HTTP client of `config`: trusting only `ca_file` when one is named.
-pub(super) fn http_client(config: &ClientConfig) -> Result<reqwest::Client, ClientError> {
+/// The transport of `config`: the one it names, else the production one.
+pub(super) fn transport(config: &ClientConfig) -> Result<Transport, ClientError> {
+    match &config.transport {
+        Some(transport) => Ok(transport.clone()),
+        None => Ok(Arc::new(ReqwestTransport::new(http_client(config)?))),
+    }
+}
+
+/// The production HTTP client of `config`: trusting only `ca_file` when one is
+/// named. The only code of the crate that uses reqwest.
+fn http_client(config: &ClientConfig) -> Result<reqwest::Client, ClientError> {
     let build = |error: String| ClientError::Build(error);
     let mut builder = reqwest::Client::builder()
         .connect_timeout(config.connect_timeout)

@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use permitd_core::contract::{paths, ClusterStatus};
 
 use super::handle::SemaphoreClient;
-use super::http::{authorized, decode, rejected};
+use super::http::{decode, rejected};
 use crate::error::ClientError;
 use crate::leader::{find_ready, Endpoint, LeaderHint, READY_PROBE_INTERVAL_MS};
+use crate::outgoing::Outgoing;
 
 /// Least time between two rounds of node-id discovery (`/cluster/status`).
 const NODE_ID_DISCOVERY_INTERVAL_MS: u64 = 30_000;
@@ -43,9 +44,10 @@ impl SemaphoreClient {
         let config = &self.inner.config;
         let limit = config.connect_timeout * 3;
         let url = endpoint.url(&paths::segments(paths::CLUSTER_STATUS, &[]));
-        let request = self.inner.http.get(url.clone()).timeout(limit);
-        let response = authorized(request, config.token.as_deref())
-            .send()
+        let response = Outgoing::get(&url)
+            .bearer(config.token.as_deref())
+            .limit(limit)
+            .send(&self.inner.transport)
             .await
             .map_err(|error| ClientError::DeadlineExceeded {
                 deadline: limit,
@@ -53,7 +55,9 @@ impl SemaphoreClient {
                 last: error.to_string(),
             })?;
         let status = response.status();
-        let body = response.bytes().await.unwrap_or_default();
+        let body = permitd_transport::collect(response.into_body())
+            .await
+            .unwrap_or_default();
         if !status.is_success() {
             return Err(rejected(status, &body));
         }
@@ -101,7 +105,7 @@ impl SemaphoreClient {
     pub(super) async fn wait_for_a_ready_node(&self, wake: Instant) {
         let endpoints = self.tracker().endpoints().to_vec();
         let floor = Instant::now() + Duration::from_millis(READY_PROBE_INTERVAL_MS);
-        if let Some((endpoint, hint)) = find_ready(&self.inner.http, &endpoints, wake).await {
+        if let Some((endpoint, hint)) = find_ready(&self.inner.transport, &endpoints, wake).await {
             self.tracker().answered(&endpoint, hint.as_ref());
             // Never faster than one probe interval per retry.
             tokio::time::sleep_until(floor.min(wake).into()).await;

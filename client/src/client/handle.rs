@@ -1,5 +1,5 @@
 //! [`SemaphoreClient`]: the handle a caller clones, and what its clones
-//! share: one HTTP client, the configuration, the leader tracker, each key's
+//! share: one transport, the configuration, the leader tracker, each key's
 //! `nextRequestAt` and the time of the last node-id discovery. The calls
 //! themselves are `impl` blocks in the files beside this one.
 
@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use super::config::{http_client, ClientConfig};
+use permitd_transport::Transport;
+
+use super::config::{transport, ClientConfig};
 use crate::error::ClientError;
 use crate::leader::{parse_endpoints, LeaderTracker};
 
@@ -21,7 +23,8 @@ pub struct SemaphoreClient {
 /// What every clone of one [`SemaphoreClient`] shares.
 #[derive(Debug)]
 pub(super) struct Inner {
-    pub(super) http: reqwest::Client,
+    /// Every HTTP exchange goes through it (`crate::outgoing`).
+    pub(super) transport: Transport,
     pub(super) config: ClientConfig,
     /// A std mutex: held for a pick or an update, never across an await.
     tracker: Mutex<LeaderTracker>,
@@ -39,10 +42,10 @@ impl SemaphoreClient {
             endpoints.extend(parse_endpoints(text)?);
         }
         let tracker = LeaderTracker::new(endpoints)?;
-        let http = http_client(&config)?;
+        let transport = transport(&config)?;
         Ok(Self {
             inner: Arc::new(Inner {
-                http,
+                transport,
                 config,
                 tracker: Mutex::new(tracker),
                 next_request_at_ms: Mutex::new(HashMap::new()),

@@ -1,16 +1,17 @@
 //! What one HTTP exchange with a node needs, as plain functions of the request
-//! and the answer: the URL with its query, the bearer token, the answer's
-//! leader hint and `Retry-After`, which statuses are worth a retry, and how a
+//! and the answer: the URL with its query, the answer's leader hint and `Retry-After`, which statuses are worth a retry, and how a
 //! body becomes a value or a [`ClientError`].
 //!
 //! They live in one place so that the call loop (`retry.rs`), the direct
 //! status probes (`discovery.rs`) and the event stream (`stream.rs`) build
-//! requests and read answers alike.
+//! requests and read answers alike; the request itself is built and sent by
+//! [`crate::outgoing`].
 
+use http::header::{HeaderMap, RETRY_AFTER};
+use http::StatusCode;
 use permitd_core::contract::{headers, ErrorAnswer};
-use reqwest::header::{HeaderMap, RETRY_AFTER};
-use reqwest::{RequestBuilder, StatusCode, Url};
 use serde::de::DeserializeOwned;
+use url::Url;
 
 use crate::error::ClientError;
 use crate::leader::{Endpoint, LeaderHint};
@@ -26,14 +27,6 @@ pub(super) fn url_of(endpoint: &Endpoint, path: &[String], query: &[(&str, Strin
         url.query_pairs_mut().extend_pairs(query);
     }
     url
-}
-
-/// `builder` carrying `token` as `Authorization: Bearer …`, when there is one.
-pub(super) fn authorized(builder: RequestBuilder, token: Option<&str>) -> RequestBuilder {
-    match token {
-        Some(token) => builder.bearer_auth(token),
-        None => builder,
-    }
 }
 
 /// The leader the answering node named in `x-permitd-leader`.

@@ -9,20 +9,29 @@
 //! all (not a 429), the first few retries may go sooner to a node a readiness
 //! probe found (`discovery.rs`). Every other answer ends the call. The deadline
 //! is checked before sleeping, so a call never sleeps past it.
+//!
+//! An attempt that got no answer is retried whatever the transport's
+//! [`TransportErrorKind`](permitd_transport::TransportErrorKind): `Connect`
+//! (not delivered: another node is asked), `Timeout` (the attempt's
+//! `Deadline` passed), `Exchange` (the connection broke, maybe after the node
+//! took the call: safe to repeat, see the module docs of `client`) and
+//! `Request` (the request could not be built, as reqwest's builder errors
+//! always were).
 
 use std::time::{Duration, Instant};
 
-use reqwest::{Method, StatusCode, Url};
+use bytes::Bytes;
+use http::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use url::Url;
 
 use super::handle::SemaphoreClient;
-use super::http::{
-    authorized, decode, is_retryable, leader_hint, rejected, retry_after_ms, url_of,
-};
+use super::http::{decode, is_retryable, leader_hint, rejected, retry_after_ms, url_of};
 use crate::backoff::Backoff;
 use crate::error::ClientError;
 use crate::leader::{Endpoint, LeaderHint};
+use crate::outgoing::Outgoing;
 
 /// Retries of one call that may skip their backoff because a readiness probe
 /// found a node to ask; later retries back off in full (a node that is ready but
@@ -31,7 +40,7 @@ const MAX_PROBED_RETRIES: u32 = 5;
 
 /// What one attempt came to.
 enum Attempt {
-    Done(Result<Vec<u8>, ClientError>),
+    Done(Result<Bytes, ClientError>),
     Retry(Retry),
 }
 
@@ -110,12 +119,13 @@ impl SemaphoreClient {
         query: &[(&str, String)],
         body: Option<&B>,
         deadline: Instant,
-    ) -> Result<(Url, Vec<u8>), ClientError> {
+    ) -> Result<(Url, Bytes), ClientError> {
         let config = &self.inner.config;
         let body = body
             .map(serde_json::to_vec)
             .transpose()
-            .expect("protocol values always serialise");
+            .expect("protocol values always serialise")
+            .map(Bytes::from);
         let mut backoff = Backoff::new(config.backoff_initial_ms, config.backoff_max_ms);
         let mut attempts = 0u32;
         loop {
@@ -125,7 +135,7 @@ impl SemaphoreClient {
             let timeout = remaining.min(config.attempt_timeout);
             let url = url_of(&endpoint, path, query);
             let attempt = self
-                .attempt(&endpoint, method.clone(), &url, body.as_deref(), timeout)
+                .attempt(&endpoint, method.clone(), &url, body.clone(), timeout)
                 .await;
             let retry = match attempt {
                 Attempt::Done(Ok(answer)) => return Ok((url, answer)),
@@ -156,21 +166,16 @@ impl SemaphoreClient {
         endpoint: &Endpoint,
         method: Method,
         url: &Url,
-        body: Option<&[u8]>,
+        body: Option<Bytes>,
         timeout: Duration,
     ) -> Attempt {
-        let mut request = self
-            .inner
-            .http
-            .request(method, url.clone())
-            .timeout(timeout);
+        let mut request = Outgoing::new(method, url)
+            .bearer(self.inner.config.token.as_deref())
+            .limit(timeout);
         if let Some(body) = body {
-            request = request
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.to_vec());
+            request = request.json(body);
         }
-        let token = self.inner.config.token.as_deref();
-        let response = match authorized(request, token).send().await {
+        let response = match request.send(&self.inner.transport).await {
             Ok(response) => response,
             Err(error) => {
                 let reason = format!("{endpoint:?}: {error}", endpoint = endpoint.as_str());
@@ -180,8 +185,8 @@ impl SemaphoreClient {
         let status = response.status();
         let hint = leader_hint(response.headers());
         let retry_after_ms = retry_after_ms(response.headers());
-        match response.bytes().await {
-            Ok(body) => self.judge(endpoint, status, hint, retry_after_ms, body.to_vec()),
+        match permitd_transport::collect(response.into_body()).await {
+            Ok(body) => self.judge(endpoint, status, hint, retry_after_ms, body),
             Err(error) => {
                 let reason = format!("{}: reading the answer: {error}", endpoint.as_str());
                 self.unreachable(endpoint, hint.as_ref(), reason)
@@ -198,7 +203,7 @@ impl SemaphoreClient {
         status: StatusCode,
         hint: Option<LeaderHint>,
         retry_after_ms: Option<u64>,
-        body: Vec<u8>,
+        body: Bytes,
     ) -> Attempt {
         if is_retryable(status) {
             let overloaded = status == StatusCode::TOO_MANY_REQUESTS;

@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use http::Method;
 use permitd_core::contract::batch::{BatchItem, BatchItemAnswer, BatchRequest, BatchResponse};
 use permitd_core::contract::paths;
 use permitd_core::contract::protocol::{
@@ -16,7 +17,6 @@ use permitd_core::contract::protocol::{
     V1,
 };
 use permitd_core::Usage;
-use reqwest::Method;
 
 use super::handle::SemaphoreClient;
 use crate::error::ClientError;

@@ -9,10 +9,10 @@
 //! than configure it (key listing, holders, force release, cluster status,
 //! initialisation, membership, backups), are in [`crate::admin`].
 
+use http::Method;
 use permitd_core::contract::paths;
 use permitd_core::tokens::{CreatedToken, TokenInfo, TokenList, TokenSpec};
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate};
-use reqwest::Method;
 
 use super::handle::SemaphoreClient;
 use crate::error::ClientError;
