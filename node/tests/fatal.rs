@@ -50,6 +50,7 @@ async fn a_stopped_raft_core_fails_healthz_and_ends_the_wait() {
         reclaim_horizon: std::time::Duration::from_millis(
             permitd_node::leader::reclaim::DEFAULT_HORIZON_MS,
         ),
+        transport: None,
     };
     let raft_runtime = permitd_node::raft::runtime::RaftRuntime::start().expect("raft runtime");
     let started = app::start(&settings, &raft_runtime.handle())

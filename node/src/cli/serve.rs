@@ -129,6 +129,7 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         rounds: config.limits.rounds(),
         edge: config.limits.edge(),
         reclaim_horizon: Duration::from_millis(config.limits.reclaim_horizon_ms),
+        transport: None,
     })
 }
 
@@ -165,6 +166,7 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         rounds: crate::leader::rounds::RoundLimits::default(),
         edge: EdgeLimits::default(),
         reclaim_horizon: Duration::from_millis(crate::leader::reclaim::DEFAULT_HORIZON_MS),
+        transport: None,
     })
 }
 
