@@ -254,10 +254,9 @@ async fn forward(to: &ToLeader, base: &str, request: Request) -> Result<Response
     let may_wait = to.may_wait(&mut parts, &body).await;
     let deadline = Deadline(deadline(&to.timings, may_wait, body.len()));
     let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
-    let outgoing = outgoing(&parts, format!("{base}{path}"), body, deadline);
-    let sent = match outgoing {
+    let sent = match outgoing(&parts, format!("{base}{path}"), body, deadline) {
         Ok(outgoing) => to.transport.send(outgoing).await,
-        Err(error) => Err(error),
+        Err(unbuildable) => Err(unbuildable),
     };
     let answer = sent.map_err(|error| {
         tracing::warn!(%error, base, "forwarding to the leader failed");
@@ -292,9 +291,11 @@ fn outgoing(
 
 /// The leader's answer, as this node gives it: its status, the headers that
 /// travel back ([`RESPONSE_HEADERS`], [`headers::LEADER`]) and its body, read
-/// whole within the call's deadline. An answer cut off mid-body is a failure
-/// of the call (and of reaching the leader), as a missing one is, not a
-/// truncated answer.
+/// whole within the call's deadline. Read here rather than streamed through:
+/// an answer cut off mid-body then fails the call with a 503, as a missing
+/// answer does, instead of reaching the client truncated under a 200. (Only
+/// leader-only calls are forwarded, whose answers are whole JSON documents;
+/// `/v1/events` is answered by the node called.)
 async fn relay(answer: axum::http::Response<permitd_transport::Body>) -> Result<Response, Failure> {
     let (parts, body) = answer.into_parts();
     let mut headers = Vec::new();
