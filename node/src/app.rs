@@ -1,5 +1,5 @@
 //! One running node: storage opened, Raft started, the leader-side tasks spawned,
-//! both HTTP listeners serving. [`App`] is the state every handler shares.
+//! both HTTP listeners bound ([`start`]; [`start_unbound`] binds none). [`App`] is the state every handler shares.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,6 +10,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use permitd_core::KeyConfig;
 use permitd_storage::{NodeId, PeerNode, SharedState};
+use permitd_transport::{ReqwestTransport, Transport};
 use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
@@ -98,8 +99,9 @@ pub struct Node {
     pub state: SharedState,
     pub leadership: watch::Receiver<Leadership>,
     pub rounds: Rounds,
-    /// The pooled client followers forward leader-only calls with.
-    pub leader_client: reqwest::Client,
+    /// What followers forward leader-only calls with: the pooled client to
+    /// the leader, unless a transport was injected.
+    pub leader_transport: Transport,
     /// Its limits, and how long a forwarded call may take (`edge/api/forward/`).
     pub forward_timings: ForwardTimings,
     pub secret: Secret,
@@ -136,12 +138,28 @@ pub struct Started {
     pub raft_listener: TcpListener,
 }
 
-/// Opens storage, starts Raft and the leader-side tasks, binds both listeners.
-/// openraft's tasks, the election guard and the Raft probes are spawned on
-/// `raft_runtime` ([`crate::raft::runtime`]); the rest on the caller's runtime.
+/// Binds both listeners, then starts the node ([`start_unbound`]). Bound
+/// first, so an address in use fails before the data dir is opened.
 pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Started, StartError> {
     let api_listener = bind(&settings.api_addr).await?;
     let raft_listener = bind(&settings.raft_addr).await?;
+    let app = start_unbound(settings, raft_runtime).await?;
+    Ok(Started {
+        app,
+        api_listener,
+        raft_listener,
+    })
+}
+
+/// Opens storage, starts Raft and the leader-side tasks; listens nowhere.
+/// The caller serves the routers (`edge::api`) on the connections it accepts
+/// (`edge::connection`): [`start`]'s listeners, or the simulator's.
+/// openraft's tasks, the election guard and the Raft probes are spawned on
+/// `raft_runtime` ([`crate::raft::runtime`]); the rest on the caller's runtime.
+pub async fn start_unbound(
+    settings: &NodeSettings,
+    raft_runtime: &Handle,
+) -> Result<App, StartError> {
     let options = permitd_storage::Options::new(settings.data_dir.clone());
     // On the Raft runtime: the WAL's sync thread starts from the thread that
     // opens the store and inherits its CPU priority, which must be Raft's.
@@ -151,16 +169,20 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
         .map_err(|error| StartError::Storage(error.to_string()))?
         .map_err(|error| StartError::Storage(error.to_string()))?;
     let timings = &settings.timings;
+    let rpc_timeout = Duration::from_millis(timings.rpc_timeout_ms);
+    let tls = settings.tls.as_ref();
     let network = Network::new(
         settings.id,
         settings.secret.clone(),
         (
-            Duration::from_millis(timings.rpc_timeout_ms),
+            rpc_timeout,
             Duration::from_millis(timings.heartbeat_interval_ms),
         ),
-        settings.tls.as_ref(),
-        settings.peer_source_ip,
-    )?;
+        crate::credentials::tls::scheme(tls),
+        transport_or(&settings.seams.transport, || {
+            crate::raft::network::client(rpc_timeout, tls, settings.peer_source_ip)
+        })?,
+    );
     let config = Arc::new(raft_config(settings.id, timings)?);
     let (id, raft_network) = (settings.id, network.clone());
     let (log, state_machine) = (opened.log, opened.state_machine);
@@ -226,13 +248,16 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
     // Dropped before the leader's listener would close it as idle, so no call
     // is sent on a connection the leader is closing.
     let pool_idle = settings.edge.header_read_timeout / 2;
-    let app = App(Arc::new(Node {
+    let leader_transport = transport_or(&settings.seams.transport, || {
+        leader_client(&forward_timings, pool_idle, tls)
+    })?;
+    Ok(App(Arc::new(Node {
         id: settings.id,
         raft,
         state,
         leadership,
         rounds,
-        leader_client: leader_client(&forward_timings, pool_idle, settings.tls.as_ref())?,
+        leader_transport,
         forward_timings,
         secret: settings.secret.clone(),
         auth: Arc::new(settings.auth.clone()),
@@ -244,21 +269,28 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
         leader_contact,
         election_guard,
         seams: settings.seams.clone(),
-    }));
-    Ok(Started {
-        app,
-        api_listener,
-        raft_listener,
-    })
+    })))
+}
+
+/// The injected transport, else the production client `build` makes.
+fn transport_or(
+    injected: &Option<Transport>,
+    build: impl FnOnce() -> Result<reqwest::Client, reqwest::Error>,
+) -> Result<Transport, StartError> {
+    match injected {
+        Some(transport) => Ok(transport.clone()),
+        None => Ok(Arc::new(ReqwestTransport::new(build()?))),
+    }
 }
 
 /// The HTTP client followers forward with (`edge/api/forward/`); one
 /// connection pool per node. With `tls`, the leader is reached over HTTPS,
 /// trusting only the cluster CA. Built here, with the node's other clients, so
-/// the edge gets it handed in. A path to the leader that stops delivering fails
-/// a call within `timings.reach`: the connect timeout, `TCP_USER_TIMEOUT` for
-/// what was sent and not acknowledged, and keep-alive probes on an idle
-/// connection. Each call sets its own deadline (`forward/deadline.rs`).
+/// the edge gets it handed in (as a [`Transport`]). A path to the leader that
+/// stops delivering fails a call within `timings.reach`: the connect timeout,
+/// `TCP_USER_TIMEOUT` for what was sent and not acknowledged, and keep-alive
+/// probes on an idle connection. Each call sets its own deadline
+/// (`forward/deadline.rs`).
 fn leader_client(
     timings: &ForwardTimings,
     pool_idle: Duration,

@@ -3,6 +3,9 @@
 //! has one obvious default: [`Seams::production`].
 //!
 //! Each seam is the narrowest point at which the world enters:
+//! - the network: every outgoing call (Raft RPC, pre-votes, forwarding to the
+//!   leader, its readiness probe) through a `permitd_transport::Transport`:
+//!   the production HTTP clients `app.rs` builds, or the simulated network;
 //! - the wall clock ([`Clock`]): entries' `now`, lease expiry in usage reads;
 //! - the round timer: a Linux timerfd in production (sub-millisecond), tokio's
 //!   timer in the simulator, whose paused clock a timerfd cannot see;
@@ -17,6 +20,7 @@
 
 use std::sync::Mutex;
 
+use permitd_transport::Transport;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -32,6 +36,9 @@ pub struct Seams {
     pub seed: Option<u64>,
     /// Blocking work runs inline, on the calling task ([`Seams::blocking`]).
     pub inline_blocking: bool,
+    /// What every outgoing call is sent through; `None`: the production
+    /// HTTP clients built from the node's settings (TLS, timeouts).
+    pub transport: Option<Transport>,
 }
 
 impl Seams {
@@ -42,6 +49,7 @@ impl Seams {
             precise_timer: true,
             seed: None,
             inline_blocking: false,
+            transport: None,
         }
     }
 

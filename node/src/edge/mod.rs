@@ -1,8 +1,11 @@
 //! The HTTP edge: everything between a socket and the node.
 //!
-//! - [`serve`]: the accept loop of both listeners (TLS handshake, timeouts,
-//!   connection limit, graceful stop), with [`http2`] for HTTP/2 connections;
-//!   both serve the router wrapped as `service.rs` builds it;
+//! - [`serve`]: the accept loop of both listeners (connection limit, waiting
+//!   for the open connections when stopped);
+//! - [`connection`]: one accepted connection of any stream type, a TCP one or
+//!   the simulator's (TLS handshake, timeouts, graceful stop), with [`http2`]
+//!   for HTTP/2 connections; both serve the router wrapped as `service.rs`
+//!   builds it;
 //! - [`api`]: the public and internal routers and their handlers, including
 //!   forwarding to the leader ([`api::forward`]);
 //! - [`auth`]: who may call what (tokens and roles), checked on the leader;
@@ -16,8 +19,11 @@
 
 pub mod api;
 pub mod auth;
+pub mod connection;
 pub mod error;
 pub mod http2;
+#[cfg(test)]
+mod in_memory;
 pub mod raft_inbound;
 pub mod serve;
 mod service;

@@ -1,8 +1,11 @@
-//! Outbound Raft RPCs: openraft's `RaftNetworkFactory` over one pooled HTTP client.
+//! Outbound Raft RPCs: openraft's `RaftNetworkFactory` over one
+//! [`Transport`]: in production a pooled HTTP client ([`client`]), in the
+//! simulator its simulated network.
 //!
 //! Error mapping follows openraft's examples: a peer we cannot connect to is
-//! `Unreachable` (openraft backs off), any other transport failure is a
-//! `NetworkError`, and an error the peer's Raft answered is a `RemoteError`.
+//! `Unreachable` (openraft backs off), any other transport failure (a timeout
+//! included) is a `NetworkError`, and an error the peer's Raft answered is a
+//! `RemoteError`.
 //!
 //! Appends that carry entries get a deadline that fits their size. openraft 0.9
 //! gives every AppendEntries call one heartbeat interval (40 ms by default) and
@@ -25,6 +28,8 @@
 
 use std::time::Duration;
 
+use axum::body::Bytes;
+use axum::http::{header, Request, StatusCode};
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
     Unreachable,
@@ -37,6 +42,7 @@ use openraft::raft::{
 use openraft::{LogId, Vote};
 use permitd_core::contract::headers;
 use permitd_storage::{codec, NodeId, PeerNode, TypeConfig};
+use permitd_transport::{Deadline, Transport, TransportError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -61,10 +67,11 @@ pub fn append_timeout(rpc_timeout: Duration, bytes: usize) -> Duration {
     rpc_timeout + Duration::from_millis(extra_ms)
 }
 
-/// Creates connections to peers; they share one client, hence one connection pool.
+/// Creates connections to peers; they share one transport, hence (in
+/// production) one connection pool.
 #[derive(Debug, Clone)]
 pub struct Network {
-    client: reqwest::Client,
+    transport: Transport,
     /// This node, named in [`headers::SENDER`].
     id: NodeId,
     secret: Secret,
@@ -79,34 +86,46 @@ pub struct Network {
 }
 
 impl Network {
-    /// With `tls`, peers are called over HTTPS, verified against the cluster CA,
-    /// with this node's certificate as client certificate. A peer that
+    /// Calls peers at `scheme://raft_addr` through `transport`. A peer that
     /// refused a connection is called again after `retry_unreachable`.
     pub fn new(
         id: NodeId,
         secret: Secret,
         (rpc_timeout, retry_unreachable): (Duration, Duration),
-        tls: Option<&crate::credentials::tls::Tls>,
-        source_ip: Option<std::net::IpAddr>,
-    ) -> Result<Self, reqwest::Error> {
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(rpc_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .local_address(source_ip)
-            .tcp_nodelay(true);
-        if let Some(tls) = tls {
-            builder = tls.client(builder)?;
-        }
-        Ok(Self {
-            client: builder.build()?,
+        scheme: &'static str,
+        transport: Transport,
+    ) -> Self {
+        Self {
+            transport,
             id,
             secret,
             rpc_timeout,
             retry_unreachable,
-            scheme: crate::credentials::tls::scheme(tls),
+            scheme,
             peer_logs: PeerLogs::default(),
-        })
+        }
     }
+}
+
+/// The production client of Raft RPC. With `tls`, peers are called over HTTPS,
+/// verified against the cluster CA, with this node's certificate as client
+/// certificate; `source_ip` is the local address of its connections
+/// (`peer_source_ip`). A connection attempt gets `rpc_timeout`; each call sets
+/// its own deadline.
+pub fn client(
+    rpc_timeout: Duration,
+    tls: Option<&crate::credentials::tls::Tls>,
+    source_ip: Option<std::net::IpAddr>,
+) -> Result<reqwest::Client, reqwest::Error> {
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(rpc_timeout)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .local_address(source_ip)
+        .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        builder = tls.client(builder)?;
+    }
+    builder.build()
 }
 
 impl Network {
@@ -349,28 +368,19 @@ where
     Err: std::error::Error + DeserializeOwned,
 {
     let url = format!("{}://{}/raft/{path}", network.scheme, target_node.raft_addr);
-    let response = network
-        .client
-        .post(url)
+    let mut request = Request::post(url)
         .header(SECRET_HEADER, bearer(network.secret.expose()))
         .header(headers::SENDER, network.id)
-        .header(reqwest::header::CONTENT_TYPE, codec::CONTENT_TYPE)
-        .timeout(timeout)
-        .body(body)
-        .send()
-        .await
-        .map_err(|error| {
-            if error.is_connect() {
-                RPCError::Unreachable(Unreachable::new(&error))
-            } else {
-                RPCError::Network(NetworkError::new(&error))
-            }
-        })?;
-    let response = response
-        .error_for_status()
+        .header(header::CONTENT_TYPE, codec::CONTENT_TYPE)
+        .body(Bytes::from(body))
         .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-    let bytes = response
-        .bytes()
+    request.extensions_mut().insert(Deadline(timeout));
+    let response = network.transport.send(request).await.map_err(unsent)?;
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        return Err(RPCError::Network(NetworkError::new(&Refused(status))));
+    }
+    let bytes = permitd_transport::collect(response.into_body())
         .await
         .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
     let answer: Result<Resp, Err> =
@@ -383,6 +393,22 @@ where
         ))
     })
 }
+
+/// A call that got no answer: `Unreachable` when no connection could be
+/// made (openraft backs off before the next call), else a `NetworkError`.
+fn unsent<Err: std::error::Error>(error: TransportError) -> RPCError<NodeId, PeerNode, Err> {
+    if error.is_connect() {
+        RPCError::Unreachable(Unreachable::new(&error))
+    } else {
+        RPCError::Network(NetworkError::new(&error))
+    }
+}
+
+/// A peer answered with an HTTP error (its secret check, its body limit)
+/// instead of its Raft's answer.
+#[derive(Debug, thiserror::Error)]
+#[error("the peer answered HTTP {0}")]
+struct Refused(StatusCode);
 
 impl RaftNetwork<TypeConfig> for Connection {
     /// openraft 0.9 waits 500 ms by default before it calls an unreachable
@@ -465,15 +491,17 @@ mod tests {
     }
 
     /// A peer nobody listens on: nothing here may reach it.
+    /// Through the production transport, as the node builds it.
     fn nowhere() -> Connection {
+        let rpc_timeout = Duration::from_secs(1);
+        let client = client(rpc_timeout, None, None).expect("client builds");
         let network = Network::new(
             1,
             Secret::from("secret"),
-            (Duration::from_secs(1), Duration::from_millis(40)),
-            None,
-            None,
-        )
-        .expect("client builds");
+            (rpc_timeout, Duration::from_millis(40)),
+            "http",
+            Arc::new(permitd_transport::ReqwestTransport::new(client)),
+        );
         let node = PeerNode {
             api_addr: "127.0.0.1:9".into(),
             raft_addr: "127.0.0.1:9".into(),

@@ -23,16 +23,17 @@ pub mod reach;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{to_bytes, Body};
+use axum::body::{to_bytes, Body, Bytes};
 use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use permitd_core::contract::{headers, paths};
 use permitd_core::limits::MAX_BODY_BYTES;
 
 use permitd_storage::{NodeId, PeerNode, SharedState};
+use permitd_transport::{Deadline, Transport, TransportError, TransportErrorKind};
 use tokio::sync::watch;
 
 use self::deadline::{deadline, may_wait, Call};
@@ -64,9 +65,10 @@ pub struct ToLeader {
     /// The replicated state: a key's round timings bound how long its calls
     /// may wait ([`deadline::may_wait`]).
     pub state: SharedState,
-    /// The node's pooled client to the leader (TLS-configured when the cluster
-    /// uses TLS; built in `app.rs`, with the limits of [`deadline`]).
-    pub client: reqwest::Client,
+    /// What calls reach the leader through: the node's pooled client to the
+    /// leader (TLS-configured when the cluster uses TLS; built in `app.rs`,
+    /// with the limits of [`deadline`]), or the simulator's network.
+    pub transport: Transport,
     pub timings: ForwardTimings,
     /// What calls and probes last found about reaching the leader.
     pub reach: Arc<LeaderReach>,
@@ -89,7 +91,7 @@ impl ToLeader {
             raft: app.raft.clone(),
             scheme: app.scheme,
             state: app.state.clone(),
-            client: app.leader_client.clone(),
+            transport: app.leader_transport.clone(),
             timings: app.forward_timings,
             reach: Arc::default(),
         });
@@ -155,7 +157,7 @@ async fn probe_leader(to: Arc<ToLeader>) {
         let leader = now.leader.filter(|_| !now.is_leader);
         if let Some(leader) = leader.filter(|leader| to.reach.due(*leader, to.timings.reach)) {
             let contact = match to.base_of(leader) {
-                Some(base) => reach::probe(&to.client, &base, 2 * to.timings.reach).await,
+                Some(base) => reach::probe(&to.transport, &base, 2 * to.timings.reach).await,
                 None => Contact::Unreached,
             };
             to.reach.record(leader, contact);
@@ -226,11 +228,10 @@ enum Failure {
 }
 
 impl Failure {
-    fn of(error: &reqwest::Error) -> Self {
-        if error.is_timeout() || error.is_connect() {
-            Self::Unreached
-        } else {
-            Self::Dropped
+    fn of(error: &TransportError) -> Self {
+        match error.kind {
+            TransportErrorKind::Timeout | TransportErrorKind::Connect => Self::Unreached,
+            TransportErrorKind::Request | TransportErrorKind::Exchange => Self::Dropped,
         }
     }
 
@@ -251,39 +252,65 @@ async fn forward(to: &ToLeader, base: &str, request: Request) -> Result<Response
         })
     })?;
     let may_wait = to.may_wait(&mut parts, &body).await;
+    let deadline = Deadline(deadline(&to.timings, may_wait, body.len()));
     let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
-    let mut outgoing = to
-        .client
-        .request(parts.method.clone(), format!("{base}{path}"))
-        .timeout(deadline(&to.timings, may_wait, body.len()))
-        .header(headers::FORWARDED, "1")
-        .body(body);
-    for name in REQUEST_HEADERS {
-        if let Some(value) = parts.headers.get(name) {
-            outgoing = outgoing.header(name, value);
-        }
-    }
-    let answer = outgoing.send().await.map_err(|error| {
+    let sent = match outgoing(&parts, format!("{base}{path}"), body, deadline) {
+        Ok(outgoing) => to.transport.send(outgoing).await,
+        Err(unbuildable) => Err(unbuildable),
+    };
+    let answer = sent.map_err(|error| {
         tracing::warn!(%error, base, "forwarding to the leader failed");
         Failure::of(&error)
     })?;
     relay(answer).await
 }
 
-async fn relay(answer: reqwest::Response) -> Result<Response, Failure> {
-    let status = StatusCode::from_u16(answer.status().as_u16())
-        .map_err(|error| Failure::Refused(ApiError::Internal(error.to_string())))?;
+/// The call as it goes to the leader: marked forwarded, with the headers
+/// that travel ([`REQUEST_HEADERS`]), within `deadline`.
+fn outgoing(
+    parts: &Parts,
+    uri: String,
+    body: Bytes,
+    deadline: Deadline,
+) -> Result<axum::http::Request<Bytes>, TransportError> {
+    let uri = Uri::try_from(uri)
+        .map_err(|error| TransportError::new(TransportErrorKind::Request, error))?;
+    let mut outgoing = axum::http::Request::new(body);
+    *outgoing.method_mut() = parts.method.clone();
+    *outgoing.uri_mut() = uri;
+    let headers = outgoing.headers_mut();
+    headers.insert(headers::FORWARDED, HeaderValue::from_static("1"));
+    for name in REQUEST_HEADERS {
+        if let Some(value) = parts.headers.get(name) {
+            headers.insert(name, value.clone());
+        }
+    }
+    outgoing.extensions_mut().insert(deadline);
+    Ok(outgoing)
+}
+
+/// The leader's answer, as this node gives it: its status, the headers that
+/// travel back ([`RESPONSE_HEADERS`], [`headers::LEADER`]) and its body, read
+/// whole within the call's deadline. Read here rather than streamed through:
+/// an answer cut off mid-body then fails the call with a 503, as a missing
+/// answer does, instead of reaching the client truncated under a 200. (Only
+/// leader-only calls are forwarded, whose answers are whole JSON documents;
+/// `/v1/events` is answered by the node called.)
+async fn relay(answer: axum::http::Response<permitd_transport::Body>) -> Result<Response, Failure> {
+    let (parts, body) = answer.into_parts();
     let mut headers = Vec::new();
     for name in RESPONSE_HEADERS
         .iter()
         .chain([&HeaderName::from_static(headers::LEADER)])
     {
-        if let Some(value) = answer.headers().get(name) {
+        if let Some(value) = parts.headers.get(name) {
             headers.push((name.clone(), value.clone()));
         }
     }
-    let body = answer.bytes().await.map_err(|error| Failure::of(&error))?;
-    let mut response = (status, Body::from(body)).into_response();
+    let body = permitd_transport::collect(body)
+        .await
+        .map_err(|error| Failure::of(&error))?;
+    let mut response = (parts.status, Body::from(body)).into_response();
     response.headers_mut().extend(headers);
     Ok(response)
 }

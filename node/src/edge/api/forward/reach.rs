@@ -6,7 +6,7 @@
 //! forwarding path itself: every forwarded call that the leader answers (with
 //! anything but a 503) counts as a contact, every call that cannot reach it as
 //! a failure, and while no call told it within [`ForwardTimings::reach`], a
-//! task asks the leader's `/readyz` over the same client (the same pool, the
+//! task asks the leader's `/readyz` over the same transport (the same pool, the
 //! same limits) at that interval, and at once when the leader changes.
 //!
 //! Rules:
@@ -22,8 +22,11 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
+use axum::http::Request;
 use permitd_core::contract::{paths, ErrorAnswer, Serving};
 use permitd_storage::NodeId;
+use permitd_transport::{Deadline, Transport, TransportError, TransportErrorKind};
 
 use crate::edge::error::ApiError;
 
@@ -94,26 +97,35 @@ impl LeaderReach {
 }
 
 /// Asks the `/readyz` of the leader at `base`, within `timeout`.
-pub async fn probe(client: &reqwest::Client, base: &str, timeout: Duration) -> Contact {
-    let answer = client
-        .get(format!("{base}{}", paths::READYZ))
-        .timeout(timeout)
-        .send()
-        .await;
-    let answer = match answer {
-        Ok(answer) => answer,
+pub async fn probe(transport: &Transport, base: &str, timeout: Duration) -> Contact {
+    match ask_readyz(transport, base, timeout).await {
+        Ok(contact) => contact,
         Err(error) => {
             tracing::debug!(%error, base, "probing the leader failed");
-            return Contact::Unreached;
+            Contact::Unreached
         }
-    };
-    if answer.status().is_success() {
-        return Contact::Answered;
     }
-    match answer.json::<ErrorAnswer>().await {
+}
+
+/// What the leader's `/readyz` answered; an error when it did not answer.
+async fn ask_readyz(
+    transport: &Transport,
+    base: &str,
+    timeout: Duration,
+) -> Result<Contact, TransportError> {
+    let mut request = Request::get(format!("{base}{}", paths::READYZ))
+        .body(Bytes::new())
+        .map_err(|error| TransportError::new(TransportErrorKind::Request, error))?;
+    request.extensions_mut().insert(Deadline(timeout));
+    let answer = transport.send(request).await?;
+    if answer.status().is_success() {
+        return Ok(Contact::Answered);
+    }
+    let body = permitd_transport::collect(answer.into_body()).await?;
+    Ok(match serde_json::from_slice::<ErrorAnswer>(&body) {
         Ok(error) => Contact::NotReady(error.error.message),
         Err(_) => Contact::Unreached,
-    }
+    })
 }
 
 #[cfg(test)]
