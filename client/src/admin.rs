@@ -70,7 +70,7 @@ impl SemaphoreClient {
     /// again (a key used meanwhile stays as it is).
     pub async fn delete_key(&self, key: &str, force: bool) -> Result<KeyDeleted, ClientError> {
         let path = paths::segments(paths::SEMAPHORE, &[key]);
-        let mut query = vec![("requestId", uuid::Uuid::new_v4().to_string())];
+        let mut query = vec![("requestId", self.new_uuid().to_string())];
         if force {
             query.push(("force", "true".to_owned()));
         }

@@ -21,11 +21,12 @@
 //!   grown after the client was configured is still reached), up to
 //!   [`MAX_ENDPOINTS`].
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::StatusCode;
 use permitd_core::contract::Readiness;
 use permitd_transport::Transport;
+use tokio::time::Instant;
 use url::Url;
 
 use crate::error::ClientError;
@@ -164,7 +165,7 @@ pub async fn find_ready(
                 return Some(ready);
             }
         }
-        tokio::time::sleep_until(round_ends.into()).await;
+        tokio::time::sleep_until(round_ends).await;
     }
     None
 }

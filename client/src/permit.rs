@@ -44,7 +44,7 @@ use permitd_core::contract::protocol::{
 };
 use tokio::task::JoinHandle;
 
-use crate::client::{now_ms, SemaphoreClient};
+use crate::client::SemaphoreClient;
 use crate::error::{AcquireError, ClientError};
 
 /// Prefix of the `clientId` an acquisition uses when the caller names none.
@@ -225,7 +225,7 @@ impl SemaphoreClient {
         }
         let client_id = options
             .client_id
-            .unwrap_or_else(|| format!("{DEFAULT_CLIENT_ID_PREFIX}{}", uuid::Uuid::new_v4()));
+            .unwrap_or_else(|| format!("{DEFAULT_CLIENT_ID_PREFIX}{}", self.new_uuid()));
         let mut pending = Held {
             client: self.clone(),
             key: key.to_string(),
@@ -288,7 +288,7 @@ impl SemaphoreClient {
         group: &str,
         count: u64,
     ) -> Result<(), AcquireError> {
-        let oldest_at_ms = now_ms();
+        let oldest_at_ms = self.now_ms();
         while pending.count() < count {
             let request = PermitRequest {
                 v: V1,

@@ -53,7 +53,18 @@ pub struct ClientConfig {
     /// each request's [`Deadline`](permitd_transport::Deadline). The
     /// deterministic simulator passes its simulated network here.
     pub transport: Option<Transport>,
+    /// Seeds the client's random draws (backoff jitter, request and client
+    /// ids); `None`, the default: the OS's entropy. The simulator seeds it so
+    /// that a run replays.
+    pub seed: Option<u64>,
+    /// The wall clock the client stamps and compares times with (`oldestAtMs`,
+    /// `nextRequestAt`), in ms since the epoch; `None`, the default: the
+    /// system's. The simulator passes its simulated clock.
+    pub wall_clock: Option<WallClock>,
 }
+
+/// A wall clock: milliseconds since the Unix epoch.
+pub type WallClock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 impl std::fmt::Debug for ClientConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,6 +76,8 @@ impl std::fmt::Debug for ClientConfig {
             .field("ca_file", &self.ca_file)
             .field("http2", &self.http2)
             .field("transport", &self.transport)
+            .field("seed", &self.seed)
+            .field("wall_clock", &self.wall_clock.as_ref().map(|_| "<given>"))
             .finish_non_exhaustive()
     }
 }
@@ -83,6 +96,8 @@ impl ClientConfig {
             ca_file: None,
             http2: false,
             transport: None,
+            seed: None,
+            wall_clock: None,
         }
     }
 

@@ -7,9 +7,10 @@
 //! Nothing here goes through the call loop (`retry.rs`): these calls ask one
 //! endpoint each, with a short limit, and feed what they learn to the tracker.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use permitd_core::contract::{paths, ClusterStatus};
+use tokio::time::Instant;
 
 use super::handle::SemaphoreClient;
 use super::http::{decode, rejected};
@@ -108,7 +109,7 @@ impl SemaphoreClient {
         if let Some((endpoint, hint)) = find_ready(&self.inner.transport, &endpoints, wake).await {
             self.tracker().answered(&endpoint, hint.as_ref());
             // Never faster than one probe interval per retry.
-            tokio::time::sleep_until(floor.min(wake).into()).await;
+            tokio::time::sleep_until(floor.min(wake)).await;
         }
     }
 }

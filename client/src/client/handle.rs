@@ -5,9 +5,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 use permitd_transport::Transport;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
 
 use super::config::{transport, ClientConfig};
 use crate::error::ClientError;
@@ -32,6 +34,8 @@ pub(super) struct Inner {
     pub(super) next_request_at_ms: Mutex<HashMap<String, u64>>,
     /// When node ids were last asked for, to bound discovery.
     pub(super) last_discovery: Mutex<Option<Instant>>,
+    /// Backoff jitter and fresh ids: seeded by `config.seed`, else the OS's.
+    rng: Mutex<StdRng>,
 }
 
 impl SemaphoreClient {
@@ -43,6 +47,7 @@ impl SemaphoreClient {
         }
         let tracker = LeaderTracker::new(endpoints)?;
         let transport = transport(&config)?;
+        let config_seed = config.seed;
         Ok(Self {
             inner: Arc::new(Inner {
                 transport,
@@ -50,6 +55,10 @@ impl SemaphoreClient {
                 tracker: Mutex::new(tracker),
                 next_request_at_ms: Mutex::new(HashMap::new()),
                 last_discovery: Mutex::new(None),
+                rng: Mutex::new(match config_seed {
+                    Some(seed) => StdRng::seed_from_u64(seed),
+                    None => StdRng::from_os_rng(),
+                }),
             }),
         })
     }
@@ -71,6 +80,34 @@ impl SemaphoreClient {
     /// Callers hold the guard for one pick or update, never across an await.
     pub(super) fn tracker(&self) -> MutexGuard<'_, LeaderTracker> {
         self.inner.tracker.lock().expect("tracker lock")
+    }
+}
+
+/// The client's seams: its wall clock and its random draws.
+impl SemaphoreClient {
+    /// Milliseconds since the Unix epoch by the client's clock.
+    pub fn now_ms(&self) -> u64 {
+        match &self.inner.config.wall_clock {
+            Some(clock) => clock(),
+            None => super::now_ms(),
+        }
+    }
+
+    /// A draw in `[0, 1)`, for backoff jitter.
+    pub(super) fn random_unit(&self) -> f64 {
+        self.rng().random::<f64>()
+    }
+
+    /// A fresh random (version 4) UUID, for request and client ids.
+    pub(crate) fn new_uuid(&self) -> uuid::Uuid {
+        uuid::Builder::from_random_bytes(self.rng().random()).into_uuid()
+    }
+
+    fn rng(&self) -> std::sync::MutexGuard<'_, StdRng> {
+        self.inner
+            .rng
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -8,7 +8,9 @@
 //! believed at most [`MAX_NEXT_REQUEST_AHEAD_MS`] ahead, and at most
 //! `MAX_REMEMBERED_KEYS` keys are remembered (past times are dropped first).
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
 
 use super::handle::SemaphoreClient;
 use crate::error::ClientError;
@@ -31,10 +33,10 @@ impl SemaphoreClient {
     /// Remembers the key's `nextRequestAt`, believed at most
     /// [`MAX_NEXT_REQUEST_AHEAD_MS`] ahead.
     pub(super) fn remember_next_request_at(&self, key: &str, at_ms: u64) {
-        let at_ms = believed_next_request_at(at_ms, now_ms());
+        let at_ms = believed_next_request_at(at_ms, self.now_ms());
         let mut known = self.inner.next_request_at_ms.lock().expect("schedule lock");
         if known.len() >= MAX_REMEMBERED_KEYS {
-            let now = now_ms();
+            let now = self.now_ms();
             known.retain(|_, at| *at > now);
         }
         if known.len() < MAX_REMEMBERED_KEYS {
@@ -52,7 +54,7 @@ impl SemaphoreClient {
     ) -> Result<(), ClientError> {
         let Some(wait_ms) = self
             .next_request_at_ms(key)
-            .map(|at| at.saturating_sub(now_ms()))
+            .map(|at| at.saturating_sub(self.now_ms()))
             .filter(|wait| *wait > 0)
         else {
             return Ok(());
@@ -65,7 +67,7 @@ impl SemaphoreClient {
                 last: format!("the key's nextRequestAt is {wait_ms} ms away"),
             });
         }
-        tokio::time::sleep_until(wake.into()).await;
+        tokio::time::sleep_until(wake).await;
         Ok(())
     }
 }

@@ -18,12 +18,13 @@
 //! `Request` (the request could not be built, as reqwest's builder errors
 //! always were).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::time::Instant;
 use url::Url;
 
 use super::handle::SemaphoreClient;
@@ -142,7 +143,7 @@ impl SemaphoreClient {
                 Attempt::Done(Err(error)) => return Err(error),
                 Attempt::Retry(retry) => retry,
             };
-            let delay_ms = backoff.next_delay_ms(rand::random::<f64>(), retry.retry_after_ms);
+            let delay_ms = backoff.next_delay_ms(self.random_unit(), retry.retry_after_ms);
             let wake = Instant::now() + Duration::from_millis(delay_ms);
             if wake >= deadline {
                 return Err(ClientError::DeadlineExceeded {
@@ -155,7 +156,7 @@ impl SemaphoreClient {
             if retry.unavailable && attempts <= MAX_PROBED_RETRIES {
                 self.wait_for_a_ready_node(wake).await;
             } else {
-                tokio::time::sleep_until(wake.into()).await;
+                tokio::time::sleep_until(wake).await;
             }
         }
     }

@@ -7,8 +7,6 @@
 //! instead of being granted twice. A grant's `nextRequestAt` is remembered for
 //! the key's next `request` (`next_request.rs`).
 
-use std::time::Instant;
-
 use http::Method;
 use permitd_core::contract::batch::{BatchItem, BatchItemAnswer, BatchRequest, BatchResponse};
 use permitd_core::contract::paths;
@@ -17,6 +15,7 @@ use permitd_core::contract::protocol::{
     V1,
 };
 use permitd_core::Usage;
+use tokio::time::Instant;
 
 use super::handle::SemaphoreClient;
 use crate::error::ClientError;
@@ -41,7 +40,7 @@ impl SemaphoreClient {
         key: &str,
         mut request: PermitRequest,
     ) -> Result<PermitGrant, ClientError> {
-        with_request_id(&mut request);
+        self.with_request_id(&mut request);
         let deadline = Instant::now() + self.inner.config.call_timeout;
         self.wait_for_next_request_at(key, deadline).await?;
         let path = paths::segments(paths::SEMAPHORE, &[key]);
@@ -79,7 +78,7 @@ impl SemaphoreClient {
     pub async fn batch(&self, mut items: Vec<BatchItem>) -> Result<Vec<ItemResult>, ClientError> {
         for item in &mut items {
             if let SemaphoreRequest::Request(request) = &mut item.message {
-                with_request_id(request);
+                self.with_request_id(request);
             }
         }
         let path = paths::segments(paths::BATCH, &[]);
@@ -123,12 +122,14 @@ impl SemaphoreClient {
     }
 }
 
-/// Gives `request` a fresh `requestId` when the caller set none, before the
-/// first attempt, so every retry carries the same one.
-fn with_request_id(request: &mut PermitRequest) {
-    request
-        .request_id
-        .get_or_insert_with(|| uuid::Uuid::new_v4().to_string());
+impl SemaphoreClient {
+    /// Gives `request` a fresh `requestId` when the caller set none, before the
+    /// first attempt, so every retry carries the same one.
+    fn with_request_id(&self, request: &mut PermitRequest) {
+        if request.request_id.is_none() {
+            request.request_id = Some(self.new_uuid().to_string());
+        }
+    }
 }
 
 /// The error of an answer of the wrong kind for the message sent.

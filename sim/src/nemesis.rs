@@ -1,0 +1,265 @@
+//! The faults of a run, drawn from its seed: partitions (both ways and one
+//! way), held links (messages delayed, then delivered in a burst), slow links,
+//! crashes and restarts, power cuts (torn or not), clock jumps, a full disk
+//! and failing syncs. Between `start` and `stop` a fault begins every few
+//! hundred simulated milliseconds and each ends after a drawn time; at `stop`
+//! everything heals, so the run can show that the cluster recovers.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use permitd_storage::NodeId;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use turmoil::Sim;
+
+use crate::disk_model::DiskFaults;
+use crate::node_host::{host_name, NodeWorld};
+use crate::trace::Trace;
+
+/// One fault under way, and what undoes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Fault {
+    Partition(NodeId, NodeId),
+    OneWay(NodeId, NodeId),
+    Hold(NodeId, NodeId),
+    SlowLink(NodeId, NodeId),
+    Down(NodeId),
+    DiskFull(NodeId),
+    FailingSync(NodeId),
+}
+
+/// Which faults a run may inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultMix {
+    pub network: bool,
+    pub crashes: bool,
+    pub power_cuts: bool,
+    pub clocks: bool,
+    pub disk: bool,
+}
+
+impl FaultMix {
+    pub const ALL: FaultMix = FaultMix {
+        network: true,
+        crashes: true,
+        power_cuts: true,
+        clocks: true,
+        disk: true,
+    };
+    pub const NONE: FaultMix = FaultMix {
+        network: false,
+        crashes: false,
+        power_cuts: false,
+        clocks: false,
+        disk: false,
+    };
+}
+
+/// The fault injector of one run.
+#[derive(Debug)]
+pub struct Nemesis {
+    rng: StdRng,
+    nodes: Vec<NodeId>,
+    worlds: BTreeMap<NodeId, NodeWorld>,
+    mix: FaultMix,
+    start: Duration,
+    stop: Duration,
+    next_at: Duration,
+    /// Faults under way and when each ends.
+    active: Vec<(Duration, Fault)>,
+    healed: bool,
+    trace: Trace,
+    pub injected: u64,
+}
+
+impl Nemesis {
+    pub fn new(
+        seed: u64,
+        worlds: BTreeMap<NodeId, NodeWorld>,
+        mix: FaultMix,
+        (start, stop): (Duration, Duration),
+        trace: Trace,
+    ) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(seed ^ 0x6e65_6d65_7369_73),
+            nodes: worlds.keys().copied().collect(),
+            worlds,
+            mix,
+            start,
+            stop,
+            next_at: start,
+            active: Vec::new(),
+            healed: false,
+            trace,
+            injected: 0,
+        }
+    }
+
+    /// Called after every step of the simulation.
+    pub fn tick(&mut self, sim: &mut Sim<'_>) {
+        let now = sim.elapsed();
+        self.end_due(sim, now);
+        if now >= self.stop {
+            if !self.healed {
+                self.heal_all(sim, now);
+            }
+            return;
+        }
+        if now >= self.next_at && now >= self.start {
+            self.next_at = now + Duration::from_millis(self.rng.random_range(100..700));
+            self.begin_one(sim, now);
+        }
+    }
+
+    fn pair(&mut self) -> (NodeId, NodeId) {
+        let a = self.nodes[self.rng.random_range(0..self.nodes.len())];
+        let mut b = a;
+        while b == a {
+            b = self.nodes[self.rng.random_range(0..self.nodes.len())];
+        }
+        (a, b)
+    }
+
+    fn node(&mut self) -> NodeId {
+        self.nodes[self.rng.random_range(0..self.nodes.len())]
+    }
+
+    fn is_down(&self, id: NodeId) -> bool {
+        self.active.iter().any(|(_, fault)| *fault == Fault::Down(id))
+    }
+
+    fn begin_one(&mut self, sim: &mut Sim<'_>, now: Duration) {
+        let lasts = Duration::from_millis(self.rng.random_range(100..2_000));
+        let fault = match self.rng.random_range(0..9) {
+            0 | 1 if self.mix.network => {
+                let (a, b) = self.pair();
+                sim.partition(host_name(a), host_name(b));
+                Fault::Partition(a, b)
+            }
+            2 if self.mix.network => {
+                let (a, b) = self.pair();
+                sim.partition_oneway(host_name(a), host_name(b));
+                Fault::OneWay(a, b)
+            }
+            3 if self.mix.network => {
+                let (a, b) = self.pair();
+                sim.hold(host_name(a), host_name(b));
+                Fault::Hold(a, b)
+            }
+            4 if self.mix.network => {
+                let (a, b) = self.pair();
+                let slow = Duration::from_millis(self.rng.random_range(20..300));
+                sim.set_link_latency(host_name(a), host_name(b), slow);
+                Fault::SlowLink(a, b)
+            }
+            5 | 6 if self.mix.crashes || self.mix.power_cuts => {
+                let id = self.node();
+                if self.is_down(id) {
+                    return;
+                }
+                sim.crash(host_name(id));
+                let cut = self.mix.power_cuts && (!self.mix.crashes || self.rng.random_bool(0.5));
+                if cut {
+                    let torn = self.rng.random_bool(0.5).then(|| self.rng.random::<u64>());
+                    let report = self.worlds[&id].disk.power_cut(torn);
+                    self.trace.event(now, "nemesis", format_args!("power cut node{id}: {report:?}"));
+                } else {
+                    self.trace.event(now, "nemesis", format_args!("crash node{id}"));
+                }
+                Fault::Down(id)
+            }
+            7 if self.mix.clocks => {
+                let id = self.node();
+                let skew = self.rng.random_range(-2_000i64..2_000);
+                self.worlds[&id].skew_ms.store(skew, Ordering::Relaxed);
+                self.trace.event(now, "nemesis", format_args!("clock of node{id} at {skew:+} ms"));
+                self.injected += 1;
+                return;
+            }
+            8 if self.mix.disk => {
+                let id = self.node();
+                if self.rng.random_bool(0.5) {
+                    self.set_faults(id, |faults| faults.full = true);
+                    Fault::DiskFull(id)
+                } else {
+                    self.set_faults(id, |faults| faults.failing_sync = true);
+                    Fault::FailingSync(id)
+                }
+            }
+            _ => return,
+        };
+        if !matches!(fault, Fault::Down(_)) {
+            self.trace.event(now, "nemesis", format_args!("begin {fault:?}"));
+        }
+        self.injected += 1;
+        self.active.push((now + lasts, fault));
+    }
+
+    fn set_faults(&self, id: NodeId, change: impl FnOnce(&mut DiskFaults)) {
+        let disk = &self.worlds[&id].disk;
+        let mut faults = disk.faults();
+        change(&mut faults);
+        disk.set_faults(faults);
+    }
+
+    fn end_due(&mut self, sim: &mut Sim<'_>, now: Duration) {
+        let (due, rest): (Vec<_>, Vec<_>) = self.active.drain(..).partition(|(at, _)| *at <= now);
+        self.active = rest;
+        for (_, fault) in due {
+            self.end(sim, now, fault);
+        }
+    }
+
+    fn end(&mut self, sim: &mut Sim<'_>, now: Duration, fault: Fault) {
+        match &fault {
+            Fault::Partition(a, b) => sim.repair(host_name(*a), host_name(*b)),
+            Fault::OneWay(a, b) => sim.repair_oneway(host_name(*a), host_name(*b)),
+            Fault::Hold(a, b) => sim.release(host_name(*a), host_name(*b)),
+            Fault::SlowLink(a, b) => {
+                sim.set_link_latency(host_name(*a), host_name(*b), Duration::from_millis(1));
+            }
+            Fault::Down(id) => sim.bounce(host_name(*id)),
+            Fault::DiskFull(id) => self.set_faults(*id, |faults| faults.full = false),
+            Fault::FailingSync(id) => {
+                self.set_faults(*id, |faults| faults.failing_sync = false);
+                // A node that hit EIO stopped (as it must): start it again.
+                if !sim.is_host_running(host_name(*id)) {
+                    sim.bounce(host_name(*id));
+                }
+            }
+        }
+        self.trace.event(now, "nemesis", format_args!("end {fault:?}"));
+    }
+
+    /// Ends every fault, restarts every stopped node, sets clocks right.
+    fn heal_all(&mut self, sim: &mut Sim<'_>, now: Duration) {
+        for (_, fault) in std::mem::take(&mut self.active) {
+            self.end(sim, now, fault);
+        }
+        for id in self.nodes.clone() {
+            self.worlds[&id].skew_ms.store(0, Ordering::Relaxed);
+            if !sim.is_host_running(host_name(id)) {
+                sim.bounce(host_name(id));
+            }
+        }
+        self.healed = true;
+        self.trace.event(now, "nemesis", "healed");
+    }
+
+    /// Restarts nodes that stopped on their own (a failed sync) while no fault
+    /// holds them down.
+    pub fn restart_stopped(&mut self, sim: &mut Sim<'_>) {
+        let now = sim.elapsed();
+        for id in self.nodes.clone() {
+            let held_down = self.active.iter().any(|(_, fault)| {
+                matches!(fault, Fault::Down(n) | Fault::FailingSync(n) if *n == id)
+            });
+            if !held_down && !sim.is_host_running(host_name(id)) {
+                self.trace.event(now, "nemesis", format_args!("restart node{id}"));
+                sim.bounce(host_name(id));
+            }
+        }
+    }
+}

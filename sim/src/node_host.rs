@@ -1,0 +1,183 @@
+//! One simulated node: the node's real start-up (`app::start_unbound`), given
+//! simulated seams, serving both routers on simulated TCP listeners with the
+//! production per-connection path (`edge::connection`). turmoil runs it as a
+//! host, and runs it again from the start after a crash: the disk is all that
+//! survives.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::ServerState;
+use permitd_core::KeyConfig;
+use permitd_node::app::{self, App, NodeSettings};
+use permitd_node::clock::Clock;
+use permitd_node::config::{EdgeLimits, RaftTimings};
+use permitd_node::credentials::AuthSettings;
+use permitd_node::edge::connection::Connections;
+use permitd_node::seams::Seams;
+use permitd_node::shutdown::Shutdown;
+use permitd_storage::{Exec, NodeId, PeerNode};
+
+use crate::disk::SimDisk;
+use crate::net::SimTransport;
+use crate::trace::Trace;
+
+/// The port of every node's public API.
+pub const API_PORT: u16 = 7000;
+/// The port of every node's `/raft/*` and `/cluster/*` listener.
+pub const RAFT_PORT: u16 = 7100;
+/// Where a node's data dir is on its simulated disk.
+const DATA_DIR: &str = "/data";
+
+/// A node's host name.
+pub fn host_name(id: NodeId) -> String {
+    format!("node{id}")
+}
+
+/// The terms each node was seen leading: the "one leader per term" check.
+pub type LeadersSeen = Arc<Mutex<BTreeMap<u64, BTreeSet<NodeId>>>>;
+
+/// What every node of one run shares.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    pub seed: u64,
+    pub members: BTreeMap<NodeId, PeerNode>,
+    pub timings: RaftTimings,
+    pub trace: Trace,
+    pub leaders: LeadersSeen,
+}
+
+impl ClusterSpec {
+    pub fn new(seed: u64, nodes: u64, trace: Trace) -> Self {
+        let members = (1..=nodes)
+            .map(|id| {
+                let host = host_name(id);
+                let peer = PeerNode {
+                    api_addr: format!("{host}:{API_PORT}"),
+                    raft_addr: format!("{host}:{RAFT_PORT}"),
+                };
+                (id, peer)
+            })
+            .collect();
+        Self {
+            seed,
+            members,
+            timings: RaftTimings {
+                // Small, so snapshots, their install and log purges happen in
+                // every run of a few simulated seconds.
+                snapshot_every_logs: 60,
+                log_kept_after_snapshot: 20,
+                ..RaftTimings::default()
+            },
+            trace,
+            leaders: LeadersSeen::default(),
+        }
+    }
+}
+
+/// One node's world: its disk and its clock's skew, both kept across its
+/// restarts.
+#[derive(Debug, Clone, Default)]
+pub struct NodeWorld {
+    pub disk: SimDisk,
+    /// Milliseconds this node's wall clock is ahead (or behind) of the
+    /// simulation's.
+    pub skew_ms: Arc<AtomicI64>,
+}
+
+fn settings(id: NodeId, spec: &ClusterSpec, world: &NodeWorld) -> NodeSettings {
+    let peer = &spec.members[&id];
+    let skew = world.skew_ms.clone();
+    let clock = Clock::Simulated(Arc::new(move || {
+        let since_epoch = turmoil::since_epoch().unwrap_or_default().as_millis() as i64;
+        (since_epoch + skew.load(Ordering::Relaxed)).max(0) as u64
+    }));
+    NodeSettings {
+        id,
+        api_addr: peer.api_addr.clone(),
+        raft_addr: peer.raft_addr.clone(),
+        data_dir: DATA_DIR.into(),
+        secret: "simulated-peer-secret".into(),
+        auth: AuthSettings::new(false, None),
+        tls: None,
+        peer_source_ip: None,
+        timings: spec.timings.clone(),
+        defaults: KeyConfig::default(),
+        initial_members: spec.members.clone(),
+        initialize_at_start: false,
+        rounds: Default::default(),
+        edge: EdgeLimits::default(),
+        reclaim_horizon: Duration::from_millis(permitd_node::leader::reclaim::DEFAULT_HORIZON_MS),
+        seams: Seams {
+            clock,
+            precise_timer: false,
+            seed: Some(spec.seed.wrapping_mul(31).wrapping_add(id)),
+            exec: Exec::Inline,
+            disk: Some(Arc::new(world.disk.clone())),
+            transport: Some(Arc::new(SimTransport)),
+        },
+    }
+}
+
+/// The host's software: runs the node until its Raft core stops.
+pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Result {
+    let settings = settings(id, &spec, &world);
+    let handle = tokio::runtime::Handle::current();
+    let app = app::start_unbound(&settings, &handle).await?;
+    let now = || turmoil::sim_elapsed().unwrap_or_default();
+    spec.trace.event(now(), &host_name(id), "started");
+    if id == 1 && !app.raft.is_initialized().await? {
+        permitd_node::edge::api::cluster::initialize(&app)
+            .await
+            .map_err(|error| error.to_string())?;
+    }
+    let stop = Shutdown::default();
+    let public = permitd_node::edge::api::public_router(app.clone());
+    let internal = permitd_node::edge::api::internal_router(app.clone());
+    tokio::spawn(accept(API_PORT, Connections::new(public, &settings.edge, None, stop.clone())));
+    tokio::spawn(accept(RAFT_PORT, Connections::new(internal, &settings.edge, None, stop.clone())));
+    tokio::spawn(watch_leadership(id, app.clone(), spec.clone()));
+    let reason = permitd_node::leader::fatal::wait(&app.raft).await;
+    spec.trace.event(now(), &host_name(id), format_args!("core stopped: {reason}"));
+    stop.trigger();
+    Ok(())
+}
+
+async fn accept(port: u16, connections: Connections) {
+    let listener = match turmoil::net::TcpListener::bind(("0.0.0.0", port)).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(%error, port, "cannot listen");
+            return;
+        }
+    };
+    while let Ok((stream, _)) = listener.accept().await {
+        tokio::spawn(connections.clone().serve(stream));
+    }
+}
+
+/// Records every term this node leads, and traces its role changes.
+async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
+    let mut metrics = app.raft.metrics();
+    let mut last = None;
+    loop {
+        let (term, state, leader) = {
+            let now = metrics.borrow_and_update();
+            (now.current_term, now.state, now.current_leader)
+        };
+        if state == ServerState::Leader {
+            let mut leaders = spec.leaders.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            leaders.entry(term).or_default().insert(id);
+        }
+        if last != Some((term, state)) {
+            let at = turmoil::sim_elapsed().unwrap_or_default();
+            spec.trace.event(at, &host_name(id), format_args!("term {term} {state:?} leader {leader:?}"));
+            last = Some((term, state));
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! One run: a seed in, a verdict and a trace hash out.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use permitd_storage::NodeId;
+
+use crate::checker::{self, Violation};
+use crate::nemesis::{FaultMix, Nemesis};
+use crate::node_host::{self, host_name, ClusterSpec, NodeWorld, API_PORT};
+use crate::trace::Trace;
+use crate::workload::{self, JobLog, WorkloadSpec};
+
+/// What one run simulates.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub seed: u64,
+    pub nodes: u64,
+    pub keys: usize,
+    pub clients: usize,
+    pub jobs_per_client: usize,
+    pub faults: FaultMix,
+    /// Faults begin and end within this window of simulated time.
+    pub fault_window: (Duration, Duration),
+    /// A run not finished by then fails (`no_progress`).
+    pub limit: Duration,
+}
+
+impl RunOptions {
+    /// The CI profile: 3 nodes, 3 keys, 4 runners, every fault.
+    pub fn ci(seed: u64) -> Self {
+        Self {
+            seed,
+            nodes: 3,
+            keys: 3,
+            clients: 4,
+            jobs_per_client: 12,
+            faults: FaultMix::ALL,
+            fault_window: (Duration::from_secs(1), Duration::from_secs(6)),
+            limit: Duration::from_secs(90),
+        }
+    }
+}
+
+/// What a run found.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub seed: u64,
+    pub trace_hash: u64,
+    pub events: u64,
+    pub violations: Vec<Violation>,
+    /// Simulated time the run took.
+    pub simulated: Duration,
+    pub jobs: usize,
+    pub faults: u64,
+    /// The trace's last events (for a failed run's report).
+    pub last_events: Vec<String>,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// The line every seed prints.
+    pub fn summary(&self) -> String {
+        format!("seed {} trace {:016x}", self.seed, self.trace_hash)
+    }
+
+    /// A failed run's report: what broke, the last events, how to replay it.
+    pub fn report(&self) -> String {
+        let mut text = format!("{}\n", self.summary());
+        for violation in &self.violations {
+            text += &format!("VIOLATION {violation}\n");
+        }
+        text += "last events:\n";
+        for event in &self.last_events {
+            text += &format!("  {event}\n");
+        }
+        text += &format!(
+            "replay: SIM_SEED={} cargo test -p permitd-sim --release --test seeds -- --nocapture\n",
+            self.seed
+        );
+        text
+    }
+}
+
+/// Runs one seed to the end.
+pub fn run(options: &RunOptions) -> Outcome {
+    let trace = Trace::default();
+    let spec = ClusterSpec::new(options.seed, options.nodes, trace.clone());
+    let worlds: BTreeMap<NodeId, NodeWorld> =
+        (1..=options.nodes).map(|id| (id, NodeWorld::default())).collect();
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(options.seed)
+        .epoch(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+        .simulation_duration(options.limit)
+        .tick_duration(Duration::from_millis(1))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(4))
+        .tcp_capacity(4096)
+        .build();
+    for (&id, world) in &worlds {
+        let (spec, world) = (spec.clone(), world.clone());
+        sim.host(host_name(id), move || node_host::run(id, spec.clone(), world.clone()));
+    }
+    let workload = WorkloadSpec {
+        keys: (0..options.keys)
+            .map(|n| (format!("key-{n}"), 1 + (n as u64 % 3)))
+            .collect(),
+        clients: options.clients,
+        jobs_per_client: options.jobs_per_client,
+        endpoints: (1..=options.nodes)
+            .map(|id| format!("{}:{API_PORT}", host_name(id)))
+            .collect(),
+    };
+    let log = JobLog::default();
+    sim.client("operator", workload::configure(workload.clone(), trace.clone()));
+    for n in 0..options.clients {
+        let name = format!("client{n}");
+        let seed = options.seed.wrapping_mul(1_000).wrapping_add(n as u64);
+        sim.client(
+            name.clone(),
+            workload::run_client(name, seed, workload.clone(), log.clone(), trace.clone()),
+        );
+    }
+    let mut nemesis = Nemesis::new(
+        options.seed,
+        worlds.clone(),
+        options.faults,
+        options.fault_window,
+        trace.clone(),
+    );
+    let mut violations = Vec::new();
+    loop {
+        match sim.step() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(error) => {
+                violations.push(Violation {
+                    kind: "host_failed",
+                    detail: error.to_string(),
+                });
+                break;
+            }
+        }
+        nemesis.tick(&mut sim);
+        nemesis.restart_stopped(&mut sim);
+    }
+    let simulated = sim.elapsed();
+    let jobs = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    let limits = workload.keys.iter().cloned().collect();
+    violations.extend(checker::check_budget(&jobs, &limits, simulated));
+    violations.extend(checker::check_fences(&jobs));
+    violations.extend(checker::check_every_job_ended(&jobs));
+    let leaders = spec.leaders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    violations.extend(checker::check_leaders(&leaders));
+    Outcome {
+        seed: options.seed,
+        trace_hash: trace.hash(),
+        events: trace.events(),
+        violations,
+        simulated,
+        jobs: jobs.len(),
+        faults: nemesis.injected,
+        last_events: trace.last(),
+    }
+}

@@ -1,0 +1,100 @@
+//! The simulator's seeds, as CI and a developer run them.
+//!
+//! - `cargo test -p permitd-sim --release --test seeds`: the CI budget
+//!   (`SIM_SEEDS`, default 1000), every tenth seed run twice to prove that it
+//!   replays to the same trace.
+//! - `SIM_SEED=n`: replays seed n alone, twice, printing its full report.
+//! - `SIM_SECONDS=s`: runs seeds until s seconds of wall time have passed (a
+//!   soak), however many `SIM_SEEDS` says.
+//!
+//! Each seed prints `seed <n> trace <hash>`; a failed seed prints the
+//! violations, the last events and the command that replays it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use permitd_sim::run::{run, Outcome, RunOptions};
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|value| value.parse().ok())
+}
+
+/// Seeds run twice, to check that they replay: one in this many.
+const REPLAY_EVERY: u64 = 10;
+
+#[test]
+fn seeds() {
+    if let Some(seed) = env_u64("SIM_SEED") {
+        let first = run(&RunOptions::ci(seed));
+        let second = run(&RunOptions::ci(seed));
+        println!("{}", first.report());
+        println!(
+            "{} jobs, {} faults, {:?} simulated; again: {}",
+            first.jobs,
+            first.faults,
+            first.simulated,
+            second.summary()
+        );
+        assert_eq!(first.trace_hash, second.trace_hash, "seed {seed} did not replay");
+        assert!(first.passed(), "seed {seed} failed");
+        return;
+    }
+    let seeds = env_u64("SIM_SEEDS").unwrap_or(1_000);
+    let first_seed = env_u64("SIM_FIRST_SEED").unwrap_or(1);
+    let budget = env_u64("SIM_SECONDS").map(Duration::from_secs);
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(first_seed));
+    let failed: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+    let diverged: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let simulated_ms = Arc::new(AtomicU64::new(0));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            let (next, failed, diverged, simulated_ms) =
+                (next.clone(), failed.clone(), diverged.clone(), simulated_ms.clone());
+            std::thread::spawn(move || loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                let out_of_seeds = budget.is_none() && seed >= first_seed + seeds;
+                let out_of_time = budget.is_some_and(|budget| started.elapsed() >= budget);
+                if out_of_seeds || out_of_time {
+                    return;
+                }
+                let outcome = run(&RunOptions::ci(seed));
+                println!("{}", outcome.summary());
+                simulated_ms.fetch_add(outcome.simulated.as_millis() as u64, Ordering::Relaxed);
+                if seed % REPLAY_EVERY == 0 {
+                    let again = run(&RunOptions::ci(seed));
+                    if again.trace_hash != outcome.trace_hash {
+                        println!("seed {seed} replayed to {}", again.summary());
+                        diverged.lock().unwrap().push(seed);
+                    }
+                }
+                if !outcome.passed() {
+                    println!("{}", outcome.report());
+                    failed.lock().unwrap().push(outcome);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("a simulation thread panicked");
+    }
+    let ran = next.load(Ordering::Relaxed).saturating_sub(first_seed + threads as u64);
+    let wall = started.elapsed().as_secs_f64();
+    let simulated = simulated_ms.load(Ordering::Relaxed) as f64 / 1_000.0;
+    println!(
+        "{ran} seeds in {wall:.1} s: {:.1} seeds/s, {:.1} simulated cluster-seconds per wall second",
+        ran as f64 / wall,
+        simulated / wall
+    );
+    let failed = failed.lock().unwrap();
+    let diverged = diverged.lock().unwrap();
+    let replayed = ran / REPLAY_EVERY;
+    println!(
+        "{} of {replayed} replayed seeds gave the same trace",
+        replayed.saturating_sub(diverged.len() as u64)
+    );
+    assert!(failed.is_empty(), "failed seeds: {:?}", failed.iter().map(|o| o.seed).collect::<Vec<_>>());
+    assert!(diverged.is_empty(), "seeds that did not replay: {diverged:?}");
+}
