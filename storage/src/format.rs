@@ -5,10 +5,9 @@
 //! its log, and would forget its vote, which Raft cannot survive (see
 //! `open_wal` in `lib.rs`).
 
-use std::fs;
-use std::io::Write;
 use std::path::Path;
 
+use crate::disk::{Disk, OpenMode};
 use crate::StorageError;
 
 /// The on-disk layout version this build reads and writes (the write-ahead
@@ -52,15 +51,18 @@ fn check_version(dir: &Path, version: u32, place: &str) -> Result<(), StorageErr
 }
 
 /// The version in the marker file, `None` when there is no marker.
-fn read_marker(dir: &Path) -> Result<Option<u32>, StorageError> {
+fn read_marker(disk: &dyn Disk, dir: &Path) -> Result<Option<u32>, StorageError> {
     let path = dir.join(MARKER_FILE);
-    match fs::read_to_string(&path) {
-        Ok(text) => text.trim().parse().map(Some).map_err(|_| {
-            incompatible(
-                dir,
-                format!("unreadable {}: {:?}", path.display(), text.trim()),
-            )
-        }),
+    match disk.read(&path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            text.trim().parse().map(Some).map_err(|_| {
+                incompatible(
+                    dir,
+                    format!("unreadable {}: {:?}", path.display(), text.trim()),
+                )
+            })
+        }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(error) => Err(incompatible(
             dir,
@@ -70,30 +72,29 @@ fn read_marker(dir: &Path) -> Result<Option<u32>, StorageError> {
 }
 
 /// Whether the dir holds an initialised store (of any version): its marker file exists.
-pub(crate) fn is_initialised(dir: &Path) -> Result<bool, StorageError> {
-    Ok(read_marker(dir)?.is_some())
+pub(crate) fn is_initialised(disk: &dyn Disk, dir: &Path) -> Result<bool, StorageError> {
+    Ok(read_marker(disk, dir)?.is_some())
 }
 
 /// Writes the marker durably: file, then its directory entry.
-fn write_marker(dir: &Path) -> Result<(), StorageError> {
+fn write_marker(disk: &dyn Disk, dir: &Path) -> Result<(), StorageError> {
     let io = |error: std::io::Error| StorageError::CreateDir {
         dir: dir.to_owned(),
         source: error,
     };
     let path = dir.join(MARKER_FILE);
-    let mut file = fs::File::create(&path).map_err(io)?;
-    writeln!(file, "{STORAGE_FORMAT_VERSION}").map_err(io)?;
+    let file = disk.open(&path, OpenMode::CreateOrTruncate).map_err(io)?;
+    let text = format!("{STORAGE_FORMAT_VERSION}\n");
+    file.write_all_at(text.as_bytes(), 0).map_err(io)?;
     file.sync_all().map_err(io)?;
-    fs::File::open(dir)
-        .and_then(|dir| dir.sync_all())
-        .map_err(io)
+    disk.sync_dir(dir).map_err(io)
 }
 
 /// Accepts a store of our version; initialises a brand-new one (whose log was
 /// just created) by writing the marker.
-pub(crate) fn check_or_initialise(dir: &Path) -> Result<(), StorageError> {
-    match read_marker(dir)? {
+pub(crate) fn check_or_initialise(disk: &dyn Disk, dir: &Path) -> Result<(), StorageError> {
+    match read_marker(disk, dir)? {
         Some(version) => check_version(dir, version, "the marker file"),
-        None => write_marker(dir),
+        None => write_marker(disk, dir),
     }
 }

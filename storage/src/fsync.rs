@@ -5,15 +5,19 @@
 //! reappear) after a power loss unless its directory is fsynced too. The same
 //! holds for a created directory and its parent. Every function here returns
 //! only once the change it made is on disk.
+//!
+//! The store calls the `_on` forms with its [`Disk`]; the others are the
+//! same on the real file system ([`OsDisk`]), for the node and the tools.
 
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+
+use crate::disk::{Disk, OsDisk};
 
 /// Fsyncs the directory `path`: its entries (files created, deleted, renamed
 /// in it) are on disk when this returns.
 pub fn fsync_dir(path: &Path) -> io::Result<()> {
-    File::open(path)?.sync_all()
+    OsDisk.sync_dir(path)
 }
 
 /// The directory that names `path`. A relative path of one component (`data`)
@@ -41,19 +45,24 @@ pub fn fsync_parent(path: &Path) -> io::Result<()> {
 /// deepest directory itself is fsynced too (it may pre-exist with entries
 /// whose creation was never made durable; fsyncing it is cheap).
 pub fn durable_create_dir_all(path: &Path) -> io::Result<()> {
-    let created = missing_ancestors(path);
-    std::fs::create_dir_all(path)?;
+    durable_create_dir_all_on(&OsDisk, path)
+}
+
+/// [`durable_create_dir_all`] on `disk`.
+pub fn durable_create_dir_all_on(disk: &dyn Disk, path: &Path) -> io::Result<()> {
+    let created = missing_ancestors(disk, path);
+    disk.create_dir_all(path)?;
     for dir in created.iter().rev() {
-        fsync_parent(dir)?;
+        disk.sync_dir(parent_dir(dir))?;
     }
-    fsync_dir(path)
+    disk.sync_dir(path)
 }
 
 /// `path` and its ancestors that do not exist yet, deepest first.
-fn missing_ancestors(path: &Path) -> Vec<PathBuf> {
+fn missing_ancestors(disk: &dyn Disk, path: &Path) -> Vec<PathBuf> {
     path.ancestors()
         .filter(|ancestor| !ancestor.as_os_str().is_empty())
-        .take_while(|ancestor| !ancestor.exists())
+        .take_while(|ancestor| disk.kind(ancestor).is_err())
         .map(Path::to_path_buf)
         .collect()
 }
@@ -66,10 +75,10 @@ mod tests {
     fn creates_every_missing_level_and_accepts_an_existing_dir() {
         let root = tempfile::tempdir().unwrap();
         let deep = root.path().join("a").join("b").join("c");
-        assert_eq!(missing_ancestors(&deep).len(), 3);
+        assert_eq!(missing_ancestors(&OsDisk, &deep).len(), 3);
         durable_create_dir_all(&deep).unwrap();
         assert!(deep.is_dir());
-        assert!(missing_ancestors(&deep).is_empty());
+        assert!(missing_ancestors(&OsDisk, &deep).is_empty());
         durable_create_dir_all(&deep).unwrap();
     }
 

@@ -17,6 +17,10 @@
 //!
 //! Every value is encoded by [`codec`] (MessagePack); the Raft RPC bodies too.
 //!
+//! Every file above is read and written through the [`Disk`] of [`Options`]
+//! (`disk/`): the real file system ([`OsDisk`]) in production, a simulated
+//! one in a deterministic simulator, whose crash drops what was not synced.
+//!
 //! # Data flow
 //!
 //! openraft appends entries to the write-ahead log (told once an `fdatasync`
@@ -26,6 +30,10 @@
 //! and openraft applies the committed entries after it again (they are in the
 //! log: a purge only follows a durable snapshot). Apply is a pure function of
 //! (state, entry), so the replay rebuilds exactly the state that was lost.
+//!
+//! Blocking work (the log's group commit, opening, snapshot files, segment
+//! deletion) runs as [`Exec`] says: on threads in production, inline on the
+//! current tokio runtime for a simulator, which must never see a thread.
 //!
 //! A data dir that lacks or has a different format version, whose log was
 //! lost, or whose snapshot does not decode fails [`open`] with an error naming
@@ -38,7 +46,9 @@ pub mod audit;
 pub mod codec;
 pub mod command;
 mod command_decode;
+pub mod disk;
 mod error;
+mod exec;
 mod format;
 pub mod fsync;
 mod lock;
@@ -50,9 +60,12 @@ pub mod token_state;
 mod wal;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub use command::{Command, CommandResult, KeyRound, KeySync, Refused};
+pub use disk::{Disk, DiskFile, OsDisk};
 pub use error::StorageError;
+pub use exec::Exec;
 pub use format::STORAGE_FORMAT_VERSION;
 pub use log_store::LogStore;
 pub use snapshot::SNAPSHOT_FORMAT_VERSION;
@@ -94,17 +107,31 @@ openraft::declare_raft_types!(
         SnapshotData = std::io::Cursor<Vec<u8>>,
 );
 
-/// Where the store lives.
+/// Where the store lives, on what disk, and where its blocking work runs.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// The node's data dir.
     pub dir: PathBuf,
+    /// The file system it is on.
+    pub disk: Arc<dyn Disk>,
+    /// Where its blocking work runs.
+    pub exec: Exec,
 }
 
 impl Options {
-    /// A store in `dir`.
+    /// A store in `dir` on the real file system, its blocking work on threads.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self::with_disk(dir, Arc::new(OsDisk), Exec::Threads)
+    }
+
+    /// A store in `dir` on `disk`, its blocking work run as `exec` says: a
+    /// simulator passes its simulated disk and [`Exec::Inline`].
+    pub fn with_disk(dir: impl Into<PathBuf>, disk: Arc<dyn Disk>, exec: Exec) -> Self {
+        Self {
+            dir: dir.into(),
+            disk,
+            exec,
+        }
     }
 }
 
@@ -117,10 +144,12 @@ pub struct Opened {
 }
 
 /// Opens (or creates) the store in `options.dir` and loads the applied state.
+/// Inside a tokio runtime (with [`Exec::Inline`], the log's group commit
+/// becomes a task of it).
 pub async fn open(options: &Options) -> Result<Opened, StorageError> {
     let dir = options.dir.clone();
     // Reading the log and decoding the snapshot: blocking IO.
-    let task = tokio::task::spawn_blocking({
+    let task = options.exec.blocking({
         let options = options.clone();
         move || open_blocking(&options)
     });
@@ -136,15 +165,21 @@ pub async fn open(options: &Options) -> Result<Opened, StorageError> {
 
 fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
     let dir = options.dir.as_path();
+    let disk = &*options.disk;
     // Durably: a data dir whose own directory entry is lost in a power cut
     // would come back empty, and the node would start a new cluster.
-    fsync::durable_create_dir_all(dir).map_err(|source| StorageError::CreateDir {
+    fsync::durable_create_dir_all_on(disk, dir).map_err(|source| StorageError::CreateDir {
         dir: dir.to_owned(),
         source,
     })?;
-    let lock = lock::DirLock::acquire(dir)?;
-    let wal = open_wal(dir)?;
-    let state_machine = StateMachineStore::open(dir.to_owned(), lock)?;
+    let lock = lock::DirLock::acquire(disk, dir)?;
+    let wal = open_wal(options)?;
+    let state_machine = StateMachineStore::open(
+        dir.to_owned(),
+        lock,
+        Arc::clone(&options.disk),
+        options.exec,
+    )?;
     let state = state_machine.shared();
     tracing::info!(
         dir = %dir.display(),
@@ -163,14 +198,20 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
 /// gets its log before the marker that says "initialised" is written, so a
 /// store whose marker exists must have a log: a missing one was lost (which
 /// would make the node forget its vote), and is reported as corrupt.
-fn open_wal(dir: &std::path::Path) -> Result<Wal, StorageError> {
+fn open_wal(options: &Options) -> Result<Wal, StorageError> {
+    let (dir, disk) = (options.dir.as_path(), &*options.disk);
     let wal_dir = dir.join(WAL_DIR);
-    if format::is_initialised(dir)? {
-        format::check_or_initialise(dir)?;
-        Wal::open(&wal_dir, WalOptions::new(Presence::MustExist))
+    let wal_options = |presence| WalOptions {
+        disk: Arc::clone(&options.disk),
+        exec: options.exec,
+        ..WalOptions::new(presence)
+    };
+    if format::is_initialised(disk, dir)? {
+        format::check_or_initialise(disk, dir)?;
+        Wal::open(&wal_dir, wal_options(Presence::MustExist))
     } else {
-        let wal = Wal::open(&wal_dir, WalOptions::new(Presence::CreateIfMissing))?;
-        format::check_or_initialise(dir)?;
+        let wal = Wal::open(&wal_dir, wal_options(Presence::CreateIfMissing))?;
+        format::check_or_initialise(disk, dir)?;
         Ok(wal)
     }
 }

@@ -2,8 +2,9 @@
 //! ([`crate::wal`], whose docs give the format and the invariants).
 //!
 //! - `append` writes the entries into the page cache and returns at once; the
-//!   `LogFlushed` callback fires from the sync thread after the `fdatasync`
-//!   that covers them (group commit), so openraft pipelines appends;
+//!   `LogFlushed` callback fires from the group commit (the sync thread, or
+//!   its task with `Exec::Inline`) after the `fdatasync` that covers them, so
+//!   openraft pipelines appends;
 //! - `save_vote`, `truncate` and `purge` return once their record is durable;
 //!   `save_committed` rides along with the next sync;
 //! - reads come from the in-memory index and positioned reads of the segment
@@ -188,7 +189,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let options = WalOptions {
             segment_max_bytes: 256,
-            presence: Presence::CreateIfMissing,
+            ..WalOptions::new(Presence::CreateIfMissing)
         };
         let wal = Wal::open(dir.path(), options).unwrap();
         let (sender, synced) = tokio::sync::oneshot::channel();

@@ -13,16 +13,21 @@
 //! - the current snapshot is the newest file; others are removed once a newer
 //!   one is on disk, and at start-up the newest complete file is current again
 //!   ([`SnapshotFiles::load_newest`]).
+//!
+//! Files are read and written through the store's [`Disk`].
 
-use std::fs;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use openraft::{LogId, SnapshotMeta, StoredMembership};
 use permitd_core::tokens::TokenRegistry;
 use permitd_core::Semaphores;
 use serde::{Deserialize, Serialize};
 
+use crate::disk::stream::FileWriter;
+use crate::disk::{Disk, OpenMode};
+use crate::fsync::durable_create_dir_all_on;
 use crate::{codec, NodeId, PeerNode, StorageError};
 
 /// The snapshot format this build writes and reads (1 was JSON).
@@ -117,12 +122,14 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<SnapshotImage, StorageError> {
 /// (or for reads openraft waits on anyway).
 #[derive(Debug, Clone)]
 pub(crate) struct SnapshotFiles {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
 }
 
 impl SnapshotFiles {
-    pub fn new(data_dir: &Path) -> Self {
+    pub fn new(disk: Arc<dyn Disk>, data_dir: &Path) -> Self {
         Self {
+            disk,
             dir: data_dir.join(SNAPSHOT_DIR),
         }
     }
@@ -154,29 +161,43 @@ impl SnapshotFiles {
     pub fn write_with(
         &self,
         name: &str,
-        write: impl FnOnce(&mut BufWriter<fs::File>) -> Result<(), StorageError>,
+        write: impl FnOnce(&mut BufWriter<FileWriter>) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
-        crate::fsync::durable_create_dir_all(&self.dir)
+        let disk = &*self.disk;
+        durable_create_dir_all_on(disk, &self.dir)
             .map_err(|error| self.io("creating the folder", error))?;
         let path = self.dir.join(name);
         let temporary = path.with_extension("tmp");
-        let file =
-            fs::File::create(&temporary).map_err(|error| self.io("creating a file", error))?;
-        let mut buffered = BufWriter::new(file);
+        let file = disk
+            .open(&temporary, OpenMode::CreateOrTruncate)
+            .map_err(|error| self.io("creating a file", error))?;
+        let mut buffered = BufWriter::new(FileWriter::new(file));
         write(&mut buffered)?;
         let file = buffered
             .into_inner()
-            .map_err(|error| self.io("writing a snapshot", error.into_error()))?;
+            .map_err(|error| self.io("writing a snapshot", error.into_error()))?
+            .into_file();
         file.sync_all()
             .map_err(|error| self.io("writing a snapshot", error))?;
-        fs::rename(&temporary, &path).map_err(|error| self.io("renaming a snapshot", error))?;
-        fs::File::open(&self.dir)
-            .and_then(|dir| dir.sync_all())
+        disk.rename(&temporary, &path)
+            .map_err(|error| self.io("renaming a snapshot", error))?;
+        disk.sync_dir(&self.dir)
             .map_err(|error| self.io("syncing the folder", error))
     }
 
     pub fn read(&self, name: &str) -> Result<Vec<u8>, StorageError> {
-        fs::read(self.dir.join(name)).map_err(|error| self.io(&format!("reading {name}"), error))
+        self.disk
+            .read(&self.dir.join(name))
+            .map_err(|error| self.io(&format!("reading {name}"), error))
+    }
+
+    /// The names in the folder; none when it does not exist (yet).
+    fn names(&self) -> Result<Vec<std::ffi::OsString>, StorageError> {
+        match self.disk.read_dir(&self.dir) {
+            Ok(names) => Ok(names),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(error) => Err(self.io("listing", error)),
+        }
     }
 
     /// The newest complete snapshot file and its decoded state, if any. A
@@ -186,14 +207,9 @@ impl SnapshotFiles {
         &self,
         data_dir: &Path,
     ) -> Result<Option<(StoredSnapshot, SnapshotImage)>, StorageError> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(self.io("listing", error)),
-        };
         let mut newest: Option<(StoredSnapshot, SnapshotImage)> = None;
-        for entry in entries {
-            let path = entry.map_err(|error| self.io("listing", error))?.path();
+        for name in self.names()? {
+            let path = self.dir.join(name);
             if path.extension().and_then(|ext| ext.to_str()) != Some(SNAPSHOT_EXTENSION) {
                 continue;
             }
@@ -201,7 +217,10 @@ impl SnapshotFiles {
                 dir: data_dir.to_owned(),
                 detail: format!("snapshot {}: {detail}", path.display()),
             };
-            let bytes = fs::read(&path).map_err(|error| corrupt(error.to_string()))?;
+            let bytes = self
+                .disk
+                .read(&path)
+                .map_err(|error| corrupt(error.to_string()))?;
             let image = decode(&bytes).map_err(|error| corrupt(error.to_string()))?;
             if newest
                 .as_ref()
@@ -231,15 +250,11 @@ impl SnapshotFiles {
 
     /// Removes every file but `keep` (older snapshots, unfinished writes).
     pub fn remove_all_but(&self, keep: &str) -> Result<(), StorageError> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(self.io("listing", error)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|error| self.io("listing", error))?;
-            if entry.file_name() != keep {
-                fs::remove_file(entry.path()).map_err(|error| self.io("removing", error))?;
+        for name in self.names()? {
+            if name != keep {
+                self.disk
+                    .remove_file(&self.dir.join(name))
+                    .map_err(|error| self.io("removing", error))?;
             }
         }
         Ok(())
@@ -305,7 +320,7 @@ mod tests {
     #[test]
     fn files_are_written_whole_and_only_the_current_one_is_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let files = SnapshotFiles::new(dir.path());
+        let files = SnapshotFiles::new(Arc::new(crate::disk::OsDisk), dir.path());
         let old = SnapshotFiles::name_of("1-1-10-1700");
         let new = SnapshotFiles::name_of("1-1-20/1800");
         assert!(!new.contains('/'));

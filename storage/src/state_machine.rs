@@ -17,7 +17,8 @@
 //! - building a snapshot holds the state lock only to clone the state (which
 //!   shares every key, see `Semaphores`): encoding and writing the file run on a
 //!   blocking thread while applies go on, so a snapshot never stalls a round for
-//!   longer than the clone.
+//!   longer than the clone (with `Exec::Inline`, in the builder's own task
+//!   instead: a simulator has one thread).
 
 use std::io::Cursor;
 use std::path::PathBuf;
@@ -33,10 +34,11 @@ use permitd_core::{Event, Semaphores};
 use tokio::sync::broadcast;
 
 use crate::apply::apply_command;
+use crate::disk::Disk;
 use crate::error::{read_snapshot, read_state_machine, write_snapshot, RaftError};
 use crate::lock::DirLock;
 use crate::snapshot::{SnapshotFiles, SnapshotImage, StoredSnapshot};
-use crate::{snapshot, CommandResult, NodeId, PeerNode, StorageError, TypeConfig};
+use crate::{snapshot, CommandResult, Exec, NodeId, PeerNode, StorageError, TypeConfig};
 
 /// Apply notices kept for subscribers that fall behind; a lagging subscriber gets
 /// `RecvError::Lagged` and should re-read the state.
@@ -191,6 +193,8 @@ impl SharedState {
 struct Snapshots {
     files: SnapshotFiles,
     current: Arc<Mutex<Option<StoredSnapshot>>>,
+    /// Where encoding, writing and decoding run.
+    exec: Exec,
 }
 
 impl Snapshots {
@@ -244,8 +248,13 @@ pub struct StateMachineStore {
 
 impl StateMachineStore {
     /// The state machine of data dir `dir`, at its newest snapshot (or empty).
-    pub(crate) fn open(dir: PathBuf, lock: DirLock) -> Result<Self, StorageError> {
-        let files = SnapshotFiles::new(&dir);
+    pub(crate) fn open(
+        dir: PathBuf,
+        lock: DirLock,
+        disk: Arc<dyn Disk>,
+        exec: Exec,
+    ) -> Result<Self, StorageError> {
+        let files = SnapshotFiles::new(disk, &dir);
         let (current, state) = match files.load_newest(&dir)? {
             Some((stored, image)) => (Some(stored), AppliedState::from(image)),
             None => (None, AppliedState::default()),
@@ -257,6 +266,7 @@ impl StateMachineStore {
             snapshots: Snapshots {
                 files,
                 current: Arc::new(Mutex::new(current)),
+                exec,
             },
         })
     }
@@ -326,7 +336,8 @@ impl StateMachineStore {
     }
 
     /// Replaces the whole state by the snapshot's: the file (durably), then
-    /// memory. Decoding and writing run on a blocking thread.
+    /// memory. Decoding and writing run on a blocking thread (inline with
+    /// `Exec::Inline`).
     async fn install(
         &self,
         meta: &SnapshotMeta<NodeId, PeerNode>,
@@ -336,7 +347,10 @@ impl StateMachineStore {
             let (meta, snapshots) = (meta.clone(), self.snapshots.clone());
             move || prepare_install(&meta, &snapshots, &data)
         };
-        let image = tokio::task::spawn_blocking(prepare)
+        let image = self
+            .snapshots
+            .exec
+            .blocking(prepare)
             .await
             .map_err(|error| StorageError::Snapshot(format!("install task: {error}")))??;
         let notice = Applied {
@@ -480,7 +494,10 @@ impl SnapshotBuilder {
                 files.read(&file)
             }
         };
-        let data = tokio::task::spawn_blocking(write_file)
+        let data = self
+            .snapshots
+            .exec
+            .blocking(write_file)
             .await
             .map_err(|error| StorageError::Snapshot(format!("snapshot task: {error}")))??;
         let current = self.snapshots.make_current(StoredSnapshot {

@@ -1,8 +1,8 @@
-//! Group commit: the one thread that makes the log durable.
+//! Group commit: the one loop that makes the log durable.
 //!
 //! Writers put their bytes in the page cache (a `pwrite` under the log's lock),
-//! then hand the sync thread a [`Waiter`]: a completion to run once those bytes
-//! are on disk. The thread loops:
+//! then hand the group commit a [`Waiter`]: a completion to run once those
+//! bytes are on disk. The loop:
 //!
 //! 1. wait until a waiter is pending;
 //! 2. take *every* pending waiter, with the set of segments written since the
@@ -22,6 +22,13 @@
 //! completions get the error, every later write is refused
 //! ([`SyncQueue::check`]), and openraft, which treats a storage error as fatal,
 //! stops the node. A restart recovers from what is really on disk.
+//!
+//! The loop runs as [`Exec`] says: on a thread of its own, which waits on a
+//! condition variable ([`Exec::Threads`], production), or as a task on the
+//! current tokio runtime, which waits on a `Notify` and syncs inline
+//! ([`Exec::Inline`], a simulator's single thread). Both run the same steps,
+//! [`Pending::take`] (1–2) and [`SyncQueue::commit`] (3–4); only the waiting
+//! differs.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,9 +37,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use tokio::sync::Notify;
+
 use super::metrics;
-use super::segment::Segment;
-use crate::StorageError;
+use super::segment::{io_error, Segment};
+use crate::{Exec, StorageError};
 
 /// The name of the sync thread (shown by `top -H`, in panics and profiles).
 const THREAD_NAME: &str = "permitd-wal-sync";
@@ -71,7 +80,7 @@ impl std::fmt::Debug for Waiter {
     }
 }
 
-/// What the sync thread has not synced yet.
+/// What the group commit has not synced yet.
 #[derive(Debug, Default)]
 struct Pending {
     waiters: Vec<Waiter>,
@@ -79,7 +88,7 @@ struct Pending {
     dirty: BTreeMap<u64, Arc<Segment>>,
     /// The first failure; once set, it stays.
     failure: Option<SyncFailed>,
-    /// Set when the log is dropped: the thread drains the waiters and exits.
+    /// Set when the log is dropped: the loop drains the waiters and exits.
     stopping: bool,
 }
 
@@ -90,7 +99,14 @@ pub(crate) struct SyncCounts {
     pub(crate) fdatasyncs: AtomicU64,
 }
 
-/// The queue between writers and the sync thread.
+/// How the loop waits for a waiter: the thread blocks, the task awaits.
+#[derive(Debug)]
+enum Wake {
+    Thread(Condvar),
+    Task(Notify),
+}
+
+/// The queue between writers and the group commit.
 #[derive(Debug)]
 pub(crate) struct SyncQueue {
     /// The log's dir, for error messages.
@@ -98,7 +114,7 @@ pub(crate) struct SyncQueue {
     /// A std mutex: held for a few pointer moves, never across IO or an await.
     pending: Mutex<Pending>,
     /// Signalled when a waiter is enqueued or the log stops.
-    wake: Condvar,
+    wake: Wake,
     pub(crate) counts: SyncCounts,
 }
 
@@ -110,12 +126,44 @@ struct Batch {
     failure: Option<SyncFailed>,
 }
 
+/// What the loop does next.
+enum Next {
+    Commit(Batch),
+    /// Nothing pending: wait for a waiter (or the stop).
+    Wait,
+    /// Stopping with nothing left: exit.
+    Exit,
+}
+
+impl Pending {
+    /// Steps 1–2: takes every pending waiter and written segment as one batch.
+    fn take(&mut self) -> Next {
+        if !self.waiters.is_empty() {
+            return Next::Commit(Batch {
+                waiters: std::mem::take(&mut self.waiters),
+                dirty: std::mem::take(&mut self.dirty),
+                failure: self.failure.clone(),
+            });
+        }
+        if self.stopping {
+            Next::Exit
+        } else {
+            Next::Wait
+        }
+    }
+}
+
 impl SyncQueue {
-    pub(crate) fn new(dir: PathBuf) -> Arc<Self> {
+    /// A queue whose loop will run as `exec` says (started by [`SyncQueue::start`]).
+    pub(crate) fn new(dir: PathBuf, exec: Exec) -> Arc<Self> {
+        let wake = match exec {
+            Exec::Threads => Wake::Thread(Condvar::new()),
+            Exec::Inline => Wake::Task(Notify::new()),
+        };
         Arc::new(Self {
             dir,
             pending: Mutex::new(Pending::default()),
-            wake: Condvar::new(),
+            wake,
             counts: SyncCounts::default(),
         })
     }
@@ -126,16 +174,25 @@ impl SyncQueue {
             .expect("the wal sync queue's lock is poisoned: a thread panicked holding it")
     }
 
-    /// Starts the sync thread; it runs until [`SyncQueue::stop`].
-    pub(crate) fn spawn(self: &Arc<Self>) -> Result<JoinHandle<()>, StorageError> {
+    /// Starts the loop; it runs until [`SyncQueue::stop`]. Returns the thread
+    /// to join, if it is one (a task is left to drain on its own: a drop
+    /// cannot await it).
+    pub(crate) fn start(self: &Arc<Self>) -> Result<Option<JoinHandle<()>>, StorageError> {
         let queue = Arc::clone(self);
-        std::thread::Builder::new()
-            .name(THREAD_NAME.to_owned())
-            .spawn(move || queue.run())
-            .map_err(super::segment::io_error(
-                "start the sync thread for",
-                &self.dir,
-            ))
+        match &self.wake {
+            Wake::Thread(_) => std::thread::Builder::new()
+                .name(THREAD_NAME.to_owned())
+                .spawn(move || queue.run_thread())
+                .map(Some)
+                .map_err(io_error("start the sync thread for", &self.dir)),
+            Wake::Task(_) => {
+                let runtime = tokio::runtime::Handle::try_current().map_err(|error| {
+                    io_error("start the sync task for", &self.dir)(std::io::Error::other(error))
+                })?;
+                drop(runtime.spawn(async move { queue.run_task().await }));
+                Ok(None)
+            }
+        }
     }
 
     /// Refuses writes once a write or sync has failed.
@@ -164,49 +221,76 @@ impl SyncQueue {
             .or_insert_with(|| Arc::clone(segment));
         if let Some(waiter) = waiter {
             pending.waiters.push(waiter);
-            self.wake.notify_one();
+            self.notify();
         }
     }
 
-    /// Asks the thread to sync what is pending and exit.
+    /// Asks the loop to sync what is pending and exit.
     pub(crate) fn stop(&self) {
         self.lock().stopping = true;
-        self.wake.notify_one();
+        self.notify();
     }
 
-    fn run(&self) {
-        while let Some(batch) = self.next_batch() {
-            let result = match batch.failure {
-                Some(failed) => Err(failed),
-                None => self.sync(&batch.dirty, &batch.waiters),
-            };
-            if let Err(failed) = &result {
-                tracing::error!(error = %failed.0, "write-ahead log sync failed: the log refuses writes");
-                self.lock().failure.get_or_insert_with(|| failed.clone());
-            }
-            for waiter in batch.waiters {
-                (waiter.completion)(result.clone());
-            }
+    fn notify(&self) {
+        match &self.wake {
+            Wake::Thread(condvar) => condvar.notify_one(),
+            // Stores a permit when the task is busy: no wake-up is lost.
+            Wake::Task(notify) => notify.notify_one(),
         }
     }
 
-    /// Waits for work; `None` once stopping with nothing left.
-    fn next_batch(&self) -> Option<Batch> {
+    /// The loop on a thread of its own.
+    fn run_thread(&self) {
+        let Wake::Thread(condvar) = &self.wake else {
+            return;
+        };
         let mut pending = self.lock();
-        while pending.waiters.is_empty() && !pending.stopping {
-            pending = self
-                .wake
-                .wait(pending)
-                .expect("the wal sync queue's lock is poisoned: a thread panicked holding it");
+        loop {
+            match pending.take() {
+                Next::Commit(batch) => {
+                    drop(pending);
+                    self.commit(batch);
+                    pending = self.lock();
+                }
+                Next::Wait => {
+                    pending = condvar.wait(pending).expect(
+                        "the wal sync queue's lock is poisoned: a thread panicked holding it",
+                    );
+                }
+                Next::Exit => return,
+            }
         }
-        if pending.waiters.is_empty() {
-            return None;
+    }
+
+    /// The loop as a task of the current runtime: its syncs run inline.
+    async fn run_task(&self) {
+        let Wake::Task(notify) = &self.wake else {
+            return;
+        };
+        loop {
+            let next = self.lock().take();
+            match next {
+                Next::Commit(batch) => self.commit(batch),
+                Next::Wait => notify.notified().await,
+                Next::Exit => return,
+            }
         }
-        Some(Batch {
-            waiters: std::mem::take(&mut pending.waiters),
-            dirty: std::mem::take(&mut pending.dirty),
-            failure: pending.failure.clone(),
-        })
+    }
+
+    /// Steps 3–4: syncs the batch's segments (unless the log failed before),
+    /// records a failure as final, and runs the completions in order.
+    fn commit(&self, batch: Batch) {
+        let result = match batch.failure {
+            Some(failed) => Err(failed),
+            None => self.sync(&batch.dirty, &batch.waiters),
+        };
+        if let Err(failed) = &result {
+            tracing::error!(error = %failed.0, "write-ahead log sync failed: the log refuses writes");
+            self.lock().failure.get_or_insert_with(|| failed.clone());
+        }
+        for waiter in batch.waiters {
+            (waiter.completion)(result.clone());
+        }
     }
 
     /// One batch's disk work: an fdatasync of every written segment.
@@ -232,6 +316,7 @@ impl SyncQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::disk::OsDisk;
     use std::sync::mpsc;
 
     fn waiter(sender: &mpsc::Sender<Result<(), SyncFailed>>) -> Waiter {
@@ -247,9 +332,9 @@ mod tests {
     #[test]
     fn waiters_fire_after_a_sync_and_a_failure_is_final() {
         let dir = tempfile::tempdir().unwrap();
-        let queue = SyncQueue::new(dir.path().to_owned());
-        let thread = queue.spawn().unwrap();
-        let segment = Arc::new(Segment::create(dir.path(), 1).unwrap());
+        let queue = SyncQueue::new(dir.path().to_owned(), Exec::Threads);
+        let thread = queue.start().unwrap().expect("a thread");
+        let segment = Arc::new(Segment::create(&OsDisk, dir.path(), 1).unwrap());
         segment.write_at(b"bytes", 0).unwrap();
         let (sender, results) = mpsc::channel();
         queue.written(&segment, Some(waiter(&sender)));
@@ -265,5 +350,33 @@ mod tests {
         );
         queue.stop();
         thread.join().unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_inline_task_batches_what_was_written_before_it_ran_and_drains_at_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = SyncQueue::new(dir.path().to_owned(), Exec::Inline);
+        assert!(queue.start().unwrap().is_none(), "no thread inline");
+        let segment = Arc::new(Segment::create(&OsDisk, dir.path(), 1).unwrap());
+        let (sender, results) = mpsc::channel();
+        for offset in 0..3 {
+            segment.write_at(b"x", offset).unwrap();
+            queue.written(&segment, Some(waiter(&sender)));
+        }
+        // Nothing runs before this task yields: one thread, no other.
+        assert!(results.try_recv().is_err());
+        tokio::task::yield_now().await;
+        for _ in 0..3 {
+            assert_eq!(results.try_recv().unwrap(), Ok(()));
+        }
+        let counted = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        assert_eq!(counted(&queue.counts.batches), 1, "one batch for all three");
+        assert_eq!(counted(&queue.counts.fdatasyncs), 1);
+
+        queue.written(&segment, Some(waiter(&sender)));
+        queue.stop();
+        tokio::task::yield_now().await;
+        assert_eq!(results.try_recv().unwrap(), Ok(()), "drained at stop");
+        assert_eq!(Arc::strong_count(&queue), 1, "the task exited");
     }
 }

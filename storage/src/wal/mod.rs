@@ -38,9 +38,9 @@
 //!
 //! - **An entry, a vote or a truncation is acknowledged only once it is on
 //!   disk**: after an `fdatasync` of its segment that started after the write
-//!   (run by the sync thread, [`sync`], before any completion it holds), and an
-//!   fsync of the dir that made its segment's creation durable (run when the
-//!   segment is created, before anything is written to it).
+//!   (run by the group commit, [`group_commit`], before any completion it
+//!   holds), and an fsync of the dir that made its segment's creation durable
+//!   (run when the segment is created, before anything is written to it).
 //! - **The segments on disk are a run of consecutive sequence numbers**: a
 //!   segment is created only once its predecessor's creation is durable, and
 //!   deleted only as a prefix. A gap means a segment was lost: corrupt.
@@ -91,6 +91,13 @@
 //! writes were made, so openraft never hears of a later flush before an earlier
 //! one. A crash before the sync loses only unacknowledged writes, which Raft
 //! allows (the leader re-sends them; a candidate re-votes).
+//!
+//! # Files and threads
+//!
+//! Every file operation goes through the [`Disk`] of [`WalOptions`]
+//! ([`crate::disk`]; the real file system by default), and the group commit
+//! and segment deletions run as its [`Exec`] says: a thread and tokio's
+//! blocking pool by default, inline for a simulator.
 
 mod group_commit;
 mod metrics;
@@ -110,8 +117,9 @@ use openraft::{Entry, LogId, Vote};
 pub(crate) use group_commit::{Completion, SyncFailed};
 pub use metrics::{describe_wal_metrics, WAL_SYNCS, WAL_SYNC_BATCH_ENTRIES, WAL_SYNC_DURATION};
 
-use crate::fsync::{durable_create_dir_all, fsync_dir};
-use crate::{NodeId, StorageError, TypeConfig};
+use crate::disk::{Disk, FileKind, OsDisk};
+use crate::fsync::durable_create_dir_all_on;
+use crate::{Exec, NodeId, StorageError, TypeConfig};
 use group_commit::{SyncQueue, Waiter};
 use segment::{io_error, Segment};
 
@@ -143,13 +151,20 @@ pub struct WalOptions {
     /// See [`SEGMENT_MAX_BYTES`]; tests use a few hundred bytes to roll often.
     pub segment_max_bytes: u64,
     pub presence: Presence,
+    /// The file system the segments live on.
+    pub disk: Arc<dyn Disk>,
+    /// Where the group commit and segment deletions run.
+    pub exec: Exec,
 }
 
 impl WalOptions {
+    /// On the real file system, with the sync thread.
     pub fn new(presence: Presence) -> Self {
         Self {
             segment_max_bytes: SEGMENT_MAX_BYTES,
             presence,
+            disk: Arc::new(OsDisk),
+            exec: Exec::Threads,
         }
     }
 }
@@ -200,12 +215,15 @@ struct State {
 #[derive(Debug)]
 struct Inner {
     dir: PathBuf,
+    disk: Arc<dyn Disk>,
+    exec: Exec,
     segment_max_bytes: u64,
     /// A std mutex: held for a `pwrite` into the page cache and index updates,
     /// never across an fsync or an await; readers hold it only to copy locations.
     state: Mutex<State>,
     sync: Arc<SyncQueue>,
-    /// Joined on drop, after the thread synced what was pending.
+    /// Joined on drop, after the thread synced what was pending (`None`
+    /// inline: the task drains on its own).
     sync_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -232,17 +250,20 @@ pub(crate) type AppendDone = Completion;
 
 impl Wal {
     /// Opens (or creates) the log in `dir`: recovers what is on disk, then
-    /// starts a new active segment and the sync thread. Blocking IO.
+    /// starts a new active segment and the group commit. Blocking IO; with
+    /// [`Exec::Inline`], call it inside a tokio runtime (the group commit is
+    /// a task of it).
     pub fn open(dir: &Path, options: WalOptions) -> Result<Self, StorageError> {
-        let existed = dir.is_dir();
+        let disk = &*options.disk;
+        let existed = disk.kind(dir).is_ok_and(|kind| kind == FileKind::Dir);
         if !existed && options.presence == Presence::MustExist {
             return Err(lost(dir, "its dir is missing"));
         }
-        durable_create_dir_all(dir).map_err(|source| StorageError::CreateDir {
+        durable_create_dir_all_on(disk, dir).map_err(|source| StorageError::CreateDir {
             dir: dir.to_owned(),
             source,
         })?;
-        let recovered = recovery::recover(dir)?;
+        let recovered = recovery::recover(disk, dir)?;
         if recovered.segments.is_empty() && options.presence == Presence::MustExist {
             return Err(lost(dir, "its dir holds no segment"));
         }
@@ -251,8 +272,8 @@ impl Wal {
             .keys()
             .next_back()
             .map_or(1, |last| last + 1);
-        let active = start_segment(dir, sequence, &recovered.raft)?;
-        fsync_dir(dir).map_err(io_error("fsync", dir))?;
+        let active = start_segment(disk, dir, sequence, &recovered.raft)?;
+        disk.sync_dir(dir).map_err(io_error("fsync", dir))?;
         let mut segments = recovered.segments;
         segments.insert(sequence, Arc::clone(&active.segment));
         tracing::info!(
@@ -264,8 +285,8 @@ impl Wal {
             purged = ?recovered.raft.purged,
             "write-ahead log opened"
         );
-        let sync = SyncQueue::new(dir.to_owned());
-        let thread = sync.spawn()?;
+        let sync = SyncQueue::new(dir.to_owned(), options.exec);
+        let thread = sync.start()?;
         let state = State {
             raft: recovered.raft,
             index: recovered.index,
@@ -278,7 +299,9 @@ impl Wal {
                 segment_max_bytes: options.segment_max_bytes,
                 state: Mutex::new(state),
                 sync,
-                sync_thread: Mutex::new(Some(thread)),
+                sync_thread: Mutex::new(thread),
+                disk: options.disk,
+                exec: options.exec,
             }),
         })
     }
@@ -420,8 +443,9 @@ impl Wal {
         if deletable.is_empty() {
             return Ok(());
         }
-        let dir = self.inner.dir.clone();
-        match tokio::task::spawn_blocking(move || delete_segments(&dir, &deletable)).await {
+        let (dir, disk) = (self.inner.dir.clone(), Arc::clone(&self.inner.disk));
+        let delete = move || delete_segments(&*disk, &dir, &deletable);
+        match self.inner.exec.blocking(delete).await {
             Ok(deleted) => deleted,
             Err(error) => Err(StorageError::WalFailed(format!(
                 "segment deletion task: {error}"
@@ -453,7 +477,7 @@ impl Wal {
             match receiver.await {
                 Ok(synced) => synced.map_err(StorageError::from),
                 Err(_) => Err(StorageError::WalFailed(
-                    "the sync thread stopped before the write was durable".to_owned(),
+                    "the group commit stopped before the write was durable".to_owned(),
                 )),
             }
         })
@@ -502,17 +526,21 @@ impl Wal {
         }
         // The segment left behind ends at its records: recovery reads zeros as
         // the end of the log, and later segments must not look cut off. The
-        // sync thread syncs the cut with the next batch, before anything
+        // group commit syncs the cut with the next batch, before anything
         // written to the next segment is acknowledged.
         active.segment.cut_unsynced(active.len)?;
         self.inner.sync.written(&active.segment, None);
         let sequence = active.segment.sequence + 1;
-        let next = start_segment_unsynced(&self.inner.dir, sequence, &state.raft)?;
+        let next =
+            start_segment_unsynced(&*self.inner.disk, &self.inner.dir, sequence, &state.raft)?;
         // Its creation is durable before anything is written to it, so that a
         // crash can never keep a segment and lose its predecessor's creation:
         // the segments on disk are always a run of consecutive sequence numbers
         // (one dir fsync per segment, i.e. per 64 MiB).
-        fsync_dir(&self.inner.dir).map_err(io_error("fsync", &self.inner.dir))?;
+        self.inner
+            .disk
+            .sync_dir(&self.inner.dir)
+            .map_err(io_error("fsync", &self.inner.dir))?;
         self.inner.sync.written(&next.segment, None);
         state.segments.insert(sequence, Arc::clone(&next.segment));
         state.active = next;
@@ -658,12 +686,13 @@ fn head_records(raft: &RaftState) -> Result<Vec<u8>, StorageError> {
 
 /// Creates segment `sequence` with its head, unsynced (the caller fsyncs the dir).
 fn start_segment_unsynced(
+    disk: &dyn Disk,
     dir: &Path,
     sequence: u64,
     raft: &RaftState,
 ) -> Result<Active, StorageError> {
     let head = head_records(raft)?;
-    let segment = Segment::create(dir, sequence)?;
+    let segment = Segment::create(disk, dir, sequence)?;
     segment.write_at(&head, 0)?;
     Ok(Active {
         segment: Arc::new(segment),
@@ -674,8 +703,13 @@ fn start_segment_unsynced(
 }
 
 /// Creates segment `sequence` with its head, synced (the caller fsyncs the dir).
-fn start_segment(dir: &Path, sequence: u64, raft: &RaftState) -> Result<Active, StorageError> {
-    let active = start_segment_unsynced(dir, sequence, raft)?;
+fn start_segment(
+    disk: &dyn Disk,
+    dir: &Path,
+    sequence: u64,
+    raft: &RaftState,
+) -> Result<Active, StorageError> {
+    let active = start_segment_unsynced(disk, dir, sequence, raft)?;
     let segment = &active.segment;
     segment
         .sync_data()
@@ -699,10 +733,15 @@ fn take_deletable(state: &mut State) -> Vec<Arc<Segment>> {
 
 /// Deletes `segments`, oldest first, fsyncing the dir after each unlink so
 /// that a crash can only bring back the newest of them (never leave a gap).
-fn delete_segments(dir: &Path, segments: &[Arc<Segment>]) -> Result<(), StorageError> {
+fn delete_segments(
+    disk: &dyn Disk,
+    dir: &Path,
+    segments: &[Arc<Segment>],
+) -> Result<(), StorageError> {
     for segment in segments {
-        std::fs::remove_file(&segment.path).map_err(io_error("delete", &segment.path))?;
-        fsync_dir(dir).map_err(io_error("fsync", dir))?;
+        disk.remove_file(&segment.path)
+            .map_err(io_error("delete", &segment.path))?;
+        disk.sync_dir(dir).map_err(io_error("fsync", dir))?;
         tracing::debug!(segment = %segment.path.display(), "purged write-ahead log segment deleted");
     }
     Ok(())

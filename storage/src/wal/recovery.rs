@@ -27,7 +27,6 @@
 //! written whole, by someone: it is reported as corrupt, never cut silently.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::{BufReader, ErrorKind, Read};
 use std::path::Path;
 use std::sync::Arc;
@@ -35,7 +34,8 @@ use std::sync::Arc;
 use super::record::{self, Header, Record, RecordError, HEADER_BYTES};
 use super::segment::{self, io_error, Segment};
 use super::{Location, RaftState};
-use crate::fsync::fsync_dir;
+use crate::disk::stream::FileReader;
+use crate::disk::Disk;
 use crate::StorageError;
 
 /// Read-ahead of the sequential scan, in bytes.
@@ -75,16 +75,17 @@ fn corrupt(dir: &Path, detail: String) -> StorageError {
 }
 
 /// Scans, cuts, syncs and replays the segments in `dir`.
-pub(super) fn recover(dir: &Path) -> Result<Recovered, StorageError> {
-    let listed = segment::list(dir)?;
+pub(super) fn recover(disk: &dyn Disk, dir: &Path) -> Result<Recovered, StorageError> {
+    let listed = segment::list(disk, dir)?;
     check_no_gap(dir, &listed)?;
     let mut scanned = Vec::with_capacity(listed.len());
     for (position, (sequence, path)) in listed.iter().enumerate() {
-        let segment = Segment::open(path, *sequence)?;
+        let segment = Segment::open(disk, path, *sequence)?;
         let scan = scan(dir, &segment)?;
         let damaged = scan.damage.is_some();
         if let Some(damage) = &scan.damage {
             cut(
+                disk,
                 dir,
                 &segment,
                 scan.valid_len,
@@ -100,13 +101,13 @@ pub(super) fn recover(dir: &Path) -> Result<Recovered, StorageError> {
             break;
         }
     }
-    fsync_dir(dir).map_err(io_error("fsync", dir))?;
+    disk.sync_dir(dir).map_err(io_error("fsync", dir))?;
     replay(dir, scanned)
 }
 
 /// Reads `segment` record by record until its end or the first damage.
 fn scan(dir: &Path, segment: &Segment) -> Result<Scan, StorageError> {
-    let mut reader = BufReader::with_capacity(SCAN_BUFFER_BYTES, segment.file());
+    let mut reader = BufReader::with_capacity(SCAN_BUFFER_BYTES, FileReader::new(segment.file()));
     let mut records = Vec::new();
     let mut offset = 0u64;
     loop {
@@ -184,7 +185,7 @@ impl Scan {
 }
 
 /// Reads until `buffer` is full or the file ends; returns the bytes read.
-fn read_full(reader: &mut BufReader<&File>, buffer: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(reader: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buffer.len() {
         match reader.read(&mut buffer[filled..]) {
@@ -200,6 +201,7 @@ fn read_full(reader: &mut BufReader<&File>, buffer: &mut [u8]) -> std::io::Resul
 /// Ends the log at `valid_len` bytes of `segment`: deletes the `later`
 /// segments (newest first), then truncates `segment`.
 fn cut(
+    disk: &dyn Disk,
     dir: &Path,
     segment: &Segment,
     valid_len: u64,
@@ -208,9 +210,8 @@ fn cut(
 ) -> Result<(), StorageError> {
     let file_len = segment
         .file()
-        .metadata()
-        .map_err(io_error("stat", &segment.path))?
-        .len();
+        .len()
+        .map_err(io_error("stat", &segment.path))?;
     let cut_bytes = file_len - valid_len.min(file_len);
     if matches!(damage, RecordError::Unwritten) && later.is_empty() {
         tracing::info!(
@@ -230,10 +231,10 @@ fn cut(
         );
     }
     for (_, path) in later.iter().rev() {
-        std::fs::remove_file(path).map_err(io_error("delete", path))?;
+        disk.remove_file(path).map_err(io_error("delete", path))?;
     }
     if !later.is_empty() {
-        fsync_dir(dir).map_err(io_error("fsync", dir))?;
+        disk.sync_dir(dir).map_err(io_error("fsync", dir))?;
     }
     segment.truncate(valid_len)
 }

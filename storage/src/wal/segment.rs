@@ -4,14 +4,14 @@
 //! Segments are named by a sequence number, zero-padded to 20 digits
 //! (`00000000000000000001.wal`), so that a lexical listing is the numeric order.
 //! One open file handle per segment serves the writer (`pwrite`, only on the
-//! active segment), every reader (`pread`) and the sync thread (`fdatasync`):
+//! active segment), every reader (`pread`) and the group commit (`fdatasync`):
 //! positioned IO needs no shared cursor, so they never wait on each other.
+//! Files are opened through the store's [`Disk`].
 
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use crate::disk::{Disk, DiskFile, OpenMode};
 use crate::StorageError;
 
 /// The file name suffix of a segment.
@@ -26,8 +26,8 @@ pub(crate) struct Segment {
     pub(crate) sequence: u64,
     pub(crate) path: PathBuf,
     /// Opened for reading and writing; shared by the writer, readers and the
-    /// sync thread through `Arc<Segment>`.
-    file: File,
+    /// group commit through `Arc<Segment>`.
+    file: Box<dyn DiskFile>,
 }
 
 /// The file name of segment `sequence`.
@@ -58,15 +58,14 @@ pub(crate) fn io_error(
 
 /// The segments in `dir`, by sequence number. Files with other names are
 /// left alone (and logged).
-pub(crate) fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
+pub(crate) fn list(disk: &dyn Disk, dir: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
     let mut segments = Vec::new();
-    for dir_entry in std::fs::read_dir(dir).map_err(io_error("list", dir))? {
-        let dir_entry = dir_entry.map_err(io_error("list", dir))?;
-        let name = dir_entry.file_name();
+    for name in disk.read_dir(dir).map_err(io_error("list", dir))? {
+        let path = dir.join(&name);
         match name.to_str().and_then(parse_file_name) {
-            Some(sequence) => segments.push((sequence, dir_entry.path())),
+            Some(sequence) => segments.push((sequence, path)),
             None => tracing::warn!(
-                file = %dir_entry.path().display(),
+                file = %path.display(),
                 "not a write-ahead log segment: ignored"
             ),
         }
@@ -78,13 +77,10 @@ pub(crate) fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StorageError> {
 impl Segment {
     /// Creates segment `sequence` in `dir`; it must not exist. The caller
     /// fsyncs `dir` before anything written to it is acknowledged.
-    pub(crate) fn create(dir: &Path, sequence: u64) -> Result<Self, StorageError> {
+    pub(crate) fn create(disk: &dyn Disk, dir: &Path, sequence: u64) -> Result<Self, StorageError> {
         let path = dir.join(file_name(sequence));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        let file = disk
+            .open(&path, OpenMode::CreateNew)
             .map_err(io_error("create", &path))?;
         Ok(Self {
             sequence,
@@ -94,11 +90,9 @@ impl Segment {
     }
 
     /// Opens an existing segment.
-    pub(crate) fn open(path: &Path, sequence: u64) -> Result<Self, StorageError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
+    pub(crate) fn open(disk: &dyn Disk, path: &Path, sequence: u64) -> Result<Self, StorageError> {
+        let file = disk
+            .open(path, OpenMode::Existing)
             .map_err(io_error("open", path))?;
         Ok(Self {
             sequence,
@@ -108,8 +102,8 @@ impl Segment {
     }
 
     /// The file, for sequential reading at recovery.
-    pub(crate) fn file(&self) -> &File {
-        &self.file
+    pub(crate) fn file(&self) -> &dyn DiskFile {
+        &*self.file
     }
 
     /// Writes all of `bytes` at `offset` (into the page cache: not durable).
@@ -151,6 +145,7 @@ impl Segment {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::disk::OsDisk;
 
     #[test]
     fn names_sort_numerically_and_parse_back() {
@@ -166,17 +161,17 @@ mod tests {
     fn listing_orders_segments_and_skips_other_files() {
         let dir = tempfile::tempdir().unwrap();
         for sequence in [10, 2, 1] {
-            Segment::create(dir.path(), sequence).unwrap();
+            Segment::create(&OsDisk, dir.path(), sequence).unwrap();
         }
         std::fs::write(dir.path().join("notes.txt"), b"x").unwrap();
-        let sequences: Vec<u64> = list(dir.path())
+        let sequences: Vec<u64> = list(&OsDisk, dir.path())
             .unwrap()
             .into_iter()
             .map(|(s, _)| s)
             .collect();
         assert_eq!(sequences, vec![1, 2, 10]);
         assert!(
-            Segment::create(dir.path(), 2).is_err(),
+            Segment::create(&OsDisk, dir.path(), 2).is_err(),
             "create must not reuse a file"
         );
     }

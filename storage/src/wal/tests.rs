@@ -8,6 +8,7 @@ use openraft::{CommittedLeaderId, EntryPayload};
 use tokio::sync::oneshot;
 
 use super::*;
+use crate::disk::OsDisk;
 
 /// Small enough that a few dozen blank entries span many segments.
 const TINY_SEGMENT_BYTES: u64 = 256;
@@ -30,7 +31,7 @@ fn blanks(term: u64, indexes: std::ops::RangeInclusive<u64>) -> Vec<Entry<TypeCo
 fn open(dir: &Path, segment_max_bytes: u64) -> Wal {
     let options = WalOptions {
         segment_max_bytes,
-        presence: Presence::CreateIfMissing,
+        ..WalOptions::new(Presence::CreateIfMissing)
     };
     Wal::open(dir, options).expect("open the wal")
 }
@@ -59,7 +60,7 @@ fn expected(term: u64, indexes: std::ops::RangeInclusive<u64>) -> Vec<LogId<Node
 }
 
 fn segment_paths(dir: &Path) -> Vec<PathBuf> {
-    segment::list(dir)
+    segment::list(&OsDisk, dir)
         .unwrap()
         .into_iter()
         .map(|(_, path)| path)
@@ -326,7 +327,7 @@ async fn a_hole_is_reported_as_corrupt_naming_the_dir() {
 
     let options = WalOptions {
         segment_max_bytes: TINY_SEGMENT_BYTES,
-        presence: Presence::MustExist,
+        ..WalOptions::new(Presence::MustExist)
     };
     let error = Wal::open(dir.path(), options).expect_err("a hole must not open");
     assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
