@@ -21,7 +21,8 @@ pub enum Exec {
     /// No thread is created and `spawn_blocking` is never called: the group
     /// commit is a task on the current tokio runtime (`tokio::spawn`, so the
     /// store must be opened inside one), and the rest runs in the task that
-    /// asked for it, blocking it for the duration. For a simulated disk,
+    /// asked for it, blocking it for the duration. On a current-thread
+    /// runtime everything then runs on its one thread. For a simulated disk,
     /// whose operations return at once. A panic in that work is the caller's
     /// panic, not an error.
     Inline,
