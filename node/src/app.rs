@@ -160,7 +160,7 @@ pub async fn start_unbound(
     settings: &NodeSettings,
     raft_runtime: &Handle,
 ) -> Result<App, StartError> {
-    let options = permitd_storage::Options::new(settings.data_dir.clone());
+    let options = settings.seams.storage(settings.data_dir.clone());
     // On the Raft runtime: the WAL's sync thread starts from the thread that
     // opens the store and inherits its CPU priority, which must be Raft's.
     let opened = raft_runtime

@@ -11,15 +11,20 @@
 //!   timer in the simulator, whose paused clock a timerfd cannot see;
 //! - randomness: the election guard's timeout draws, from the OS's entropy or
 //!   from the simulation's seed;
-//! - blocking work (parsing or decoding a large body): on tokio's blocking
-//!   threads in production, inline in the simulator, where another thread
-//!   would finish in real time, not in the simulation's.
+//! - the disk under the store (`permitd_storage::disk`): the real file
+//!   system, or the simulator's in-memory one with its power cuts;
+//! - blocking work (the WAL's group commit, opening the store, snapshots,
+//!   parsing or decoding a large body): on threads in production, inline in
+//!   the simulator, where another thread would finish in real time, not in
+//!   the simulation's (`permitd_storage::Exec`).
 //!
 //! Durations and deadlines use `tokio::time::Instant` throughout the node, so
 //! the simulator's paused runtime clock drives them without a seam.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use permitd_storage::disk::{Disk, OsDisk};
+use permitd_storage::Exec;
 use permitd_transport::Transport;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -34,21 +39,33 @@ pub struct Seams {
     pub precise_timer: bool,
     /// Seeds the node's random draws; `None`: the OS's entropy.
     pub seed: Option<u64>,
-    /// Blocking work runs inline, on the calling task ([`Seams::blocking`]).
-    pub inline_blocking: bool,
+    /// Where blocking work runs: threads, or inline on the calling task
+    /// ([`Seams::blocking`], and the store's).
+    pub exec: Exec,
+    /// The store's file system; `None`: the real one.
+    pub disk: Option<Arc<dyn Disk>>,
     /// What every outgoing call is sent through; `None`: the production
     /// HTTP clients built from the node's settings (TLS, timeouts).
     pub transport: Option<Transport>,
 }
 
 impl Seams {
+    /// Where the store in `dir` lives and runs its blocking work.
+    pub fn storage(&self, dir: std::path::PathBuf) -> permitd_storage::Options {
+        match &self.disk {
+            Some(disk) => permitd_storage::Options::with_disk(dir, disk.clone(), self.exec),
+            None => permitd_storage::Options::with_disk(dir, Arc::new(OsDisk), self.exec),
+        }
+    }
+
     /// The real world: system clock, timerfd, OS entropy.
     pub fn production() -> Self {
         Self {
             clock: Clock::System,
             precise_timer: true,
             seed: None,
-            inline_blocking: false,
+            exec: Exec::Threads,
+            disk: None,
             transport: None,
         }
     }
@@ -71,7 +88,7 @@ impl Seams {
         &self,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, BlockingFailed> {
-        if self.inline_blocking {
+        if self.exec == Exec::Inline {
             return std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
                 .map_err(|_| BlockingFailed("the work panicked".into()));
         }

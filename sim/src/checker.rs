@@ -45,7 +45,11 @@ impl std::fmt::Display for Violation {
 }
 
 /// Most jobs of one key that overlap; `limit` is exceeded if greater.
-pub fn check_budget(jobs: &[Job], limits: &BTreeMap<String, u64>, run_end: Duration) -> Vec<Violation> {
+pub fn check_budget(
+    jobs: &[Job],
+    limits: &BTreeMap<String, u64>,
+    run_end: Duration,
+) -> Vec<Violation> {
     let mut by_key: BTreeMap<&str, Vec<(Duration, i8)>> = BTreeMap::new();
     for job in jobs {
         let points = by_key.entry(&job.key).or_default();
@@ -156,7 +160,10 @@ mod tests {
         let apart = [job("k", 0, 0, 10, 1), job("k", 5, 11, 20, 2)];
         assert!(check_budget(&apart, &limits, ms(100)).is_empty());
         let touching = [job("k", 0, 0, 10, 1), job("k", 5, 10, 20, 2)];
-        assert_eq!(check_budget(&touching, &limits, ms(100))[0].kind, "over_limit");
+        assert_eq!(
+            check_budget(&touching, &limits, ms(100))[0].kind,
+            "over_limit"
+        );
     }
 
     #[test]

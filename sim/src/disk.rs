@@ -25,7 +25,9 @@ impl Default for SimDisk {
 
 impl SimDisk {
     fn model(&self) -> MutexGuard<'_, DiskModel> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A power cut (the node must be down): unsynced data and names are lost;
@@ -83,9 +85,17 @@ impl Disk for SimDisk {
         let inode = match model.lookup(path) {
             Some(Entry::File(inode)) => inode,
             Some(Entry::Dir) => {
-                return Err(io::Error::new(io::ErrorKind::IsADirectory, path.display().to_string()))
+                return Err(io::Error::new(
+                    io::ErrorKind::IsADirectory,
+                    path.display().to_string(),
+                ))
             }
-            None => return Err(io::Error::new(io::ErrorKind::NotFound, path.display().to_string())),
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    path.display().to_string(),
+                ))
+            }
         };
         let mut bytes = vec![0; model.len(inode)? as usize];
         let read = model.read_at(inode, &mut bytes, 0)?;
@@ -94,14 +104,22 @@ impl Disk for SimDisk {
     }
 
     fn read_dir(&self, path: &Path) -> io::Result<Vec<OsString>> {
-        Ok(self.model().list(path)?.into_iter().map(|(name, _)| name.into()).collect())
+        Ok(self
+            .model()
+            .list(path)?
+            .into_iter()
+            .map(|(name, _)| name.into())
+            .collect())
     }
 
     fn kind(&self, path: &Path) -> io::Result<FileKind> {
         match self.model().lookup(path) {
             Some(Entry::Dir) => Ok(FileKind::Dir),
             Some(Entry::File(_)) => Ok(FileKind::File),
-            None => Err(io::Error::new(io::ErrorKind::NotFound, path.display().to_string())),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                path.display().to_string(),
+            )),
         }
     }
 

@@ -3,11 +3,32 @@
 //! seed (issue 34; docs/simulation.md).
 //!
 //! The nodes run the node's real code (`permitd_node::app`), reaching the
-//! world only through their seams: [`net::SimTransport`] for every HTTP call,
-//! simulated TCP listeners for every connection they serve, a [`disk_model`]
-//! per node under the storage crate's disk seam, a simulated wall clock, and
-//! tokio's paused clock for every timer. turmoil (tokio-rs) schedules the
-//! hosts and delivers the segments.
+//! world only through their seams (`permitd_node::seams`): [`net::SimTransport`]
+//! for every HTTP call, simulated TCP listeners for every connection they
+//! serve (`node_host.rs`, through the production per-connection path), a
+//! [`disk::SimDisk`] per node under the storage crate's disk seam, a simulated
+//! wall clock, and tokio's paused clock for every timer. The runners are the
+//! real Rust client over the same transport (`workload.rs`). turmoil (tokio-rs)
+//! schedules the hosts and delivers the segments; [`nemesis`] injects faults
+//! drawn from the seed; [`checker`] judges the history the clients saw.
+//!
+//! | file | what |
+//! |---|---|
+//! | `run.rs` | one run: a seed in, [`run::Outcome`] (verdict, trace hash) out |
+//! | `node_host.rs` | one simulated node |
+//! | `workload.rs` | the operator and the job runners |
+//! | `nemesis.rs` | the faults |
+//! | `checker.rs` | the properties |
+//! | `trace.rs` | the events, their hash, the last few for a report |
+//! | `net.rs` | HTTP over turmoil's TCP |
+//! | `disk.rs`, `disk_model.rs` | the disk seam over an in-memory disk with powerfs's rules |
 
+pub mod checker;
+pub mod disk;
 pub mod disk_model;
+pub mod nemesis;
 pub mod net;
+pub mod node_host;
+pub mod run;
+pub mod trace;
+pub mod workload;

@@ -83,7 +83,7 @@ impl Nemesis {
         trace: Trace,
     ) -> Self {
         Self {
-            rng: StdRng::seed_from_u64(seed ^ 0x6e65_6d65_7369_73),
+            rng: StdRng::seed_from_u64(seed ^ 0x006e_656d_6573_6973),
             nodes: worlds.keys().copied().collect(),
             worlds,
             mix,
@@ -127,7 +127,9 @@ impl Nemesis {
     }
 
     fn is_down(&self, id: NodeId) -> bool {
-        self.active.iter().any(|(_, fault)| *fault == Fault::Down(id))
+        self.active
+            .iter()
+            .any(|(_, fault)| *fault == Fault::Down(id))
     }
 
     fn begin_one(&mut self, sim: &mut Sim<'_>, now: Duration) {
@@ -164,9 +166,14 @@ impl Nemesis {
                 if cut {
                     let torn = self.rng.random_bool(0.5).then(|| self.rng.random::<u64>());
                     let report = self.worlds[&id].disk.power_cut(torn);
-                    self.trace.event(now, "nemesis", format_args!("power cut node{id}: {report:?}"));
+                    self.trace.event(
+                        now,
+                        "nemesis",
+                        format_args!("power cut node{id}: {report:?}"),
+                    );
                 } else {
-                    self.trace.event(now, "nemesis", format_args!("crash node{id}"));
+                    self.trace
+                        .event(now, "nemesis", format_args!("crash node{id}"));
                 }
                 Fault::Down(id)
             }
@@ -174,7 +181,11 @@ impl Nemesis {
                 let id = self.node();
                 let skew = self.rng.random_range(-2_000i64..2_000);
                 self.worlds[&id].skew_ms.store(skew, Ordering::Relaxed);
-                self.trace.event(now, "nemesis", format_args!("clock of node{id} at {skew:+} ms"));
+                self.trace.event(
+                    now,
+                    "nemesis",
+                    format_args!("clock of node{id} at {skew:+} ms"),
+                );
                 self.injected += 1;
                 return;
             }
@@ -191,7 +202,8 @@ impl Nemesis {
             _ => return,
         };
         if !matches!(fault, Fault::Down(_)) {
-            self.trace.event(now, "nemesis", format_args!("begin {fault:?}"));
+            self.trace
+                .event(now, "nemesis", format_args!("begin {fault:?}"));
         }
         self.injected += 1;
         self.active.push((now + lasts, fault));
@@ -230,7 +242,8 @@ impl Nemesis {
                 }
             }
         }
-        self.trace.event(now, "nemesis", format_args!("end {fault:?}"));
+        self.trace
+            .event(now, "nemesis", format_args!("end {fault:?}"));
     }
 
     /// Ends every fault, restarts every stopped node, sets clocks right.
@@ -253,11 +266,12 @@ impl Nemesis {
     pub fn restart_stopped(&mut self, sim: &mut Sim<'_>) {
         let now = sim.elapsed();
         for id in self.nodes.clone() {
-            let held_down = self.active.iter().any(|(_, fault)| {
-                matches!(fault, Fault::Down(n) | Fault::FailingSync(n) if *n == id)
-            });
+            let held_down = self.active.iter().any(
+                |(_, fault)| matches!(fault, Fault::Down(n) | Fault::FailingSync(n) if *n == id),
+            );
             if !held_down && !sim.is_host_running(host_name(id)) {
-                self.trace.event(now, "nemesis", format_args!("restart node{id}"));
+                self.trace
+                    .event(now, "nemesis", format_args!("restart node{id}"));
                 sim.bounce(host_name(id));
             }
         }

@@ -136,11 +136,21 @@ pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Re
     let stop = Shutdown::default();
     let public = permitd_node::edge::api::public_router(app.clone());
     let internal = permitd_node::edge::api::internal_router(app.clone());
-    tokio::spawn(accept(API_PORT, Connections::new(public, &settings.edge, None, stop.clone())));
-    tokio::spawn(accept(RAFT_PORT, Connections::new(internal, &settings.edge, None, stop.clone())));
+    tokio::spawn(accept(
+        API_PORT,
+        Connections::new(public, &settings.edge, None, stop.clone()),
+    ));
+    tokio::spawn(accept(
+        RAFT_PORT,
+        Connections::new(internal, &settings.edge, None, stop.clone()),
+    ));
     tokio::spawn(watch_leadership(id, app.clone(), spec.clone()));
     let reason = permitd_node::leader::fatal::wait(&app.raft).await;
-    spec.trace.event(now(), &host_name(id), format_args!("core stopped: {reason}"));
+    spec.trace.event(
+        now(),
+        &host_name(id),
+        format_args!("core stopped: {reason}"),
+    );
     stop.trigger();
     Ok(())
 }
@@ -168,12 +178,19 @@ async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
             (now.current_term, now.state, now.current_leader)
         };
         if state == ServerState::Leader {
-            let mut leaders = spec.leaders.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut leaders = spec
+                .leaders
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             leaders.entry(term).or_default().insert(id);
         }
         if last != Some((term, state)) {
             let at = turmoil::sim_elapsed().unwrap_or_default();
-            spec.trace.event(at, &host_name(id), format_args!("term {term} {state:?} leader {leader:?}"));
+            spec.trace.event(
+                at,
+                &host_name(id),
+                format_args!("term {term} {state:?} leader {leader:?}"),
+            );
             last = Some((term, state));
         }
         if metrics.changed().await.is_err() {

@@ -89,8 +89,9 @@ impl Outcome {
 pub fn run(options: &RunOptions) -> Outcome {
     let trace = Trace::default();
     let spec = ClusterSpec::new(options.seed, options.nodes, trace.clone());
-    let worlds: BTreeMap<NodeId, NodeWorld> =
-        (1..=options.nodes).map(|id| (id, NodeWorld::default())).collect();
+    let worlds: BTreeMap<NodeId, NodeWorld> = (1..=options.nodes)
+        .map(|id| (id, NodeWorld::default()))
+        .collect();
     let mut sim = turmoil::Builder::new()
         .rng_seed(options.seed)
         .epoch(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
@@ -102,7 +103,9 @@ pub fn run(options: &RunOptions) -> Outcome {
         .build();
     for (&id, world) in &worlds {
         let (spec, world) = (spec.clone(), world.clone());
-        sim.host(host_name(id), move || node_host::run(id, spec.clone(), world.clone()));
+        sim.host(host_name(id), move || {
+            node_host::run(id, spec.clone(), world.clone())
+        });
     }
     let workload = WorkloadSpec {
         keys: (0..options.keys)
@@ -115,7 +118,10 @@ pub fn run(options: &RunOptions) -> Outcome {
             .collect(),
     };
     let log = JobLog::default();
-    sim.client("operator", workload::configure(workload.clone(), trace.clone()));
+    sim.client(
+        "operator",
+        workload::configure(workload.clone(), options.seed, trace.clone()),
+    );
     for n in 0..options.clients {
         let name = format!("client{n}");
         let seed = options.seed.wrapping_mul(1_000).wrapping_add(n as u64);
@@ -148,12 +154,19 @@ pub fn run(options: &RunOptions) -> Outcome {
         nemesis.restart_stopped(&mut sim);
     }
     let simulated = sim.elapsed();
-    let jobs = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    let jobs = log
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     let limits = workload.keys.iter().cloned().collect();
     violations.extend(checker::check_budget(&jobs, &limits, simulated));
     violations.extend(checker::check_fences(&jobs));
     violations.extend(checker::check_every_job_ended(&jobs));
-    let leaders = spec.leaders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    let leaders = spec
+        .leaders
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     violations.extend(checker::check_leaders(&leaders));
     Outcome {
         seed: options.seed,

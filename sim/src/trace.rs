@@ -45,7 +45,10 @@ impl Trace {
     pub fn event(&self, at: Duration, host: &str, what: impl std::fmt::Display) {
         let mut line = String::new();
         let _ = write!(line, "{:>9.3}s {host:<8} {what}", at.as_secs_f64());
-        let mut inner = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut inner = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for byte in line.bytes().chain(std::iter::once(b'\n')) {
             inner.hash = (inner.hash ^ u64::from(byte)).wrapping_mul(FNV_PRIME);
         }
@@ -58,16 +61,25 @@ impl Trace {
 
     /// The hash of every event so far.
     pub fn hash(&self) -> u64 {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).hash
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .hash
     }
 
     pub fn events(&self) -> u64 {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).events
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .events
     }
 
     /// The last events, oldest first.
     pub fn last(&self) -> Vec<String> {
-        let inner = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let inner = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         inner.last.iter().cloned().collect()
     }
 }

@@ -33,17 +33,27 @@ fn now() -> Duration {
     turmoil::sim_elapsed().unwrap_or_default()
 }
 
-fn client(spec: &WorkloadSpec) -> Result<SemaphoreClient, permitd_client::ClientError> {
-    let endpoints: Vec<String> = spec.endpoints.iter().map(|e| format!("http://{e}")).collect();
+/// The real client, over the simulated network, with the simulation's clock
+/// and random draws seeded from `seed`.
+fn client(spec: &WorkloadSpec, seed: u64) -> Result<SemaphoreClient, permitd_client::ClientError> {
+    let endpoints: Vec<String> = spec
+        .endpoints
+        .iter()
+        .map(|e| format!("http://{e}"))
+        .collect();
     let mut config = ClientConfig::new([endpoints.join(",")]);
     config.transport = Some(Arc::new(SimTransport));
+    config.seed = Some(seed);
+    config.wall_clock = Some(Arc::new(|| {
+        turmoil::since_epoch().unwrap_or_default().as_millis() as u64
+    }));
     SemaphoreClient::new(config)
 }
 
 /// The operator's part: configures every key's limit, retrying until the
 /// cluster has a leader that accepts it.
-pub async fn configure(spec: WorkloadSpec, trace: Trace) -> turmoil::Result {
-    let client = client(&spec)?;
+pub async fn configure(spec: WorkloadSpec, seed: u64, trace: Trace) -> turmoil::Result {
+    let client = client(&spec, seed)?;
     for (key, limit) in &spec.keys {
         let update = KeyConfigUpdate {
             limit: Some(*limit),
@@ -55,7 +65,11 @@ pub async fn configure(spec: WorkloadSpec, trace: Trace) -> turmoil::Result {
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
-        trace.event(now(), "operator", format_args!("configured {key} limit {limit}"));
+        trace.event(
+            now(),
+            "operator",
+            format_args!("configured {key} limit {limit}"),
+        );
     }
     Ok(())
 }
@@ -68,8 +82,8 @@ pub async fn run_client(
     log: JobLog,
     trace: Trace,
 ) -> turmoil::Result {
-    let client = client(&spec)?;
-    let mut rng = StdRng::seed_from_u64(seed);
+    let client = client(&spec, seed)?;
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     // Give the operator's configuration a head start.
     tokio::time::sleep(Duration::from_millis(rng.random_range(200..800))).await;
     for attempt in 0..spec.jobs_per_client {
@@ -85,7 +99,11 @@ pub async fn run_client(
         let permit = match client.acquire_with(key, "jobs", 1, options).await {
             Ok(permit) => permit,
             Err(error) => {
-                trace.event(now(), &name, format_args!("acquire {key} failed: {}", kind_of(&error)));
+                trace.event(
+                    now(),
+                    &name,
+                    format_args!("acquire {key} failed: {}", kind_of(&error)),
+                );
                 tokio::time::sleep(Duration::from_millis(rng.random_range(10..200))).await;
                 continue;
             }
@@ -94,7 +112,9 @@ pub async fn run_client(
         let fence = permit.fence();
         trace.event(start, &name, format_args!("holds {key} fence {fence}"));
         let index = {
-            let mut log = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut log = log
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             log.push(Job {
                 key: key.clone(),
                 client: name.clone(),
@@ -107,7 +127,9 @@ pub async fn run_client(
         };
         tokio::time::sleep(hold).await;
         let end = now();
-        log.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[index].end = Some(end);
+        log.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)[index]
+            .end = Some(end);
         match permit.release().await {
             Ok(()) => trace.event(now(), &name, format_args!("released {key}")),
             Err(_) => trace.event(now(), &name, format_args!("release of {key} failed")),

@@ -1,7 +1,7 @@
 //! The simulator's seeds, as CI and a developer run them.
 //!
 //! - `cargo test -p permitd-sim --release --test seeds`: the CI budget
-//!   (`SIM_SEEDS`, default 1000), every tenth seed run twice to prove that it
+//!   (`SIM_SEEDS`, default 1000; 20 in a debug build), every tenth seed run twice to prove that it
 //!   replays to the same trace.
 //! - `SIM_SEED=n`: replays seed n alone, twice, printing its full report.
 //! - `SIM_SECONDS=s`: runs seeds until s seconds of wall time have passed (a
@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use permitd_sim::run::{run, Outcome, RunOptions};
 
 fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|value| value.parse().ok())
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
 }
 
 /// Seeds run twice, to check that they replay: one in this many.
@@ -36,11 +38,16 @@ fn seeds() {
             first.simulated,
             second.summary()
         );
-        assert_eq!(first.trace_hash, second.trace_hash, "seed {seed} did not replay");
+        assert_eq!(
+            first.trace_hash, second.trace_hash,
+            "seed {seed} did not replay"
+        );
         assert!(first.passed(), "seed {seed} failed");
         return;
     }
-    let seeds = env_u64("SIM_SEEDS").unwrap_or(1_000);
+    // A debug build simulates several times slower: its default is a smoke run.
+    let default_seeds = if cfg!(debug_assertions) { 20 } else { 1_000 };
+    let seeds = env_u64("SIM_SEEDS").unwrap_or(default_seeds);
     let first_seed = env_u64("SIM_FIRST_SEED").unwrap_or(1);
     let budget = env_u64("SIM_SECONDS").map(Duration::from_secs);
     let started = Instant::now();
@@ -51,8 +58,12 @@ fn seeds() {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers: Vec<_> = (0..threads)
         .map(|_| {
-            let (next, failed, diverged, simulated_ms) =
-                (next.clone(), failed.clone(), diverged.clone(), simulated_ms.clone());
+            let (next, failed, diverged, simulated_ms) = (
+                next.clone(),
+                failed.clone(),
+                diverged.clone(),
+                simulated_ms.clone(),
+            );
             std::thread::spawn(move || loop {
                 let seed = next.fetch_add(1, Ordering::Relaxed);
                 let out_of_seeds = budget.is_none() && seed >= first_seed + seeds;
@@ -80,7 +91,9 @@ fn seeds() {
     for worker in workers {
         worker.join().expect("a simulation thread panicked");
     }
-    let ran = next.load(Ordering::Relaxed).saturating_sub(first_seed + threads as u64);
+    let ran = next
+        .load(Ordering::Relaxed)
+        .saturating_sub(first_seed + threads as u64);
     let wall = started.elapsed().as_secs_f64();
     let simulated = simulated_ms.load(Ordering::Relaxed) as f64 / 1_000.0;
     println!(
@@ -95,6 +108,13 @@ fn seeds() {
         "{} of {replayed} replayed seeds gave the same trace",
         replayed.saturating_sub(diverged.len() as u64)
     );
-    assert!(failed.is_empty(), "failed seeds: {:?}", failed.iter().map(|o| o.seed).collect::<Vec<_>>());
-    assert!(diverged.is_empty(), "seeds that did not replay: {diverged:?}");
+    assert!(
+        failed.is_empty(),
+        "failed seeds: {:?}",
+        failed.iter().map(|o| o.seed).collect::<Vec<_>>()
+    );
+    assert!(
+        diverged.is_empty(),
+        "seeds that did not replay: {diverged:?}"
+    );
 }
