@@ -18,6 +18,10 @@ use crate::disk_model::DiskFaults;
 use crate::node_host::{host_name, NodeWorld};
 use crate::trace::Trace;
 
+/// How often a node that stopped on its own is started again, as a
+/// supervisor (systemd's `RestartSec`) would.
+const RESTART_EVERY: Duration = Duration::from_millis(500);
+
 /// One fault under way, and what undoes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Fault {
@@ -70,6 +74,8 @@ pub struct Nemesis {
     /// Faults under way and when each ends.
     active: Vec<(Duration, Fault)>,
     healed: bool,
+    /// When each node was last restarted by [`Nemesis::restart_stopped`].
+    restarted_at: BTreeMap<NodeId, Duration>,
     trace: Trace,
     pub injected: u64,
 }
@@ -92,6 +98,7 @@ impl Nemesis {
             next_at: start,
             active: Vec::new(),
             healed: false,
+            restarted_at: BTreeMap::new(),
             trace,
             injected: 0,
         }
@@ -269,9 +276,14 @@ impl Nemesis {
             let held_down = self.active.iter().any(
                 |(_, fault)| matches!(fault, Fault::Down(n) | Fault::FailingSync(n) if *n == id),
             );
-            if !held_down && !sim.is_host_running(host_name(id)) {
+            let recently = self
+                .restarted_at
+                .get(&id)
+                .is_some_and(|at| now < *at + RESTART_EVERY);
+            if !held_down && !recently && !sim.is_host_running(host_name(id)) {
                 self.trace
                     .event(now, "nemesis", format_args!("restart node{id}"));
+                self.restarted_at.insert(id, now);
                 sim.bounce(host_name(id));
             }
         }

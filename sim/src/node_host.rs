@@ -47,6 +47,8 @@ pub struct ClusterSpec {
     pub timings: RaftTimings,
     pub trace: Trace,
     pub leaders: LeadersSeen,
+    /// Nodes that could not start on a healthy disk.
+    pub start_failures: Arc<Mutex<Vec<String>>>,
 }
 
 impl ClusterSpec {
@@ -73,6 +75,7 @@ impl ClusterSpec {
             },
             trace,
             leaders: LeadersSeen::default(),
+            start_failures: Arc::default(),
         }
     }
 }
@@ -125,8 +128,28 @@ fn settings(id: NodeId, spec: &ClusterSpec, world: &NodeWorld) -> NodeSettings {
 pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Result {
     let settings = settings(id, &spec, &world);
     let handle = tokio::runtime::Handle::current();
-    let app = app::start_unbound(&settings, &handle).await?;
     let now = || turmoil::sim_elapsed().unwrap_or_default();
+    let app = match app::start_unbound(&settings, &handle).await {
+        Ok(app) => app,
+        Err(error) => {
+            // A node may refuse to start on a disk that is full or failing (as
+            // it must); on a healthy disk it is a finding.
+            let faults = world.disk.faults();
+            spec.trace
+                .event(now(), &host_name(id), format_args!("cannot start: {error}"));
+            let mut failures = spec
+                .start_failures
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let first = !failures
+                .iter()
+                .any(|f| f.starts_with(&format!("node{id} ")));
+            if faults == Default::default() && first {
+                failures.push(format!("node{id} at {:?}: {error}", now()));
+            }
+            return Ok(());
+        }
+    };
     spec.trace.event(now(), &host_name(id), "started");
     if id == 1 && !app.raft.is_initialized().await? {
         permitd_node::edge::api::cluster::initialize(&app)

@@ -168,6 +168,15 @@ pub fn run(options: &RunOptions) -> Outcome {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
     violations.extend(checker::check_leaders(&leaders));
+    let start_failures = spec
+        .start_failures
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    violations.extend(start_failures.into_iter().map(|detail| Violation {
+        kind: "node_cannot_start",
+        detail,
+    }));
     Outcome {
         seed: options.seed,
         trace_hash: trace.hash(),

@@ -3,7 +3,9 @@
 //! - `cargo test -p permitd-sim --release --test seeds`: the CI budget
 //!   (`SIM_SEEDS`, default 1000; 20 in a debug build), every tenth seed run twice to prove that it
 //!   replays to the same trace.
-//! - `SIM_SEED=n`: replays seed n alone, twice, printing its full report.
+//! - `SIM_SEED=n`: replays seed n alone, twice, printing its full report
+//!   (`SIM_LOG=<filter>`, such as `SIM_LOG=permitd_storage=debug`, adds the
+//!   nodes' own logs).
 //! - `SIM_SECONDS=s`: runs seeds until s seconds of wall time have passed (a
 //!   soak), however many `SIM_SEEDS` says.
 //!
@@ -28,6 +30,14 @@ const REPLAY_EVERY: u64 = 10;
 #[test]
 fn seeds() {
     if let Some(seed) = env_u64("SIM_SEED") {
+        // SIM_LOG=<filter> prints the nodes' own logs (tracing) of the replay.
+        if let Ok(filter) = std::env::var("SIM_LOG") {
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_ansi(false)
+                .with_test_writer()
+                .init();
+        }
         let first = run(&RunOptions::ci(seed));
         let second = run(&RunOptions::ci(seed));
         println!("{}", first.report());

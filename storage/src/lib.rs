@@ -55,6 +55,7 @@ mod lock;
 mod log_store;
 mod snapshot;
 mod snapshot_metrics;
+mod snapshot_reach;
 mod state_machine;
 pub mod token_state;
 mod wal;
@@ -188,7 +189,7 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
         "storage opened"
     );
     Ok(Opened {
-        log: LogStore::new(wal),
+        log: LogStore::new(wal, state_machine.snapshot_reach()),
         state,
         state_machine,
     })

@@ -17,6 +17,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, LogId, OptionalSend, RaftLogReader, Vote};
 
 use crate::error::{read_logs, write_logs, write_vote, RaftError};
+use crate::snapshot_reach::SnapshotReach;
 use crate::wal::Wal;
 use crate::{NodeId, TypeConfig};
 
@@ -49,11 +50,16 @@ fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
 #[derive(Debug, Clone)]
 pub struct LogStore {
     wal: Wal,
+    /// A purge waits until a durable snapshot covers its point.
+    snapshot_reach: SnapshotReach,
 }
 
 impl LogStore {
-    pub(crate) fn new(wal: Wal) -> Self {
-        Self { wal }
+    pub(crate) fn new(wal: Wal, snapshot_reach: SnapshotReach) -> Self {
+        Self {
+            wal,
+            snapshot_reach,
+        }
     }
 
     /// Group-commit counts so far: (group-commit batches, fdatasyncs). For tests and
@@ -162,6 +168,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), RaftError> {
         tracing::debug!(%log_id, "purging the log up to this entry");
+        // Never ahead of the durable snapshot (`snapshot_reach.rs`): an
+        // install from the leader is still being written when this is asked.
+        self.snapshot_reach
+            .wait_for(log_id.index)
+            .await
+            .map_err(write_logs)?;
         self.wal.purge(log_id).await.map_err(write_logs)
     }
 }
@@ -199,7 +211,7 @@ mod tests {
         wal.append((1..=40).map(blank).collect::<Vec<_>>(), done)
             .unwrap();
         synced.await.unwrap().unwrap();
-        let store = LogStore::new(wal);
+        let store = LogStore::new(wal, SnapshotReach::new(Some(u64::MAX)));
         // One byte per slice: every entry is a slice of its own.
         assert_eq!(
             indexes(&store.read_in_slices(.., 1).await.unwrap()),

@@ -38,6 +38,7 @@ use crate::disk::Disk;
 use crate::error::{read_snapshot, read_state_machine, write_snapshot, RaftError};
 use crate::lock::DirLock;
 use crate::snapshot::{SnapshotFiles, SnapshotImage, StoredSnapshot};
+use crate::snapshot_reach::SnapshotReach;
 use crate::{snapshot, CommandResult, Exec, NodeId, PeerNode, StorageError, TypeConfig};
 
 /// Apply notices kept for subscribers that fall behind; a lagging subscriber gets
@@ -195,6 +196,8 @@ struct Snapshots {
     current: Arc<Mutex<Option<StoredSnapshot>>>,
     /// Where encoding, writing and decoding run.
     exec: Exec,
+    /// Moved whenever a newer snapshot is durable and current.
+    reach: SnapshotReach,
 }
 
 impl Snapshots {
@@ -205,7 +208,10 @@ impl Snapshots {
     /// Makes `stored` (whose file is durable) current unless a newer one is;
     /// removes every other file. Returns the current snapshot's metadata.
     fn make_current(&self, stored: StoredSnapshot) -> StoredSnapshot {
-        Self::make_current_locked(&self.files, &mut self.lock(), stored)
+        let current = Self::make_current_locked(&self.files, &mut self.lock(), stored);
+        self.reach
+            .covered(current.meta.last_log_id.map(|log_id| log_id.index));
+        current
     }
 
     /// Writes an installed snapshot's file durably and makes it current, in one
@@ -214,7 +220,9 @@ impl Snapshots {
     fn install_file(&self, stored: StoredSnapshot, data: &[u8]) -> Result<(), StorageError> {
         let mut current = self.lock();
         self.files.write(&stored.file, data)?;
-        Self::make_current_locked(&self.files, &mut current, stored);
+        let current = Self::make_current_locked(&self.files, &mut current, stored);
+        self.reach
+            .covered(current.meta.last_log_id.map(|log_id| log_id.index));
         Ok(())
     }
 
@@ -259,6 +267,12 @@ impl StateMachineStore {
             Some((stored, image)) => (Some(stored), AppliedState::from(image)),
             None => (None, AppliedState::default()),
         };
+        let reach = SnapshotReach::new(
+            current
+                .as_ref()
+                .and_then(|stored: &StoredSnapshot| stored.meta.last_log_id)
+                .map(|log_id| log_id.index),
+        );
         Ok(Self {
             dir,
             _lock: lock,
@@ -267,8 +281,14 @@ impl StateMachineStore {
                 files,
                 current: Arc::new(Mutex::new(current)),
                 exec,
+                reach,
             },
         })
+    }
+
+    /// How far the durable snapshot reaches, for the log store's purge.
+    pub(crate) fn snapshot_reach(&self) -> SnapshotReach {
+        self.snapshots.reach.clone()
     }
 
     /// A handle for readers.
@@ -352,7 +372,10 @@ impl StateMachineStore {
             .exec
             .blocking(prepare)
             .await
-            .map_err(|error| StorageError::Snapshot(format!("install task: {error}")))??;
+            .map_err(|error| StorageError::Snapshot(format!("install task: {error}")))
+            .and_then(|prepared| prepared)
+            .inspect_err(|error| self.snapshots.reach.failed(error.to_string()))?;
+        self.snapshots.reach.installed();
         let notice = Applied {
             log_index: image.last_applied.map_or(0, |log_id| log_id.index),
             keys: image
@@ -436,6 +459,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, RaftError> {
+        // From now until it is installed, a purge past the durable snapshot
+        // waits for it (`snapshot_reach.rs`).
+        self.snapshots.reach.receiving();
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
