@@ -182,7 +182,8 @@ pub async fn start_unbound(
         transport_or(&settings.seams.transport, || {
             crate::raft::network::client(rpc_timeout, tls, settings.peer_source_ip)
         })?,
-    );
+    )
+    .with_seams(settings.seams.clone());
     let config = Arc::new(raft_config(settings.id, timings)?);
     let (id, raft_network) = (settings.id, network.clone());
     let (log, state_machine) = (opened.log, opened.state_machine);

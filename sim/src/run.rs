@@ -24,6 +24,8 @@ pub struct RunOptions {
     pub fault_window: (Duration, Duration),
     /// A run not finished by then fails (`no_progress`).
     pub limit: Duration,
+    /// Events the outcome keeps (the last ones).
+    pub kept_events: usize,
 }
 
 impl RunOptions {
@@ -38,6 +40,7 @@ impl RunOptions {
             faults: FaultMix::ALL,
             fault_window: (Duration::from_secs(1), Duration::from_secs(6)),
             limit: Duration::from_secs(90),
+            kept_events: 200,
         }
     }
 }
@@ -87,7 +90,7 @@ impl Outcome {
 
 /// Runs one seed to the end.
 pub fn run(options: &RunOptions) -> Outcome {
-    let trace = Trace::default();
+    let trace = Trace::keeping(options.kept_events);
     let spec = ClusterSpec::new(options.seed, options.nodes, trace.clone());
     let worlds: BTreeMap<NodeId, NodeWorld> = (1..=options.nodes)
         .map(|id| (id, NodeWorld::default()))

@@ -23,6 +23,8 @@ struct Inner {
     hash: u64,
     events: u64,
     last: VecDeque<String>,
+    /// How many events `last` keeps.
+    kept: usize,
 }
 
 /// The trace of one run; cheap to clone, shared by every simulated host (they
@@ -32,15 +34,22 @@ pub struct Trace(Arc<Mutex<Inner>>);
 
 impl Default for Trace {
     fn default() -> Self {
-        Self(Arc::new(Mutex::new(Inner {
-            hash: FNV_OFFSET,
-            events: 0,
-            last: VecDeque::with_capacity(KEPT),
-        })))
+        Self::keeping(KEPT)
     }
 }
 
 impl Trace {
+    /// A trace that keeps its last `kept` events (a replay keeps them all, to
+    /// show where two runs part).
+    pub fn keeping(kept: usize) -> Self {
+        Self(Arc::new(Mutex::new(Inner {
+            hash: FNV_OFFSET,
+            events: 0,
+            last: VecDeque::with_capacity(kept.min(KEPT)),
+            kept,
+        })))
+    }
+
     /// Records `what` happening at simulated time `at` on `host`.
     pub fn event(&self, at: Duration, host: &str, what: impl std::fmt::Display) {
         let mut line = String::new();
@@ -53,7 +62,7 @@ impl Trace {
             inner.hash = (inner.hash ^ u64::from(byte)).wrapping_mul(FNV_PRIME);
         }
         inner.events += 1;
-        if inner.last.len() == KEPT {
+        if inner.last.len() == inner.kept {
             inner.last.pop_front();
         }
         inner.last.push_back(line);

@@ -24,6 +24,18 @@ fn env_u64(name: &str) -> Option<u64> {
         .and_then(|value| value.parse().ok())
 }
 
+/// Log lines stamped with simulated time, so that two replays line up.
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match turmoil::sim_elapsed() {
+            Some(at) => write!(w, "{:>9.3}s", at.as_secs_f64()),
+            None => write!(w, "        -"),
+        }
+    }
+}
+
 /// Seeds run twice, to check that they replay: one in this many.
 const REPLAY_EVERY: u64 = 10;
 
@@ -35,11 +47,30 @@ fn seeds() {
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
                 .with_ansi(false)
+                .with_timer(SimTime)
                 .with_test_writer()
                 .init();
         }
-        let first = run(&RunOptions::ci(seed));
-        let second = run(&RunOptions::ci(seed));
+        let options = RunOptions {
+            kept_events: usize::MAX,
+            ..RunOptions::ci(seed)
+        };
+        let first = run(&options);
+        tracing::info!("=== the same seed again");
+        let second = run(&options);
+        if let Some((at, (a, b))) = first
+            .last_events
+            .iter()
+            .zip(&second.last_events)
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+        {
+            println!("the runs part at event {at}:\n  first:  {a}\n  second: {b}");
+        }
+        let mut first = first;
+        first.last_events = first
+            .last_events
+            .split_off(first.last_events.len().saturating_sub(200));
         println!("{}", first.report());
         println!(
             "{} jobs, {} faults, {:?} simulated; again: {}",

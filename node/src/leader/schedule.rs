@@ -321,7 +321,10 @@ impl<R, S> Schedule<R, S> {
     /// Wakes every key that holds requests (a change that may concern any key,
     /// such as new defaults or a restore).
     pub fn wake_all(&mut self, now: Instant) {
-        let keys: Vec<String> = self.keys.keys().cloned().collect();
+        let mut keys: Vec<String> = self.keys.keys().cloned().collect();
+        // In key order, not the map's (which differs from run to run): the same
+        // history gives the same entries (the simulator replays it).
+        keys.sort_unstable();
         for key in keys {
             self.wake(&key, now);
         }

@@ -51,6 +51,7 @@ use super::peer_logs::{PeerLogs, RUNS_FOUND_HELD};
 use super::wire::SnapshotChunk;
 use super::{bearer, SECRET_HEADER};
 use crate::credentials::Secret;
+use crate::seams::Seams;
 
 /// Largest AppendEntries body sent at once, in bytes; longer runs of entries are
 /// split (well under the peers' `/raft/*` body limit).
@@ -83,6 +84,8 @@ pub struct Network {
     scheme: &'static str,
     /// Where each peer's log ends, as its vote answers said.
     peer_logs: PeerLogs,
+    /// Where a large append is encoded ([`Seams::blocking`]).
+    seams: Seams,
 }
 
 impl Network {
@@ -103,7 +106,15 @@ impl Network {
             retry_unreachable,
             scheme,
             peer_logs: PeerLogs::default(),
+            seams: Seams::production(),
         }
+    }
+
+    /// This network, encoding large appends as `seams` say (inline in the
+    /// simulator).
+    pub fn with_seams(mut self, seams: Seams) -> Self {
+        self.seams = seams;
+        self
     }
 }
 
@@ -260,7 +271,7 @@ impl Connection {
             self.append = None;
         }
         if self.append.is_none() {
-            let (request, body) = encode_append(request).await?;
+            let (request, body) = encode_append(&self.network.seams, request).await?;
             if body.len() > MAX_APPEND_BYTES && request.entries.len() > 1 {
                 let fitting = request.entries.len() * MAX_APPEND_BYTES / body.len();
                 let hint = PayloadTooLarge::new_entries_hint(fitting.max(1) as u64);
@@ -271,7 +282,7 @@ impl Connection {
                 (self.network.clone(), self.target, self.target_node.clone());
             let bytes = body.len();
             let task = tokio::spawn(async move {
-                let started = std::time::Instant::now();
+                let started = tokio::time::Instant::now();
                 let result = post(&network, target, &node, "append", body, timeout).await;
                 let elapsed_ms = started.elapsed().as_millis() as u64;
                 match &result {
@@ -337,18 +348,20 @@ const ENCODE_APART_ENTRIES: usize = 2;
 
 /// The append and its body.
 async fn encode_append(
+    seams: &Seams,
     request: AppendEntriesRequest<TypeConfig>,
 ) -> RpcResult<(AppendEntriesRequest<TypeConfig>, Vec<u8>)> {
     let (request, body) = if request.entries.len() <= ENCODE_APART_ENTRIES {
         let body = codec::encode(&request);
         (request, body)
     } else {
-        tokio::task::spawn_blocking(move || {
-            let body = codec::encode(&request);
-            (request, body)
-        })
-        .await
-        .map_err(|error| RPCError::Network(NetworkError::new(&error)))?
+        seams
+            .blocking(move || {
+                let body = codec::encode(&request);
+                (request, body)
+            })
+            .await
+            .map_err(|error| RPCError::Network(NetworkError::new(&error)))?
     };
     let body = body.map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
     Ok((request, body))

@@ -20,13 +20,14 @@
 //! [`ForwardTimings::reach`]: super::deadline::ForwardTimings::reach
 
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::Request;
 use permitd_core::contract::{paths, ErrorAnswer, Serving};
 use permitd_storage::NodeId;
 use permitd_transport::{Deadline, Transport, TransportError, TransportErrorKind};
+use tokio::time::Instant;
 
 use crate::edge::error::ApiError;
 
