@@ -76,6 +76,8 @@ pub struct Nemesis {
     healed: bool,
     /// When each node was last restarted by [`Nemesis::restart_stopped`].
     restarted_at: BTreeMap<NodeId, Duration>,
+    /// Every host's name, the nodes' and the clients'.
+    others: Vec<String>,
     trace: Trace,
     pub injected: u64,
 }
@@ -86,6 +88,7 @@ impl Nemesis {
         worlds: BTreeMap<NodeId, NodeWorld>,
         mix: FaultMix,
         (start, stop): (Duration, Duration),
+        others: Vec<String>,
         trace: Trace,
     ) -> Self {
         Self {
@@ -99,6 +102,7 @@ impl Nemesis {
             active: Vec::new(),
             healed: false,
             restarted_at: BTreeMap::new(),
+            others,
             trace,
             injected: 0,
         }
@@ -168,7 +172,7 @@ impl Nemesis {
                 if self.is_down(id) {
                     return;
                 }
-                sim.crash(host_name(id));
+                self.silently(sim, id, |sim| sim.crash(host_name(id)));
                 let cut = self.mix.power_cuts && (!self.mix.crashes || self.rng.random_bool(0.5));
                 if cut {
                     let torn = self.rng.random_bool(0.5).then(|| self.rng.random::<u64>());
@@ -239,13 +243,17 @@ impl Nemesis {
             Fault::SlowLink(a, b) => {
                 sim.set_link_latency(host_name(*a), host_name(*b), Duration::from_millis(1));
             }
-            Fault::Down(id) => sim.bounce(host_name(*id)),
+            Fault::Down(id) => {
+                let id = *id;
+                self.silently(sim, id, |sim| sim.bounce(host_name(id)));
+            }
             Fault::DiskFull(id) => self.set_faults(*id, |faults| faults.full = false),
             Fault::FailingSync(id) => {
                 self.set_faults(*id, |faults| faults.failing_sync = false);
                 // A node that hit EIO stopped (as it must): start it again.
                 if !sim.is_host_running(host_name(*id)) {
-                    sim.bounce(host_name(*id));
+                    let id = *id;
+                    self.silently(sim, id, |sim| sim.bounce(host_name(id)));
                 }
             }
         }
@@ -261,11 +269,45 @@ impl Nemesis {
         for id in self.nodes.clone() {
             self.worlds[&id].skew_ms.store(0, Ordering::Relaxed);
             if !sim.is_host_running(host_name(id)) {
-                sim.bounce(host_name(id));
+                self.silently(sim, id, |sim| sim.bounce(host_name(id)));
             }
         }
         self.healed = true;
         self.trace.event(now, "nemesis", "healed");
+    }
+
+    /// Runs `action` (a crash, a restart) with every link out of node `id`
+    /// cut, so that the FIN and RST segments its dropped connections send are
+    /// lost, as a dead machine's would be. (They would leave in the order
+    /// tokio drops the old runtime's tasks, which follows task ids counted
+    /// process-wide: a seed would not replay.) Links that a fault already cuts
+    /// stay cut.
+    fn silently(&self, sim: &mut Sim<'_>, id: NodeId, action: impl FnOnce(&mut Sim<'_>)) {
+        let from = host_name(id);
+        let others: Vec<String> = self
+            .others
+            .iter()
+            .filter(|other| **other != from && !self.cuts(id, other))
+            .cloned()
+            .collect();
+        for other in &others {
+            sim.partition_oneway(from.clone(), other.clone());
+        }
+        action(sim);
+        for other in &others {
+            sim.repair_oneway(from.clone(), other.clone());
+        }
+    }
+
+    /// Whether an active fault cuts or holds the link from node `id` to `other`.
+    fn cuts(&self, id: NodeId, other: &str) -> bool {
+        self.active.iter().any(|(_, fault)| match fault {
+            Fault::Partition(a, b) | Fault::Hold(a, b) => {
+                (*a == id && host_name(*b) == other) || (*b == id && host_name(*a) == other)
+            }
+            Fault::OneWay(a, b) => *a == id && host_name(*b) == other,
+            _ => false,
+        })
     }
 
     /// Restarts nodes that stopped on their own (a failed sync) while no fault
@@ -284,7 +326,7 @@ impl Nemesis {
                 self.trace
                     .event(now, "nemesis", format_args!("restart node{id}"));
                 self.restarted_at.insert(id, now);
-                sim.bounce(host_name(id));
+                self.silently(sim, id, |sim| sim.bounce(host_name(id)));
             }
         }
     }

@@ -133,11 +133,17 @@ pub fn run(options: &RunOptions) -> Outcome {
             workload::run_client(name, seed, workload.clone(), log.clone(), trace.clone()),
         );
     }
+    let hosts: Vec<String> = (1..=options.nodes)
+        .map(host_name)
+        .chain(std::iter::once("operator".to_owned()))
+        .chain((0..options.clients).map(|n| format!("client{n}")))
+        .collect();
     let mut nemesis = Nemesis::new(
         options.seed,
         worlds.clone(),
         options.faults,
         options.fault_window,
+        hosts,
         trace.clone(),
     );
     let mut violations = Vec::new();

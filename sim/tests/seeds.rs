@@ -6,6 +6,7 @@
 //! - `SIM_SEED=n`: replays seed n alone, twice, printing its full report
 //!   (`SIM_LOG=<filter>`, such as `SIM_LOG=permitd_storage=debug`, adds the
 //!   nodes' own logs).
+//! - `SIM_THREADS=n`: seeds run on n threads at once (default: one per core).
 //! - `SIM_SECONDS=s`: runs seeds until s seconds of wall time have passed (a
 //!   soak), however many `SIM_SEEDS` says.
 //!
@@ -36,6 +37,23 @@ impl tracing_subscriber::fmt::time::FormatTime for SimTime {
     }
 }
 
+/// Prints where two runs' events first differ.
+fn print_parting(first: &[String], second: &[String]) {
+    if let Some((at, (a, b))) = first
+        .iter()
+        .zip(second)
+        .enumerate()
+        .find(|(_, (a, b))| a != b)
+    {
+        let before = at.saturating_sub(3);
+        println!("the runs part at event {at}:");
+        for line in &first[before..at] {
+            println!("  both:   {line}");
+        }
+        println!("  first:  {a}\n  second: {b}");
+    }
+}
+
 /// Seeds run twice, to check that they replay: one in this many.
 const REPLAY_EVERY: u64 = 10;
 
@@ -58,15 +76,7 @@ fn seeds() {
         let first = run(&options);
         tracing::info!("=== the same seed again");
         let second = run(&options);
-        if let Some((at, (a, b))) = first
-            .last_events
-            .iter()
-            .zip(&second.last_events)
-            .enumerate()
-            .find(|(_, (a, b))| a != b)
-        {
-            println!("the runs part at event {at}:\n  first:  {a}\n  second: {b}");
-        }
+        print_parting(&first.last_events, &second.last_events);
         let mut first = first;
         first.last_events = first
             .last_events
@@ -96,7 +106,10 @@ fn seeds() {
     let failed: Arc<Mutex<Vec<Outcome>>> = Arc::default();
     let diverged: Arc<Mutex<Vec<u64>>> = Arc::default();
     let simulated_ms = Arc::new(AtomicU64::new(0));
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = env_u64("SIM_THREADS").map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |n| n.max(1) as usize,
+    );
     let workers: Vec<_> = (0..threads)
         .map(|_| {
             let (next, failed, diverged, simulated_ms) = (
@@ -112,13 +125,20 @@ fn seeds() {
                 if out_of_seeds || out_of_time {
                     return;
                 }
-                let outcome = run(&RunOptions::ci(seed));
+                let replayed = seed % REPLAY_EVERY == 0;
+                let options = RunOptions {
+                    // A replayed seed keeps every event, to show where two runs part.
+                    kept_events: if replayed { usize::MAX } else { 200 },
+                    ..RunOptions::ci(seed)
+                };
+                let outcome = run(&options);
                 println!("{}", outcome.summary());
                 simulated_ms.fetch_add(outcome.simulated.as_millis() as u64, Ordering::Relaxed);
-                if seed % REPLAY_EVERY == 0 {
-                    let again = run(&RunOptions::ci(seed));
+                if replayed {
+                    let again = run(&options);
                     if again.trace_hash != outcome.trace_hash {
                         println!("seed {seed} replayed to {}", again.summary());
+                        print_parting(&outcome.last_events, &again.last_events);
                         diverged.lock().unwrap().push(seed);
                     }
                 }

@@ -43,6 +43,7 @@ mod apply;
 #[cfg(test)]
 mod apply_fuzz;
 pub mod audit;
+pub mod bugs;
 pub mod codec;
 pub mod command;
 mod command_decode;
@@ -169,7 +170,12 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
     let disk = &*options.disk;
     // Durably: a data dir whose own directory entry is lost in a power cut
     // would come back empty, and the node would start a new cluster.
-    fsync::durable_create_dir_all_on(disk, dir).map_err(|source| StorageError::CreateDir {
+    let created = if bugs::data_dir_parent_not_synced() {
+        disk.create_dir_all(dir).and_then(|()| disk.sync_dir(dir))
+    } else {
+        fsync::durable_create_dir_all_on(disk, dir)
+    };
+    created.map_err(|source| StorageError::CreateDir {
         dir: dir.to_owned(),
         source,
     })?;

@@ -1,0 +1,50 @@
+//! The simulator finds bugs this project has had, put back behind test-only
+//! switches (`permitd_storage::bugs`): each hunt runs seeds from 1 until one
+//! fails, and prints the seed and the time it took (docs/simulation.md).
+//! `SIM_HUNT_SECONDS` bounds each hunt (default 300).
+
+use std::time::{Duration, Instant};
+
+use permitd_sim::run::{run, RunOptions};
+
+fn hunt_budget() -> Duration {
+    let seconds = std::env::var("SIM_HUNT_SECONDS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(300);
+    Duration::from_secs(seconds)
+}
+
+/// Runs seeds until one fails; returns it, with the seeds and time it took.
+fn hunt(bug: &str) -> Option<(u64, u64, Duration)> {
+    let started = Instant::now();
+    let mut seed = 1;
+    while started.elapsed() < hunt_budget() {
+        let outcome = run(&RunOptions::ci(seed));
+        if !outcome.passed() {
+            let took = started.elapsed();
+            println!("{bug}: found by seed {seed} after {seed} seeds, {took:.1?}");
+            println!("{}", outcome.report());
+            return Some((seed, seed, took));
+        }
+        seed += 1;
+    }
+    println!(
+        "{bug}: not found in {} seeds, {:?}",
+        seed - 1,
+        started.elapsed()
+    );
+    None
+}
+
+// One test, so the process-wide switches never overlap.
+#[test]
+fn the_simulator_finds_the_bugs_we_had() {
+    permitd_storage::bugs::set_data_dir_parent_not_synced(true);
+    let found = hunt("a data-dir parent not synced");
+    permitd_storage::bugs::set_data_dir_parent_not_synced(false);
+    assert!(
+        found.is_some(),
+        "the simulator missed: a data-dir parent not synced"
+    );
+}
