@@ -50,7 +50,7 @@ PROPTEST_CASES="${POWERFS_PROPTEST_CASES:-24}" cargo test -p permitd-powerfs --l
 cargo test --workspace --exclude permitd-powerfs --exclude permitd-sim --locked
 # The deterministic simulator (docs/simulation.md): 1,000 seeds of a whole cluster
 # under faults, optimised (a debug build simulates several times slower).
-cargo test -p permitd-sim --release --locked
+cargo test -p permitd-sim --release --locked -- --nocapture
 # schemathesis against a live three-node cluster of the permitd just built.
 tests/schemathesis/run.sh "$TARGET/debug/permitd"
 # The TypeScript client: build, type-check and test against real permitd processes.
