@@ -122,21 +122,33 @@ fn settings(id: NodeId, dir: &std::path::Path, transport: &Arc<RouterTransport>)
     }
 }
 
-/// Waits until both nodes name the same leader: (leader, follower).
+/// Waits until both nodes name the same leader: (leader, follower). Wakes on
+/// each change of either node's leadership, not on a timer.
 async fn leader_and_follower(apps: &[App]) -> (NodeId, NodeId) {
-    for _ in 0..500 {
-        let named: Vec<_> = apps
-            .iter()
-            .map(|app| app.leadership.borrow().leader)
-            .collect();
-        if let [Some(first), Some(second)] = named[..] {
-            if first == second {
-                return (first, 3 - first);
+    let [first, second] = apps else {
+        panic!("two nodes expected");
+    };
+    let (mut first, mut second) = (first.leadership.clone(), second.leadership.clone());
+    let agreed = async {
+        loop {
+            let named = (
+                first.borrow_and_update().leader,
+                second.borrow_and_update().leader,
+            );
+            if let (Some(a), Some(b)) = named {
+                if a == b {
+                    return (a, 3 - a);
+                }
+            }
+            tokio::select! {
+                _ = first.changed() => {}
+                _ = second.changed() => {}
             }
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("no leader both nodes name");
+    };
+    tokio::time::timeout(Duration::from_secs(10), agreed)
+        .await
+        .expect("no leader both nodes name within 10 s")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
