@@ -18,16 +18,24 @@
 //!   the simulator, where another thread would finish in real time, not in
 //!   the simulation's (`permitd_storage::Exec`).
 //!
+//! - when spawned tasks start ([`spawn`]): at once in production; in the
+//!   simulator, whose one-threaded runtime would otherwise always run tasks in
+//!   the order they were spawned, some start a few yields or milliseconds late,
+//!   as on a busy multi-threaded runtime ([`jitter_spawns`]).
+//!
 //! Durations and deadlines use `tokio::time::Instant` throughout the node, so
 //! the simulator's paused runtime clock drives them without a seam.
 
+use std::cell::RefCell;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use permitd_storage::disk::{Disk, OsDisk};
 use permitd_storage::Exec;
 use permitd_transport::Transport;
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 use crate::clock::Clock;
 
@@ -95,6 +103,73 @@ impl Seams {
         tokio::task::spawn_blocking(work)
             .await
             .map_err(|error| BlockingFailed(error.to_string()))
+    }
+}
+
+thread_local! {
+    /// The draws of [`spawn`]'s start delays: set by the simulator, for the
+    /// one thread a simulated cluster runs on; `None` (no delay) otherwise.
+    static SPAWN_JITTER: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+}
+
+/// Makes tasks that the node spawns on this thread start late at random, drawn
+/// from `seed` (the simulator), or at once again (`None`).
+///
+/// Why: tokio's current-thread runtime runs tasks in the order they were
+/// woken, so a simulated node never sees two tasks race the way they do on a
+/// production runtime's several workers, where a task spawned later often runs
+/// first. Code that only works in spawn order (the rounds driver once proposed
+/// each entry from a task of its own, and entries reached the log out of
+/// order) would pass every seed. With jitter, 1 task in 5 yields 1–3 times
+/// before its first poll, and 1 in 10 starts 1–8 ms late.
+pub fn jitter_spawns(seed: Option<u64>) {
+    SPAWN_JITTER.with(|jitter| *jitter.borrow_mut() = seed.map(StdRng::seed_from_u64));
+}
+
+/// How late a task starts.
+enum StartDelay {
+    Yields(u32),
+    Sleep(Duration),
+}
+
+impl StartDelay {
+    fn draw() -> Option<Self> {
+        SPAWN_JITTER.with(|jitter| {
+            let mut jitter = jitter.borrow_mut();
+            let rng = jitter.as_mut()?;
+            match rng.random_range(0..10) {
+                0 | 1 => Some(Self::Yields(rng.random_range(1..=3))),
+                2 => Some(Self::Sleep(Duration::from_millis(rng.random_range(1..=8)))),
+                _ => None,
+            }
+        })
+    }
+
+    async fn wait(self) {
+        match self {
+            Self::Yields(times) => {
+                for _ in 0..times {
+                    tokio::task::yield_now().await;
+                }
+            }
+            Self::Sleep(delay) => tokio::time::sleep(delay).await,
+        }
+    }
+}
+
+/// `tokio::spawn`, through the start-delay seam ([`jitter_spawns`]); in
+/// production one thread-local read more.
+pub fn spawn<F>(task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match StartDelay::draw() {
+        None => tokio::spawn(task),
+        Some(delay) => tokio::spawn(async move {
+            delay.wait().await;
+            task.await
+        }),
     }
 }
 

@@ -54,6 +54,8 @@ pub struct DiskFaults {
     pub full: bool,
     /// Syncs (file and directory) fail with `EIO`.
     pub failing_sync: bool,
+    /// Extra time each sync of the log takes (a slow or busy disk).
+    pub slow_sync: std::time::Duration,
 }
 
 /// What a power cut did, for the trace.

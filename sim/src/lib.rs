@@ -17,8 +17,11 @@
 //! | `run.rs` | one run: a seed in, [`run::Outcome`] (verdict, trace hash) out |
 //! | `node_host.rs` | one simulated node |
 //! | `workload.rs` | the operator and the job runners |
+//! | `waiters.rs` | runners whose requests the leader holds (`waitMs`) |
+//! | `liveness.rs` | no held request waits while its key has a free permit |
 //! | `nemesis.rs` | the faults |
 //! | `checker.rs` | the properties |
+//! | `elections.rs` | no election without a fault that explains it |
 //! | `trace.rs` | the events, their hash, the last few for a report |
 //! | `net.rs` | HTTP over turmoil's TCP |
 //! | `disk.rs`, `disk_model.rs` | the disk seam over an in-memory disk with powerfs's rules |
@@ -26,9 +29,12 @@
 pub mod checker;
 pub mod disk;
 pub mod disk_model;
+pub mod elections;
+pub mod liveness;
 pub mod nemesis;
 pub mod net;
 pub mod node_host;
 pub mod run;
 pub mod trace;
+pub mod waiters;
 pub mod workload;

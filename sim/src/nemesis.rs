@@ -1,7 +1,7 @@
 //! The faults of a run, drawn from its seed: partitions (both ways and one
 //! way), held links (messages delayed, then delivered in a burst), slow links,
-//! crashes and restarts, power cuts (torn or not), clock jumps, a full disk
-//! and failing syncs. Between `start` and `stop` a fault begins every few
+//! crashes and restarts, power cuts (torn or not), clock jumps, a full disk,
+//! failing syncs and slow syncs. Between `start` and `stop` a fault begins every few
 //! hundred simulated milliseconds and each ends after a drawn time; at `stop`
 //! everything heals, so the run can show that the cluster recovers.
 
@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 use turmoil::Sim;
 
 use crate::disk_model::DiskFaults;
+use crate::elections::Disturbances;
 use crate::node_host::{host_name, NodeWorld};
 use crate::trace::Trace;
 
@@ -32,6 +33,7 @@ enum Fault {
     Down(NodeId),
     DiskFull(NodeId),
     FailingSync(NodeId),
+    SlowSync(NodeId),
 }
 
 /// Which faults a run may inject.
@@ -79,6 +81,7 @@ pub struct Nemesis {
     /// Every host's name, the nodes' and the clients'.
     others: Vec<String>,
     trace: Trace,
+    disturbances: Disturbances,
     pub injected: u64,
 }
 
@@ -90,6 +93,7 @@ impl Nemesis {
         (start, stop): (Duration, Duration),
         others: Vec<String>,
         trace: Trace,
+        disturbances: Disturbances,
     ) -> Self {
         Self {
             rng: StdRng::seed_from_u64(seed ^ 0x006e_656d_6573_6973),
@@ -104,6 +108,7 @@ impl Nemesis {
             restarted_at: BTreeMap::new(),
             others,
             trace,
+            disturbances,
             injected: 0,
         }
     }
@@ -177,14 +182,9 @@ impl Nemesis {
                 if cut {
                     let torn = self.rng.random_bool(0.5).then(|| self.rng.random::<u64>());
                     let report = self.worlds[&id].disk.power_cut(torn);
-                    self.trace.event(
-                        now,
-                        "nemesis",
-                        format_args!("power cut node{id}: {report:?}"),
-                    );
+                    self.note(now, format_args!("power cut node{id}: {report:?}"));
                 } else {
-                    self.trace
-                        .event(now, "nemesis", format_args!("crash node{id}"));
+                    self.note(now, format_args!("crash node{id}"));
                 }
                 Fault::Down(id)
             }
@@ -192,32 +192,42 @@ impl Nemesis {
                 let id = self.node();
                 let skew = self.rng.random_range(-2_000i64..2_000);
                 self.worlds[&id].skew_ms.store(skew, Ordering::Relaxed);
-                self.trace.event(
-                    now,
-                    "nemesis",
-                    format_args!("clock of node{id} at {skew:+} ms"),
-                );
+                self.note(now, format_args!("clock of node{id} at {skew:+} ms"));
                 self.injected += 1;
                 return;
             }
             8 if self.mix.disk => {
                 let id = self.node();
-                if self.rng.random_bool(0.5) {
-                    self.set_faults(id, |faults| faults.full = true);
-                    Fault::DiskFull(id)
-                } else {
-                    self.set_faults(id, |faults| faults.failing_sync = true);
-                    Fault::FailingSync(id)
+                match self.rng.random_range(0..3) {
+                    0 => {
+                        self.set_faults(id, |faults| faults.full = true);
+                        Fault::DiskFull(id)
+                    }
+                    1 => {
+                        self.set_faults(id, |faults| faults.failing_sync = true);
+                        Fault::FailingSync(id)
+                    }
+                    _ => {
+                        let slow = Duration::from_millis(self.rng.random_range(10..150));
+                        self.set_faults(id, |faults| faults.slow_sync = slow);
+                        Fault::SlowSync(id)
+                    }
                 }
             }
             _ => return,
         };
         if !matches!(fault, Fault::Down(_)) {
-            self.trace
-                .event(now, "nemesis", format_args!("begin {fault:?}"));
+            self.note(now, format_args!("begin {fault:?}"));
         }
         self.injected += 1;
         self.active.push((now + lasts, fault));
+    }
+
+    /// Traces what the nemesis did, and marks the moment as one that may
+    /// explain an election.
+    fn note(&self, now: Duration, what: impl std::fmt::Display) {
+        self.trace.event(now, "nemesis", what);
+        self.disturbances.at(now);
     }
 
     fn set_faults(&self, id: NodeId, change: impl FnOnce(&mut DiskFaults)) {
@@ -248,6 +258,7 @@ impl Nemesis {
                 self.silently(sim, id, |sim| sim.bounce(host_name(id)));
             }
             Fault::DiskFull(id) => self.set_faults(*id, |faults| faults.full = false),
+            Fault::SlowSync(id) => self.set_faults(*id, |faults| faults.slow_sync = Duration::ZERO),
             Fault::FailingSync(id) => {
                 self.set_faults(*id, |faults| faults.failing_sync = false);
                 // A node that hit EIO stopped (as it must): start it again.
@@ -257,8 +268,7 @@ impl Nemesis {
                 }
             }
         }
-        self.trace
-            .event(now, "nemesis", format_args!("end {fault:?}"));
+        self.note(now, format_args!("end {fault:?}"));
     }
 
     /// Ends every fault, restarts every stopped node, sets clocks right.
@@ -273,7 +283,7 @@ impl Nemesis {
             }
         }
         self.healed = true;
-        self.trace.event(now, "nemesis", "healed");
+        self.note(now, "healed");
     }
 
     /// Runs `action` (a crash, a restart) with every link out of node `id`
@@ -323,8 +333,7 @@ impl Nemesis {
                 .get(&id)
                 .is_some_and(|at| now < *at + RESTART_EVERY);
             if !held_down && !recently && !sim.is_host_running(host_name(id)) {
-                self.trace
-                    .event(now, "nemesis", format_args!("restart node{id}"));
+                self.note(now, format_args!("restart node{id}"));
                 self.restarted_at.insert(id, now);
                 self.silently(sim, id, |sim| sim.bounce(host_name(id)));
             }

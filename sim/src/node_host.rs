@@ -21,6 +21,7 @@ use permitd_node::shutdown::Shutdown;
 use permitd_storage::{Exec, NodeId, PeerNode};
 
 use crate::disk::SimDisk;
+use crate::elections::{Disturbances, TermsSeen};
 use crate::net::SimTransport;
 use crate::trace::Trace;
 
@@ -47,6 +48,10 @@ pub struct ClusterSpec {
     pub timings: RaftTimings,
     pub trace: Trace,
     pub leaders: LeadersSeen,
+    /// Every term seen and when it was first led (`elections.rs`).
+    pub terms: TermsSeen,
+    /// When faults, restarts and stops happened (`elections.rs`).
+    pub disturbances: Disturbances,
     /// Nodes that could not start on a healthy disk.
     pub start_failures: Arc<Mutex<Vec<String>>>,
 }
@@ -75,6 +80,8 @@ impl ClusterSpec {
             },
             trace,
             leaders: LeadersSeen::default(),
+            terms: TermsSeen::default(),
+            disturbances: Disturbances::default(),
             start_failures: Arc::default(),
         }
     }
@@ -137,6 +144,7 @@ pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Re
             let faults = world.disk.faults();
             spec.trace
                 .event(now(), &host_name(id), format_args!("cannot start: {error}"));
+            spec.disturbances.at(now());
             let mut failures = spec
                 .start_failures
                 .lock()
@@ -144,13 +152,14 @@ pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Re
             let first = !failures
                 .iter()
                 .any(|f| f.starts_with(&format!("node{id} ")));
-            if faults == Default::default() && first {
+            if !faults.full && !faults.failing_sync && first {
                 failures.push(format!("node{id} at {:?}: {error}", now()));
             }
             return Ok(());
         }
     };
     spec.trace.event(now(), &host_name(id), "started");
+    spec.disturbances.at(now());
     if id == 1 && !app.raft.is_initialized().await? {
         permitd_node::edge::api::cluster::initialize(&app)
             .await
@@ -174,6 +183,7 @@ pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Re
         &host_name(id),
         format_args!("core stopped: {reason}"),
     );
+    spec.disturbances.at(now());
     stop.trigger();
     Ok(())
 }
@@ -200,6 +210,8 @@ async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
             let now = metrics.borrow_and_update();
             (now.current_term, now.state, now.current_leader)
         };
+        let at = turmoil::sim_elapsed().unwrap_or_default();
+        spec.terms.saw(term, id, state == ServerState::Leader, at);
         if state == ServerState::Leader {
             let mut leaders = spec
                 .leaders
@@ -208,7 +220,6 @@ async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
             leaders.entry(term).or_default().insert(id);
         }
         if last != Some((term, state)) {
-            let at = turmoil::sim_elapsed().unwrap_or_default();
             spec.trace.event(
                 at,
                 &host_name(id),

@@ -3,12 +3,16 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
+use permitd_core::KeyConfig;
 use permitd_storage::NodeId;
 
 use crate::checker::{self, Violation};
+use crate::elections;
+use crate::liveness;
 use crate::nemesis::{FaultMix, Nemesis};
 use crate::node_host::{self, host_name, ClusterSpec, NodeWorld, API_PORT};
 use crate::trace::Trace;
+use crate::waiters::{self, WaitLog, WAITER_KEYS};
 use crate::workload::{self, JobLog, WorkloadSpec};
 
 /// What one run simulates.
@@ -19,6 +23,11 @@ pub struct RunOptions {
     pub keys: usize,
     pub clients: usize,
     pub jobs_per_client: usize,
+    /// Runners whose requests the leader holds (`waiters.rs`).
+    pub waiters: usize,
+    /// How long the waiters go on after the faults heal: quiet time, in
+    /// which `liveness.rs` judges them.
+    pub quiet_after: Duration,
     pub faults: FaultMix,
     /// Faults begin and end within this window of simulated time.
     pub fault_window: (Duration, Duration),
@@ -37,6 +46,8 @@ impl RunOptions {
             keys: 3,
             clients: 4,
             jobs_per_client: 12,
+            waiters: 3,
+            quiet_after: Duration::from_secs(3),
             faults: FaultMix::ALL,
             fault_window: (Duration::from_secs(1), Duration::from_secs(6)),
             limit: Duration::from_secs(90),
@@ -90,6 +101,15 @@ impl Outcome {
 
 /// Runs one seed to the end.
 pub fn run(options: &RunOptions) -> Outcome {
+    // Spawned tasks of the nodes start late at random, as on a busy runtime
+    // (`permitd_node::seams::jitter_spawns`), drawn from the seed.
+    permitd_node::seams::jitter_spawns(Some(options.seed ^ 0x6a69_7474_6572));
+    let outcome = run_seeded(options);
+    permitd_node::seams::jitter_spawns(None);
+    outcome
+}
+
+fn run_seeded(options: &RunOptions) -> Outcome {
     let trace = Trace::keeping(options.kept_events);
     let spec = ClusterSpec::new(options.seed, options.nodes, trace.clone());
     let worlds: BTreeMap<NodeId, NodeWorld> = (1..=options.nodes)
@@ -133,10 +153,30 @@ pub fn run(options: &RunOptions) -> Outcome {
             workload::run_client(name, seed, workload.clone(), log.clone(), trace.clone()),
         );
     }
+    let waits = WaitLog::default();
+    let until = options.fault_window.1 + options.quiet_after;
+    for n in 0..options.waiters {
+        let name = format!("waiter{n}");
+        let seed = options
+            .seed
+            .wrapping_mul(1_000)
+            .wrapping_add(500 + n as u64);
+        let logs = (log.clone(), waits.clone());
+        let runner = waiters::run_waiter(
+            name.clone(),
+            seed,
+            workload.clone(),
+            until,
+            logs,
+            trace.clone(),
+        );
+        sim.client(name, runner);
+    }
     let hosts: Vec<String> = (1..=options.nodes)
         .map(host_name)
         .chain(std::iter::once("operator".to_owned()))
         .chain((0..options.clients).map(|n| format!("client{n}")))
+        .chain((0..options.waiters).map(|n| format!("waiter{n}")))
         .collect();
     let mut nemesis = Nemesis::new(
         options.seed,
@@ -145,6 +185,7 @@ pub fn run(options: &RunOptions) -> Outcome {
         options.fault_window,
         hosts,
         trace.clone(),
+        spec.disturbances.clone(),
     );
     let mut violations = Vec::new();
     loop {
@@ -167,7 +208,16 @@ pub fn run(options: &RunOptions) -> Outcome {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    let limits = workload.keys.iter().cloned().collect();
+    let limits: BTreeMap<String, u64> = workload
+        .keys
+        .iter()
+        .cloned()
+        .chain(
+            WAITER_KEYS
+                .iter()
+                .map(|(key, limit)| (key.to_string(), *limit)),
+        )
+        .collect();
     violations.extend(checker::check_budget(&jobs, &limits, simulated));
     violations.extend(checker::check_fences(&jobs));
     violations.extend(checker::check_every_job_ended(&jobs));
@@ -177,6 +227,23 @@ pub fn run(options: &RunOptions) -> Outcome {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
     violations.extend(checker::check_leaders(&leaders));
+    let disturbances = spec.disturbances.snapshot();
+    violations.extend(elections::check_explained(
+        &spec.terms.snapshot(),
+        &disturbances,
+    ));
+    let waits = waits
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let claim_deadline = Duration::from_millis(KeyConfig::default().grant_timeout_ms);
+    violations.extend(liveness::check_held_while_free(
+        &waits,
+        &limits,
+        &disturbances,
+        claim_deadline,
+        simulated,
+    ));
     let start_failures = spec
         .start_failures
         .lock()

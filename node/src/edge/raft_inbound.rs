@@ -47,7 +47,10 @@ fn encoded(answer: &impl Serialize) -> Response {
 
 async fn vote(State(app): State<App>, body: Bytes) -> Response {
     match codec::decode::<VoteRequest<NodeId>>(&body) {
-        Ok(request) => encoded(&app.raft.vote(request).await),
+        Ok(request) => {
+            app.election_guard.note_vote_request(&app.raft, &request);
+            encoded(&app.raft.vote(request).await)
+        }
         Err(error) => undecodable(error),
     }
 }

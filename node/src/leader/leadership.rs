@@ -36,7 +36,7 @@ pub fn watch_leadership(
 ) -> watch::Receiver<Leadership> {
     let mut metrics = raft.server_metrics();
     let (sender, receiver) = watch::channel(Leadership::default());
-    tokio::spawn(async move {
+    crate::seams::spawn(async move {
         loop {
             let current = {
                 let metrics = metrics.borrow_and_update();

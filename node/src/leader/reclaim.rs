@@ -130,7 +130,7 @@ impl Reclaimer {
             next_scan: Instant::now(),
             clock,
         };
-        tokio::spawn(reclaimer.run(applied));
+        crate::seams::spawn(reclaimer.run(applied));
     }
 
     async fn run(mut self, mut applied: broadcast::Receiver<Arc<Applied>>) {

@@ -30,7 +30,7 @@ pub fn start(
     leadership: watch::Receiver<Leadership>,
     defaults: KeyConfig,
 ) {
-    tokio::spawn(run(raft, state, leadership, defaults));
+    crate::seams::spawn(run(raft, state, leadership, defaults));
 }
 
 async fn run(

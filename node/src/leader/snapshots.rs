@@ -25,7 +25,7 @@ pub fn staggered(id: NodeId, every: u64) -> u64 {
 /// Starts the task; it ends when Raft shuts down.
 pub fn start(raft: Raft, id: NodeId, every_ms: u64) {
     let interval = Duration::from_millis(staggered(id, every_ms));
-    tokio::spawn(run(raft, interval));
+    crate::seams::spawn(run(raft, interval));
 }
 
 /// How often the task looks whether a snapshot was built meanwhile (by the

@@ -21,7 +21,7 @@ pub fn start(
     applied: broadcast::Receiver<Arc<Applied>>,
     clock: Clock,
 ) {
-    tokio::spawn(run(state, log, applied, clock));
+    crate::seams::spawn(run(state, log, applied, clock));
 }
 
 async fn run(

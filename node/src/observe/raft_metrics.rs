@@ -103,7 +103,7 @@ pub fn majority_index(mut matched: Vec<u64>) -> u64 {
 
 /// Starts the sampling task; it ends when Raft shuts down.
 pub fn start(raft: Raft) {
-    tokio::spawn(async move {
+    crate::seams::spawn(async move {
         let mut ticker = tokio::time::interval(Duration::from_millis(SAMPLE_INTERVAL_MS));
         let mut exported_lag: BTreeSet<NodeId> = BTreeSet::new();
         let mut metrics = raft.metrics();

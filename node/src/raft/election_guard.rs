@@ -52,6 +52,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use openraft::raft::VoteRequest;
 use openraft::{LogId, ServerState};
 use permitd_storage::{codec, NodeId, PeerNode};
 use rand::rngs::StdRng;
@@ -101,7 +102,8 @@ pub struct VoterView {
 /// refuses: the asker would only split or disrupt that election.
 pub fn grants(request: &PreVoteRequest, voter: &VoterView, lease: Duration) -> bool {
     let leader_gone = voter.leader_silent_for.is_none_or(|silent| silent >= lease);
-    let newer_term = request.term.is_none_or(|term| term > voter.term);
+    let newer_term = request.term.is_none_or(|term| term > voter.term)
+        || permitd_storage::bugs::prevote_without_term_rule();
     !voter.is_leader && leader_gone && newer_term && request.last_log_id >= voter.last_log_id
 }
 
@@ -214,6 +216,30 @@ impl ElectionGuard {
         }
     }
 
+    /// Notes a vote another candidate asks of this node, on its arrival,
+    /// before openraft decides it: when this node will likely grant it (a
+    /// newer term, a log at least as long), the wait for a leader starts
+    /// again, as for a vote cast ([`Self::note_vote`]). Not left to
+    /// openraft's metrics, which show a vote only once it is durable: with a
+    /// slow disk they lag by a sync, long enough for a pre-vote this node sent
+    /// earlier, granted by that candidate before it stood, to come back and let
+    /// this node depose the leader it was electing (found by the simulator:
+    /// docs/simulation.md).
+    pub fn note_vote_request(&self, raft: &Raft, request: &VoteRequest<NodeId>) {
+        let candidate = request.vote.leader_id();
+        let newer = candidate.term > raft.metrics().borrow().current_term;
+        let log_ok = request.last_log_id >= raft.data_metrics().borrow().last_log;
+        if newer && log_ok && candidate.voted_for() != Some(self.id) {
+            let since_start = Instant::now()
+                .saturating_duration_since(self.started)
+                .as_millis();
+            self.voted_at_ms.store(
+                u64::try_from(since_start).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
     /// This node's answer to a pre-vote.
     pub fn answer(&self, raft: &Raft, request: &PreVoteRequest) -> PreVoteAnswer {
         let metrics = raft.metrics().borrow().clone();
@@ -240,7 +266,7 @@ impl ElectionGuard {
 
     /// Runs the guard until Raft shuts down.
     pub fn start(self: Arc<Self>, raft: Raft, network: Network) {
-        tokio::spawn(async move {
+        crate::seams::spawn(async move {
             let mut decision = Decision::default();
             let mut vote = raft.metrics().borrow().vote;
             raft.runtime_config().elect(false);

@@ -281,7 +281,7 @@ impl Connection {
             let (network, target, node) =
                 (self.network.clone(), self.target, self.target_node.clone());
             let bytes = body.len();
-            let task = tokio::spawn(async move {
+            let task = crate::seams::spawn(async move {
                 let started = tokio::time::Instant::now();
                 let result = post(&network, target, &node, "append", body, timeout).await;
                 let elapsed_ms = started.elapsed().as_millis() as u64;

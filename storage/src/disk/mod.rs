@@ -151,6 +151,13 @@ pub trait DiskFile: Send + Sync + Debug {
     /// `fsync`: as [`DiskFile::sync_data`], plus the file's other metadata.
     fn sync_all(&self) -> io::Result<()>;
 
+    /// How long a sync of this file takes in the simulator's time, which the
+    /// log's inline group commit (`Exec::Inline`) waits out before syncing. A
+    /// real disk's syncs take real time on a thread and say zero.
+    fn sync_delay(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// Takes the advisory, exclusive lock on the file without waiting
     /// (`flock`): `WouldBlock` if another handle holds it. It is held until
     /// this handle is dropped, and goes with the process (a crash leaves no

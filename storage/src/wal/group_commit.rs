@@ -270,7 +270,19 @@ impl SyncQueue {
         loop {
             let next = self.lock().take();
             match next {
-                Next::Commit(batch) => self.commit(batch),
+                Next::Commit(batch) => {
+                    // A simulated disk's sync takes simulated time: writers
+                    // go on meanwhile, as they do while a thread syncs.
+                    let delay = batch
+                        .dirty
+                        .values()
+                        .map(|segment| segment.sync_delay())
+                        .max();
+                    if let Some(delay) = delay.filter(|delay| !delay.is_zero()) {
+                        tokio::time::sleep(delay).await;
+                    }
+                    self.commit(batch);
+                }
                 Next::Wait => notify.notified().await,
                 Next::Exit => return,
             }

@@ -125,6 +125,11 @@ impl Segment {
         self.file.sync_data()
     }
 
+    /// How long its sync takes in simulated time ([`DiskFile::sync_delay`]).
+    pub(crate) fn sync_delay(&self) -> std::time::Duration {
+        self.file.sync_delay()
+    }
+
     /// Cuts the file at `len` bytes, in the page cache: the next `fdatasync`
     /// of the segment makes the new size durable.
     pub(crate) fn cut_unsynced(&self, len: u64) -> Result<(), StorageError> {

@@ -95,7 +95,7 @@ impl ToLeader {
             timings: app.forward_timings,
             reach: Arc::default(),
         });
-        tokio::spawn(probe_leader(to.clone()));
+        crate::seams::spawn(probe_leader(to.clone()));
         to
     }
 

@@ -1,0 +1,149 @@
+//! Elections the faults explain: a leader that nothing disturbed keeps its term.
+//!
+//! permitd's election guard (`node/src/raft/election_guard.rs`) exists so that
+//! a healthy leader is never deposed: a node stands only after a pre-vote that a
+//! majority grants, and a voter that hears its leader, or is already in the
+//! term the asker would stand in, refuses. A broken guard loses no data, so the
+//! budget and fence checkers cannot see it; what it costs is a failover (every
+//! parked request fails) where none was needed. This checker makes that
+//! visible: once a node leads term `t`, a higher term may only appear after
+//! something happened to the cluster since that node was elected. "Something"
+//! is any event on the [`Disturbances`] timeline: a fault beginning or ending, a
+//! node restarted, a node whose core stopped on its own (a failed sync).
+//!
+//! Strict on purpose: a fault that began before the election and still holds
+//! (the old leader's crash) does not explain a later one. In a cluster of
+//! three, the faults the nemesis injects cannot make a majority lose an
+//! elected leader without a new event: a link that carried the votes carries
+//! the heartbeats.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use permitd_storage::NodeId;
+
+use crate::checker::Violation;
+
+/// What was seen of one term.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TermSeen {
+    /// When any node was first seen in this term.
+    pub first_seen: Option<Duration>,
+    /// When a node was first seen leading it, and which.
+    pub led: Option<(Duration, NodeId)>,
+}
+
+/// Every term seen, by number; shared by every node's watcher.
+#[derive(Debug, Clone, Default)]
+pub struct TermsSeen(Arc<Mutex<BTreeMap<u64, TermSeen>>>);
+
+impl TermsSeen {
+    /// Notes node `id` seen in `term` at `at`, leading it or not.
+    pub fn saw(&self, term: u64, id: NodeId, leading: bool, at: Duration) {
+        let mut terms = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seen = terms.entry(term).or_default();
+        seen.first_seen.get_or_insert(at);
+        if leading {
+            seen.led.get_or_insert((at, id));
+        }
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<u64, TermSeen> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// When anything happened to the cluster that may explain an election.
+#[derive(Debug, Clone, Default)]
+pub struct Disturbances(Arc<Mutex<BTreeSet<Duration>>>);
+
+impl Disturbances {
+    pub fn at(&self, at: Duration) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(at);
+    }
+
+    pub fn snapshot(&self) -> BTreeSet<Duration> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// A led term followed by a higher one with no disturbance in between.
+pub fn check_explained(
+    terms: &BTreeMap<u64, TermSeen>,
+    disturbances: &BTreeSet<Duration>,
+) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for (term, seen) in terms {
+        let Some((elected, leader)) = seen.led else {
+            continue;
+        };
+        let next = terms
+            .range(term + 1..)
+            .filter_map(|(next, seen)| Some((*next, seen.first_seen?)))
+            .min_by_key(|(_, at)| *at);
+        let Some((next, deposed)) = next else {
+            continue;
+        };
+        // A term begun before the leader was seen leading is looked at from
+        // that moment on.
+        let (from, to) = (elected.min(deposed), elected.max(deposed));
+        let explained = disturbances.range(from..=to).next().is_some();
+        if !explained {
+            violations.push(Violation {
+                kind: "unexplained_election",
+                detail: format!(
+                    "node{leader} led term {term} from {elected:?}; term {next} began at \
+                     {deposed:?} with no fault, restart or stop in between"
+                ),
+            });
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn term(first: u64, led: Option<(u64, NodeId)>) -> TermSeen {
+        TermSeen {
+            first_seen: Some(ms(first)),
+            led: led.map(|(at, id)| (ms(at), id)),
+        }
+    }
+
+    #[test]
+    fn a_leader_deposed_with_nothing_happening_is_caught() {
+        let terms = BTreeMap::from([(2, term(100, Some((120, 1)))), (3, term(900, None))]);
+        let quiet = BTreeSet::from([ms(50)]);
+        assert_eq!(
+            check_explained(&terms, &quiet)[0].kind,
+            "unexplained_election"
+        );
+        let crash_after = BTreeSet::from([ms(50), ms(500)]);
+        assert!(check_explained(&terms, &crash_after).is_empty());
+    }
+
+    #[test]
+    fn terms_without_a_leader_and_the_last_term_need_no_explaining() {
+        let terms = BTreeMap::from([(2, term(100, None)), (3, term(200, Some((210, 2))))]);
+        assert!(check_explained(&terms, &BTreeSet::new()).is_empty());
+    }
+}
