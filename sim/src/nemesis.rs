@@ -1,5 +1,7 @@
 //! The faults of a run, drawn from its seed: partitions (both ways and one
 //! way), held links (messages delayed, then delivered in a burst), slow links,
+//! frozen nodes (every link held: a paused process), a lossy network (answers
+//! lost, requests delivered twice),
 //! crashes and restarts, power cuts (torn or not), clock jumps, a full disk,
 //! failing syncs and slow syncs. Between `start` and `stop` a fault begins every few
 //! hundred simulated milliseconds and each ends after a drawn time; at `stop`
@@ -30,6 +32,11 @@ enum Fault {
     OneWay(NodeId, NodeId),
     Hold(NodeId, NodeId),
     SlowLink(NodeId, NodeId),
+    /// Every link to and from the node held: to the others it is a paused
+    /// process, whose messages come in a burst when it resumes.
+    Frozen(NodeId),
+    /// Some calls lose their answer, some are delivered twice (`net.rs`).
+    Lossy,
     Down(NodeId),
     DiskFull(NodeId),
     FailingSync(NodeId),
@@ -80,6 +87,8 @@ pub struct Nemesis {
     restarted_at: BTreeMap<NodeId, Duration>,
     /// Every host's name, the nodes' and the clients'.
     others: Vec<String>,
+    /// The links each frozen node's fault holds.
+    frozen: BTreeMap<NodeId, Vec<String>>,
     trace: Trace,
     disturbances: Disturbances,
     pub injected: u64,
@@ -107,6 +116,7 @@ impl Nemesis {
             healed: false,
             restarted_at: BTreeMap::new(),
             others,
+            frozen: BTreeMap::new(),
             trace,
             disturbances,
             injected: 0,
@@ -150,7 +160,7 @@ impl Nemesis {
 
     fn begin_one(&mut self, sim: &mut Sim<'_>, now: Duration) {
         let lasts = Duration::from_millis(self.rng.random_range(100..2_000));
-        let fault = match self.rng.random_range(0..9) {
+        let fault = match self.rng.random_range(0..11) {
             0 | 1 if self.mix.network => {
                 let (a, b) = self.pair();
                 sim.partition(host_name(a), host_name(b));
@@ -171,6 +181,25 @@ impl Nemesis {
                 let slow = Duration::from_millis(self.rng.random_range(20..300));
                 sim.set_link_latency(host_name(a), host_name(b), slow);
                 Fault::SlowLink(a, b)
+            }
+            9 if self.mix.network => {
+                let id = self.node();
+                if self.is_down(id) || self.is_frozen(id) {
+                    return;
+                }
+                let links = self.free_links(id);
+                for other in &links {
+                    sim.hold(host_name(id), other.clone());
+                }
+                self.frozen.insert(id, links);
+                Fault::Frozen(id)
+            }
+            10 if self.mix.network => {
+                if self.active.iter().any(|(_, fault)| *fault == Fault::Lossy) {
+                    return;
+                }
+                crate::net::set_lossy(true);
+                Fault::Lossy
             }
             5 | 6 if self.mix.crashes || self.mix.power_cuts => {
                 let id = self.node();
@@ -257,6 +286,12 @@ impl Nemesis {
                 let id = *id;
                 self.silently(sim, id, |sim| sim.bounce(host_name(id)));
             }
+            Fault::Frozen(id) => {
+                for other in self.frozen.remove(id).unwrap_or_default() {
+                    sim.release(host_name(*id), other);
+                }
+            }
+            Fault::Lossy => crate::net::set_lossy(false),
             Fault::DiskFull(id) => self.set_faults(*id, |faults| faults.full = false),
             Fault::SlowSync(id) => self.set_faults(*id, |faults| faults.slow_sync = Duration::ZERO),
             Fault::FailingSync(id) => {
@@ -294,12 +329,7 @@ impl Nemesis {
     /// stay cut.
     fn silently(&self, sim: &mut Sim<'_>, id: NodeId, action: impl FnOnce(&mut Sim<'_>)) {
         let from = host_name(id);
-        let others: Vec<String> = self
-            .others
-            .iter()
-            .filter(|other| **other != from && !self.cuts(id, other))
-            .cloned()
-            .collect();
+        let others = self.free_links(id);
         for other in &others {
             sim.partition_oneway(from.clone(), other.clone());
         }
@@ -309,6 +339,20 @@ impl Nemesis {
         }
     }
 
+    /// Every other host whose link from node `id` no fault cuts or holds.
+    fn free_links(&self, id: NodeId) -> Vec<String> {
+        let from = host_name(id);
+        self.others
+            .iter()
+            .filter(|other| **other != from && !self.cuts(id, other))
+            .cloned()
+            .collect()
+    }
+
+    fn is_frozen(&self, id: NodeId) -> bool {
+        self.frozen.contains_key(&id)
+    }
+
     /// Whether an active fault cuts or holds the link from node `id` to `other`.
     fn cuts(&self, id: NodeId, other: &str) -> bool {
         self.active.iter().any(|(_, fault)| match fault {
@@ -316,6 +360,10 @@ impl Nemesis {
                 (*a == id && host_name(*b) == other) || (*b == id && host_name(*a) == other)
             }
             Fault::OneWay(a, b) => *a == id && host_name(*b) == other,
+            Fault::Frozen(n) => self.frozen.get(n).is_some_and(|links| {
+                (*n == id && links.iter().any(|link| link == other))
+                    || (host_name(*n) == other && links.contains(&host_name(id)))
+            }),
             _ => false,
         })
     }

@@ -7,7 +7,14 @@
 //! One connection per call keeps a call's fate its own: a partition or a
 //! crash fails the calls under way, never a later one through a stale pooled
 //! connection.
+//!
+//! TCP never loses or repeats a byte, so a lost or repeated *message* is
+//! injected here, a call at a time, while the nemesis makes the network lossy
+//! ([`set_lossy`]): an answer lost after the callee acted on the request (the
+//! caller sees an error and retries, with the same `requestId`), or a request
+//! delivered twice (a retry by a proxy; the callee must answer both alike).
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -19,7 +26,63 @@ use hyper_util::rt::TokioIo;
 use permitd_transport::{
     boxed, BoxError, Deadline, HttpTransport, Sending, TransportError, TransportErrorKind,
 };
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::time::{Instant, Sleep};
+
+thread_local! {
+    /// The lossy network of the run on this thread: its draws, and whether
+    /// it is lossy now. Thread-local: a run and every host in it live on one
+    /// thread, and runs on other threads have their own.
+    static LOSSY: RefCell<Lossy> = RefCell::new(Lossy::default());
+}
+
+#[derive(Default)]
+struct Lossy {
+    rng: Option<StdRng>,
+    on: bool,
+}
+
+/// What happens to one call.
+enum Fate {
+    Delivered,
+    AnswerLost,
+    Repeated,
+}
+
+/// Seeds this thread's draws of lost and repeated messages (a run's start;
+/// `None` at its end).
+pub fn seed_losses(seed: Option<u64>) {
+    LOSSY.with(|lossy| {
+        *lossy.borrow_mut() = Lossy {
+            rng: seed.map(StdRng::seed_from_u64),
+            on: false,
+        }
+    });
+}
+
+/// Makes the network lossy (1 call in 10 loses its answer, 1 in 10 is
+/// delivered twice) or healthy again.
+pub fn set_lossy(on: bool) {
+    LOSSY.with(|lossy| lossy.borrow_mut().on = on);
+}
+
+fn fate() -> Fate {
+    LOSSY.with(|lossy| {
+        let mut lossy = lossy.borrow_mut();
+        if !lossy.on {
+            return Fate::Delivered;
+        }
+        let Some(rng) = lossy.rng.as_mut() else {
+            return Fate::Delivered;
+        };
+        match rng.random_range(0..10) {
+            0 => Fate::AnswerLost,
+            1 => Fate::Repeated,
+            _ => Fate::Delivered,
+        }
+    })
+}
 
 /// Sends HTTP over the simulated network, from whichever host calls it.
 #[derive(Debug, Clone, Default)]
@@ -32,7 +95,26 @@ impl HttpTransport for SimTransport {
                 .extensions()
                 .get::<Deadline>()
                 .map(|Deadline(timeout)| Instant::now() + *timeout);
-            let exchange = exchange(request);
+            let exchange = async move {
+                match fate() {
+                    Fate::Delivered => exchange(request).await,
+                    Fate::AnswerLost => {
+                        exchange(request).await?;
+                        Err(TransportError::new(
+                            TransportErrorKind::Exchange,
+                            "answer lost",
+                        ))
+                    }
+                    Fate::Repeated => {
+                        let again = copy(&request);
+                        // The first answer is read to its end, then dropped.
+                        if let Ok(first) = exchange(request).await {
+                            let _ = http_body_util::BodyExt::collect(first.into_body()).await;
+                        }
+                        exchange(again).await
+                    }
+                }
+            };
             let response = match deadline {
                 Some(at) => tokio::time::timeout_at(at, exchange)
                     .await
@@ -70,6 +152,18 @@ async fn exchange(
         .send_request(request)
         .await
         .map_err(|error| TransportError::new(TransportErrorKind::Exchange, error))
+}
+
+/// The same request again: method, URI, headers, body and deadline.
+fn copy(request: &http::Request<Bytes>) -> http::Request<Bytes> {
+    let mut again = http::Request::new(request.body().clone());
+    *again.method_mut() = request.method().clone();
+    *again.uri_mut() = request.uri().clone();
+    *again.headers_mut() = request.headers().clone();
+    if let Some(deadline) = request.extensions().get::<Deadline>() {
+        again.extensions_mut().insert(*deadline);
+    }
+    again
 }
 
 /// HTTP/1.1 needs a Host header; reqwest adds it from the URI, hyper does not.

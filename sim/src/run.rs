@@ -104,7 +104,9 @@ pub fn run(options: &RunOptions) -> Outcome {
     // Spawned tasks of the nodes start late at random, as on a busy runtime
     // (`permitd_node::seams::jitter_spawns`), drawn from the seed.
     permitd_node::seams::jitter_spawns(Some(options.seed ^ 0x6a69_7474_6572));
+    crate::net::seed_losses(Some(options.seed ^ 0x6c6f_7373));
     let outcome = run_seeded(options);
+    crate::net::seed_losses(None);
     permitd_node::seams::jitter_spawns(None);
     outcome
 }

@@ -41,9 +41,11 @@ switches! {
     /// store creates it (the bug of a relative data dir, whose parent `.` was
     /// skipped: a power cut after the first start lost the whole store).
     DATA_DIR_PARENT_NOT_SYNCED: set_data_dir_parent_not_synced, data_dir_parent_not_synced;
-    /// A pre-vote is granted whatever term the voter is already in (the bug of
-    /// commit 53cdbb8: a follower that stood a few ms after another, having
-    /// voted for it, deposed the new leader).
+    /// The election guard as it was before commit 53cdbb8: a pre-vote is
+    /// granted whatever term the voter is already in, and a vote cast (or
+    /// asked) for another node does not restart the wait. A follower that
+    /// stood a few ms after another, having voted for it, deposed the new
+    /// leader.
     PREVOTE_WITHOUT_TERM_RULE: set_prevote_without_term_rule, prevote_without_term_rule;
     /// The rounds driver proposes each entry from a task of its own, so a
     /// later entry may reach the log first (the bug of commit 4f2643c: a held

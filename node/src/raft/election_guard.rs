@@ -199,6 +199,9 @@ impl ElectionGuard {
         last: &mut openraft::Vote<NodeId>,
         now: Instant,
     ) {
+        if permitd_storage::bugs::prevote_without_term_rule() {
+            return;
+        }
         if vote == last {
             return;
         }
@@ -226,6 +229,9 @@ impl ElectionGuard {
     /// this node depose the leader it was electing (found by the simulator:
     /// docs/simulation.md).
     pub fn note_vote_request(&self, raft: &Raft, request: &VoteRequest<NodeId>) {
+        if permitd_storage::bugs::prevote_without_term_rule() {
+            return;
+        }
         let candidate = request.vote.leader_id();
         let newer = candidate.term > raft.metrics().borrow().current_term;
         let log_ok = request.last_log_id >= raft.data_metrics().borrow().last_log;
