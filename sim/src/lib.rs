@@ -15,6 +15,7 @@
 //! | file | what |
 //! |---|---|
 //! | `run.rs` | one run: a seed in, [`run::Outcome`] (verdict, trace hash) out |
+//! | `scenario.rs` | scripted scenarios: no random faults, a test's script of calls and faults |
 //! | `node_host.rs` | one simulated node |
 //! | `workload.rs` | the operator and the job runners |
 //! | `nemesis.rs` | the faults |
@@ -30,5 +31,6 @@ pub mod nemesis;
 pub mod net;
 pub mod node_host;
 pub mod run;
+pub mod scenario;
 pub mod trace;
 pub mod workload;

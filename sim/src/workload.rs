@@ -35,7 +35,10 @@ fn now() -> Duration {
 
 /// The real client, over the simulated network, with the simulation's clock
 /// and random draws seeded from `seed`.
-fn client(spec: &WorkloadSpec, seed: u64) -> Result<SemaphoreClient, permitd_client::ClientError> {
+pub fn client(
+    spec: &WorkloadSpec,
+    seed: u64,
+) -> Result<SemaphoreClient, permitd_client::ClientError> {
     let endpoints: Vec<String> = spec
         .endpoints
         .iter()
