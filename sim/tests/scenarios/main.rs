@@ -3,7 +3,9 @@
 //! real nodes with no random faults (`permitd_sim::scenario`), asserting what
 //! the clients got and at what simulated time. Each replaces an end-to-end
 //! test of `tests/tests/` that started real processes and waited in real
-//! time; its doc comment names which (docs/simulation.md, "Scenario tests").
+//! time, or covers a rule that had no test; a doc comment names the e2e test
+//! it replaces, deleted in the same change (`git log -- tests/tests/<file>`
+//! shows it); docs/simulation.md, "Scenario tests", lists them all.
 //!
 //! `cargo test -p permitd-sim --release --test scenarios`
 
