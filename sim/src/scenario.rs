@@ -55,6 +55,8 @@ pub struct Scenario {
     /// A script not finished by then fails.
     limit: Duration,
     rounds: RoundLimits,
+    /// `[raft] rpc_timeout_ms`, if not the shipped one.
+    rpc_timeout_ms: Option<u64>,
 }
 
 impl Default for Scenario {
@@ -63,6 +65,7 @@ impl Default for Scenario {
             seed: 1,
             limit: Duration::from_secs(120),
             rounds: RoundLimits::default(),
+            rpc_timeout_ms: None,
         }
     }
 }
@@ -84,6 +87,12 @@ impl Scenario {
         self
     }
 
+    /// The nodes' Raft RPC deadline (`[raft] rpc_timeout_ms`).
+    pub fn rpc_timeout_ms(mut self, rpc_timeout_ms: u64) -> Self {
+        self.rpc_timeout_ms = Some(rpc_timeout_ms);
+        self
+    }
+
     /// Runs `script` against a fresh cluster until it returns; a failed
     /// assertion in it fails the run with the trace's last events. Returns
     /// the run's trace (its hash shows that a run replays).
@@ -95,6 +104,9 @@ impl Scenario {
         let trace = Trace::keeping(400);
         let mut spec = ClusterSpec::new(self.seed, NODES, trace.clone());
         spec.rounds = self.rounds;
+        if let Some(rpc_timeout_ms) = self.rpc_timeout_ms {
+            spec.timings.rpc_timeout_ms = rpc_timeout_ms;
+        }
         let worlds: BTreeMap<NodeId, NodeWorld> =
             (1..=NODES).map(|id| (id, NodeWorld::default())).collect();
         // Every link takes exactly 1 ms: timings are exact.

@@ -1,14 +1,16 @@
-//! Scenario tests: the rounds driver, held requests, early reports, the
-//! election guard and failover, each a script against the simulator's three
-//! real nodes with no random faults (`permitd_sim::scenario`), asserting what
-//! the clients got and at what simulated time. Each replaces an end-to-end
-//! test of `tests/tests/` that started real processes and waited in real
-//! time, or covers a rule that had no test; a doc comment names the e2e test
-//! it replaces, deleted in the same change (`git log -- tests/tests/<file>`
-//! shows it); docs/simulation.md, "Scenario tests", lists them all.
+//! Scenario tests: the rounds driver, held requests, early reports, deleting
+//! a key during a round, the election guard and failover, each a script
+//! against the simulator's three real nodes with no random faults
+//! (`permitd_sim::scenario`), asserting what the clients got and at what
+//! simulated time. Each replaces an end-to-end test of `tests/tests/` that
+//! started real processes and waited in real time, or covers a rule that had
+//! no test; a doc comment names the e2e test it replaces, deleted in the same
+//! change (`git log -- tests/tests/<file>` shows it); docs/simulation.md,
+//! "Scenario tests", lists them all.
 //!
 //! `cargo test -p permitd-sim --release --test scenarios`
 
+mod delete_key;
 mod early_reports;
 mod election;
 mod failover;
