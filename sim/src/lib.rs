@@ -15,6 +15,7 @@
 //! | file | what |
 //! |---|---|
 //! | `run.rs` | one run: a seed in, [`run::Outcome`] (verdict, trace hash) out |
+//! | `scenario.rs` | scripted scenarios: no random faults, a test's script of calls and faults |
 //! | `node_host.rs` | one simulated node |
 //! | `workload.rs` | the operator and the job runners |
 //! | `waiters.rs` | runners whose requests the leader holds (`waitMs`) |
@@ -35,6 +36,7 @@ pub mod nemesis;
 pub mod net;
 pub mod node_host;
 pub mod run;
+pub mod scenario;
 pub mod trace;
 pub mod waiters;
 pub mod workload;

@@ -16,6 +16,7 @@ use permitd_node::clock::Clock;
 use permitd_node::config::{EdgeLimits, RaftTimings};
 use permitd_node::credentials::AuthSettings;
 use permitd_node::edge::connection::Connections;
+use permitd_node::leader::rounds::RoundLimits;
 use permitd_node::seams::Seams;
 use permitd_node::shutdown::Shutdown;
 use permitd_storage::{Exec, NodeId, PeerNode};
@@ -52,6 +53,8 @@ pub struct ClusterSpec {
     pub terms: TermsSeen,
     /// When faults, restarts and stops happened (`elections.rs`).
     pub disturbances: Disturbances,
+    /// The leader's bounds on waiting work (`[limits]` of the cluster file).
+    pub rounds: RoundLimits,
     /// Nodes that could not start on a healthy disk.
     pub start_failures: Arc<Mutex<Vec<String>>>,
 }
@@ -82,6 +85,7 @@ impl ClusterSpec {
             leaders: LeadersSeen::default(),
             terms: TermsSeen::default(),
             disturbances: Disturbances::default(),
+            rounds: RoundLimits::default(),
             start_failures: Arc::default(),
         }
     }
@@ -117,7 +121,7 @@ fn settings(id: NodeId, spec: &ClusterSpec, world: &NodeWorld) -> NodeSettings {
         defaults: KeyConfig::default(),
         initial_members: spec.members.clone(),
         initialize_at_start: false,
-        rounds: Default::default(),
+        rounds: spec.rounds,
         edge: EdgeLimits::default(),
         reclaim_horizon: Duration::from_millis(permitd_node::leader::reclaim::DEFAULT_HORIZON_MS),
         seams: Seams {
@@ -128,6 +132,40 @@ fn settings(id: NodeId, spec: &ClusterSpec, world: &NodeWorld) -> NodeSettings {
             disk: Some(Arc::new(world.disk.clone())),
             transport: Some(Arc::new(SimTransport)),
         },
+    }
+}
+
+/// Adds every node of `worlds` to `sim` as a host running [`run`] (again
+/// from the start after a crash and a bounce).
+pub fn add_nodes(
+    sim: &mut turmoil::Sim<'_>,
+    spec: &ClusterSpec,
+    worlds: &BTreeMap<NodeId, NodeWorld>,
+) {
+    for (&id, world) in worlds {
+        let (spec, world) = (spec.clone(), world.clone());
+        sim.host(host_name(id), move || run(id, spec.clone(), world.clone()));
+    }
+}
+
+/// Runs `action` (a crash, a restart) on node `id` with its links to `others`
+/// cut one way, so that the FIN and RST segments its dropped connections send
+/// are lost, as a dead machine's would be. (They would leave in the order
+/// tokio drops the old runtime's tasks, which follows task ids counted
+/// process-wide: a seed would not replay.) The links are healthy afterwards.
+pub fn with_links_out_cut(
+    sim: &mut turmoil::Sim<'_>,
+    id: NodeId,
+    others: &[String],
+    action: impl FnOnce(&mut turmoil::Sim<'_>),
+) {
+    let from = host_name(id);
+    for other in others.iter().filter(|other| **other != from) {
+        sim.partition_oneway(from.clone(), other.clone());
+    }
+    action(sim);
+    for other in others.iter().filter(|other| **other != from) {
+        sim.repair_oneway(from.clone(), other.clone());
     }
 }
 

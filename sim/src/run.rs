@@ -99,6 +99,23 @@ impl Outcome {
     }
 }
 
+/// The simulated world of a run from `seed`, for at most `limit` of simulated
+/// time: 1 ms steps, 1–4 ms of link latency (which reorders the segments of
+/// different connections), every host's tokio runtime seeded. A caller may
+/// change it before `build()` (a scenario fixes the latency).
+pub fn simulation(seed: u64, limit: Duration) -> turmoil::Builder {
+    let mut builder = turmoil::Builder::new();
+    builder
+        .rng_seed(seed)
+        .epoch(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+        .simulation_duration(limit)
+        .tick_duration(Duration::from_millis(1))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(4))
+        .tcp_capacity(4096);
+    builder
+}
+
 /// Runs one seed to the end.
 pub fn run(options: &RunOptions) -> Outcome {
     // Spawned tasks of the nodes start late at random, as on a busy runtime
@@ -117,21 +134,8 @@ fn run_seeded(options: &RunOptions) -> Outcome {
     let worlds: BTreeMap<NodeId, NodeWorld> = (1..=options.nodes)
         .map(|id| (id, NodeWorld::default()))
         .collect();
-    let mut sim = turmoil::Builder::new()
-        .rng_seed(options.seed)
-        .epoch(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000))
-        .simulation_duration(options.limit)
-        .tick_duration(Duration::from_millis(1))
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(4))
-        .tcp_capacity(4096)
-        .build();
-    for (&id, world) in &worlds {
-        let (spec, world) = (spec.clone(), world.clone());
-        sim.host(host_name(id), move || {
-            node_host::run(id, spec.clone(), world.clone())
-        });
-    }
+    let mut sim = simulation(options.seed, options.limit).build();
+    node_host::add_nodes(&mut sim, &spec, &worlds);
     let workload = WorkloadSpec {
         keys: (0..options.keys)
             .map(|n| (format!("key-{n}"), 1 + (n as u64 % 3)))

@@ -35,7 +35,7 @@ fn now() -> Duration {
 
 /// The real client, over the simulated network, with the simulation's clock
 /// and random draws seeded from `seed`.
-pub(crate) fn client(
+pub fn client(
     spec: &WorkloadSpec,
     seed: u64,
 ) -> Result<SemaphoreClient, permitd_client::ClientError> {

@@ -1,14 +1,14 @@
 //! `DELETE /v1/semaphores/{key}` and `permitctl config delete` against a real
 //! three-node cluster: an idle configured key, a key in use (409, nothing
-//! changes, no entry), a forced delete (holders released, events on every
-//! node, usage zero), a delete while requests wait for the key's round, a
-//! delete that commits together with a round of its key, and a delete replayed
-//! by `requestId` or retried without one.
+//! changes, no entry), a forced delete (holders released, events in every
+//! node's log, usage zero), and a delete replayed by `requestId` or retried
+//! without one. A delete while requests wait for the key's round, or that
+//! commits together with one, is a scenario of the simulator
+//! (`sim/tests/scenarios/delete_key.rs`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use permitd_tests::{eventually, granted, request, Answer, Cluster, Settings};
+use permitd_tests::{eventually, Answer, Cluster, Settings};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -157,65 +157,6 @@ async fn an_idle_key_goes_a_key_in_use_is_refused_and_force_releases_its_holders
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delete_during_a_round_leaves_waiting_requests_to_a_round_under_the_defaults() {
-    let cluster = Arc::new(Cluster::start(Settings::default()).await);
-    let leader = cluster.wait_for_leader().await;
-    let follower = cluster.follower_of(leader);
-    // The deleted settings would grant 1; the defaults grant all 5.
-    let config = json!({"limit": 1, "roundWaitMs": 2000, "roundPeriodMs": 20});
-    let answer = cluster
-        .put(follower, "/v1/semaphores/round/config", &config)
-        .await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
-    let waiting = {
-        let cluster = cluster.clone();
-        tokio::spawn(async move {
-            let body = request("waiter", &[("g", 5, 1)]);
-            cluster.post(follower, "/v1/semaphores/round", &body).await
-        })
-    };
-    permitd_tests::wait_for_pending(&cluster, leader, 1).await;
-
-    // Waiting demand keeps the key in use: without force, 409 naming it.
-    let refused = delete(&cluster, follower, "round", "").await;
-    assert_eq!(refused.status, 409, "{}", refused.body);
-    let message = refused.body["error"]["message"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(message.contains("1 requests waiting"), "{message}");
-
-    // Forced while the round waits: the request stays parked, and its round,
-    // a later entry, runs on the deleted key: the defaults, no holders.
-    let forced = delete(&cluster, follower, "round", "?force=true").await;
-    assert_eq!(forced.status, 200, "{}", forced.body);
-    assert_eq!(forced.body["released"]["permits"], 0);
-    let answer = waiting.await.expect("request task");
-    assert_eq!(answer.status, 200, "{}", answer.body);
-    assert_eq!(
-        granted(&answer.body),
-        5,
-        "granted under the defaults: {}",
-        answer.body
-    );
-    let fence = answer.body["grants"][0]["fence"].as_u64().expect("fence");
-    let deleted_at = forced.body["logIndex"].as_u64().expect("logIndex");
-    assert!(
-        fence > deleted_at,
-        "the round came after the delete: {fence} > {deleted_at}"
-    );
-    // Its grant is the key's, seen by usage and holders on every replica.
-    for node in 1..=3 {
-        let usage = cluster.usage(node, "round").await;
-        assert_eq!(
-            (usage["granted"].as_u64(), usage["limit"].as_u64()),
-            (Some(5), Some(DEFAULT_LIMIT))
-        );
-    }
-    let holders = cluster.get(leader, "/v1/semaphores/round/holders").await;
-    assert_eq!(holders.body["clients"]["waiter"]["grants"][0]["permits"], 5);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_replayed_by_request_id_gets_its_first_answer_and_changes_nothing() {
     let cluster = Cluster::start(Settings::default()).await;
     let leader = cluster.wait_for_leader().await;
@@ -257,84 +198,4 @@ async fn a_delete_replayed_by_request_id_gets_its_first_answer_and_changes_nothi
     assert_eq!(bad.body["error"]["field"], "requestId");
     let bad = delete(&cluster, follower, "replayed", "?force=maybe").await;
     assert_eq!(bad.status, 400, "{}", bad.body);
-}
-
-/// How long the followers stay frozen: several Raft RPC deadlines, so that the
-/// leader's append of the round alone times out and the next one carries the
-/// round and the delete together; well inside the commit timeout below.
-const FROZEN: Duration = Duration::from_millis(1_500);
-const RPC_TIMEOUT_MS: u64 = 200;
-
-/// Waits until the leader's log holds more than `index` entries; answers the new last index.
-async fn appended_after(cluster: &Cluster, leader: u64, index: u64) -> u64 {
-    let (grown, last) = permitd_tests::eventually_seen(Duration::from_secs(10), || async {
-        let last = cluster
-            .status(leader)
-            .await
-            .and_then(|s| s["lastLogIndex"].as_u64());
-        (last.is_some_and(|last| last > index), last)
-    })
-    .await;
-    assert!(grown, "the leader appended nothing after {index}: {last:?}");
-    last.expect("grown")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_round_committed_together_with_the_delete_is_not_handed_out() {
-    let cluster = Arc::new(
-        Cluster::start(Settings {
-            rpc_timeout_ms: Some(RPC_TIMEOUT_MS),
-            extra_toml: "[limits]\ncommit_timeout_ms = 20000\n".into(),
-            ..Settings::default()
-        })
-        .await,
-    );
-    let leader = cluster.wait_for_leader().await;
-    let answer = cluster
-        .put(leader, "/v1/semaphores/raced/config", &json!({"limit": 10}))
-        .await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
-    let before = appended_after(&cluster, leader, 0).await;
-    for follower in cluster.followers_of(leader) {
-        cluster.pause(follower, true);
-    }
-    // The round enters the leader's log, then the delete: neither can commit.
-    let round = {
-        let cluster = cluster.clone();
-        tokio::spawn(async move {
-            let body = request("racer", &[("g", 4, 1)]);
-            cluster.post(leader, "/v1/semaphores/raced", &body).await
-        })
-    };
-    let round_index = appended_after(&cluster, leader, before).await;
-    let forced = {
-        let cluster = cluster.clone();
-        tokio::spawn(async move { delete(&cluster, leader, "raced", "?force=true").await })
-    };
-    appended_after(&cluster, leader, round_index).await;
-    tokio::time::sleep(FROZEN).await;
-    for follower in cluster.followers_of(leader) {
-        cluster.pause(follower, false);
-    }
-
-    // Both commit at once and apply together: the round's grant is released by
-    // the delete before its answer goes out, so the caller is told to ask again.
-    let forced = forced.await.expect("delete task");
-    assert_eq!(forced.status, 200, "{}", forced.body);
-    assert_eq!(
-        forced.body["released"],
-        json!({"grants": 1, "leases": 0, "permits": 4})
-    );
-    let round = round.await.expect("request task");
-    assert_eq!(
-        (round.status, round.code()),
-        (503, "key_deleted"),
-        "{}",
-        round.body
-    );
-    assert!(round.retry_after.is_some(), "ask again: {}", round.body);
-    assert_eq!(cluster.usage(leader, "raced").await["granted"], 0);
-    // Asked again, the request is a new one, on the key as the delete left it.
-    cluster.take(leader, "raced", "racer", 4).await;
-    assert_eq!(cluster.usage(leader, "raced").await["limit"], DEFAULT_LIMIT);
 }
