@@ -8,17 +8,18 @@
 //! serve (`node_host.rs`, through the production per-connection path), a
 //! [`disk::SimDisk`] per node under the storage crate's disk seam, a simulated
 //! wall clock, and tokio's paused clock for every timer. The runners are the
-//! real Rust client over the same transport (`workload.rs`). turmoil (tokio-rs)
+//! real Rust client over the same transport (`workload/`). turmoil (tokio-rs)
 //! schedules the hosts and delivers the segments; [`nemesis`] injects faults
-//! drawn from the seed; [`checker`] judges the history the clients saw.
+//! drawn from the seed; [`checker`] judges the [`history`] the clients saw.
 //!
 //! | file | what |
 //! |---|---|
 //! | `run.rs` | one run: a seed in, [`run::Outcome`] (verdict, trace hash) out |
 //! | `node_host.rs` | one simulated node |
-//! | `workload.rs` | the operator and the job runners |
+//! | `workload/` | the operator, the job runners and the usage sampler |
+//! | `history.rs` | what they saw: requests and their fates, leases, writes, usage reads, replays |
 //! | `nemesis.rs` | the faults |
-//! | `checker.rs` | the properties |
+//! | `checker/` | the properties |
 //! | `trace.rs` | the events, their hash, the last few for a report |
 //! | `net.rs` | HTTP over turmoil's TCP |
 //! | `disk.rs`, `disk_model.rs` | the disk seam over an in-memory disk with powerfs's rules |
@@ -26,6 +27,7 @@
 pub mod checker;
 pub mod disk;
 pub mod disk_model;
+pub mod history;
 pub mod nemesis;
 pub mod net;
 pub mod node_host;

@@ -22,6 +22,21 @@ mod switches {
     pub(crate) fn data_dir_parent_not_synced() -> bool {
         DATA_DIR_PARENT_NOT_SYNCED.load(Ordering::Relaxed)
     }
+
+    static GONE_CALLER_GRANTED: AtomicBool = AtomicBool::new(false);
+
+    /// A request whose caller went away (its connection closed while it was
+    /// parked or held) still takes part in its round (the bug fixed by
+    /// commit 59116ff: a timed-out `permitctl run`'s last request took the next
+    /// free permit, unclaimed, for the whole claim deadline). Read by the
+    /// node's rounds (`node/src/leader/round_plan.rs`).
+    pub fn set_gone_caller_granted(on: bool) {
+        GONE_CALLER_GRANTED.store(on, Ordering::Relaxed);
+    }
+
+    pub fn gone_caller_granted() -> bool {
+        GONE_CALLER_GRANTED.load(Ordering::Relaxed)
+    }
 }
 
 #[cfg(feature = "reintroduced-bugs")]
@@ -29,5 +44,10 @@ pub use switches::*;
 
 #[cfg(not(feature = "reintroduced-bugs"))]
 pub(crate) const fn data_dir_parent_not_synced() -> bool {
+    false
+}
+
+#[cfg(not(feature = "reintroduced-bugs"))]
+pub const fn gone_caller_granted() -> bool {
     false
 }
