@@ -32,6 +32,8 @@ pub struct TermSeen {
     pub first_seen: Option<Duration>,
     /// When a node was first seen leading it, and which.
     pub led: Option<(Duration, NodeId)>,
+    /// Every node seen leading it, in the order they were first seen.
+    pub leaders: Vec<NodeId>,
 }
 
 /// Every term seen, by number; shared by every node's watcher.
@@ -49,6 +51,9 @@ impl TermsSeen {
         seen.first_seen.get_or_insert(at);
         if leading {
             seen.led.get_or_insert((at, id));
+            if !seen.leaders.contains(&id) {
+                seen.leaders.push(id);
+            }
         }
     }
 
@@ -78,6 +83,24 @@ impl Disturbances {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
+}
+
+/// Leaders of one term come in increasing node order. permitd builds
+/// openraft without `single-term-leader`: a leader is named by (term, node),
+/// so a candidate of a higher node id may win a term another node led, which
+/// is safe (its vote is greater); a lower one may not.
+pub fn check_leaders_per_term(terms: &BTreeMap<u64, TermSeen>) -> Vec<Violation> {
+    terms
+        .iter()
+        .filter(|(_, seen)| seen.leaders.windows(2).any(|pair| pair[0] >= pair[1]))
+        .map(|(term, seen)| Violation {
+            kind: "leaders_out_of_order",
+            detail: format!(
+                "term {term}: led by nodes {:?}, in that order",
+                seen.leaders
+            ),
+        })
+        .collect()
 }
 
 /// A led term followed by a higher one with no disturbance in between.
@@ -126,7 +149,22 @@ mod tests {
         TermSeen {
             first_seen: Some(ms(first)),
             led: led.map(|(at, id)| (ms(at), id)),
+            leaders: led.map(|(_, id)| id).into_iter().collect(),
         }
+    }
+
+    #[test]
+    fn a_term_led_by_a_lower_node_after_a_higher_one_is_caught() {
+        let seen = TermsSeen::default();
+        seen.saw(6, 1, true, ms(10));
+        seen.saw(6, 3, true, ms(20));
+        assert!(check_leaders_per_term(&seen.snapshot()).is_empty());
+        seen.saw(7, 3, true, ms(30));
+        seen.saw(7, 2, true, ms(40));
+        assert_eq!(
+            check_leaders_per_term(&seen.snapshot())[0].kind,
+            "leaders_out_of_order"
+        );
     }
 
     #[test]

@@ -8,21 +8,22 @@
 //! serve (`node_host.rs`, through the production per-connection path), a
 //! [`disk::SimDisk`] per node under the storage crate's disk seam, a simulated
 //! wall clock, and tokio's paused clock for every timer. The runners are the
-//! real Rust client over the same transport (`workload.rs`). turmoil (tokio-rs)
+//! real Rust client over the same transport (`workload/`). turmoil (tokio-rs)
 //! schedules the hosts and delivers the segments; [`nemesis`] injects faults
-//! drawn from the seed; [`checker`] judges the history the clients saw.
+//! drawn from the seed; [`checker`] judges the [`history`] the clients saw.
 //!
 //! | file | what |
 //! |---|---|
 //! | `run.rs` | one run: a seed in, [`run::Outcome`] (verdict, trace hash) out |
 //! | `scenario.rs` | scripted scenarios: no random faults, a test's script of calls and faults |
 //! | `node_host.rs` | one simulated node |
-//! | `workload.rs` | the operator and the job runners |
-//! | `waiters.rs` | runners whose requests the leader holds (`waitMs`) |
-//! | `liveness.rs` | no held request waits while its key has a free permit |
+//! | `workload/` | the operator, the job runners and the usage sampler |
+//! | `waiters.rs` | runners whose requests the leader holds (`waitMs`), on keys of their own |
+//! | `history.rs` | what they saw: requests and their fates, leases, writes, usage reads, replays |
 //! | `nemesis.rs` | the faults |
-//! | `checker.rs` | the properties |
+//! | `checker/` | the properties |
 //! | `elections.rs` | no election without a fault that explains it |
+//! | `liveness.rs` | no held request waits while its key has a free permit |
 //! | `trace.rs` | the events, their hash, the last few for a report |
 //! | `net.rs` | HTTP over turmoil's TCP |
 //! | `disk.rs`, `disk_model.rs` | the disk seam over an in-memory disk with powerfs's rules |
@@ -31,6 +32,7 @@ pub mod checker;
 pub mod disk;
 pub mod disk_model;
 pub mod elections;
+pub mod history;
 pub mod liveness;
 pub mod nemesis;
 pub mod net;

@@ -4,7 +4,7 @@
 //! host, and runs it again from the start after a crash: the disk is all that
 //! survives.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,9 +38,6 @@ pub fn host_name(id: NodeId) -> String {
     format!("node{id}")
 }
 
-/// The terms each node was seen leading: the "one leader per term" check.
-pub type LeadersSeen = Arc<Mutex<BTreeMap<u64, BTreeSet<NodeId>>>>;
-
 /// What every node of one run shares.
 #[derive(Debug, Clone)]
 pub struct ClusterSpec {
@@ -48,7 +45,6 @@ pub struct ClusterSpec {
     pub members: BTreeMap<NodeId, PeerNode>,
     pub timings: RaftTimings,
     pub trace: Trace,
-    pub leaders: LeadersSeen,
     /// Every term seen and when it was first led (`elections.rs`).
     pub terms: TermsSeen,
     /// When faults, restarts and stops happened (`elections.rs`).
@@ -82,7 +78,6 @@ impl ClusterSpec {
                 ..RaftTimings::default()
             },
             trace,
-            leaders: LeadersSeen::default(),
             terms: TermsSeen::default(),
             disturbances: Disturbances::default(),
             rounds: RoundLimits::default(),
@@ -250,13 +245,6 @@ async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
         };
         let at = turmoil::sim_elapsed().unwrap_or_default();
         spec.terms.saw(term, id, state == ServerState::Leader, at);
-        if state == ServerState::Leader {
-            let mut leaders = spec
-                .leaders
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            leaders.entry(term).or_default().insert(id);
-        }
         if last != Some((term, state)) {
             spec.trace.event(
                 at,

@@ -6,14 +6,21 @@ use std::time::{Duration, SystemTime};
 use permitd_core::KeyConfig;
 use permitd_storage::NodeId;
 
-use crate::checker::{self, Violation};
+use crate::checker::usage::UsageHistory;
+use crate::checker::{self, Turbulence, Violation};
 use crate::elections;
+use crate::history::{History, Write, Written};
 use crate::liveness;
 use crate::nemesis::{FaultMix, Nemesis};
 use crate::node_host::{self, host_name, ClusterSpec, NodeWorld, API_PORT};
 use crate::trace::Trace;
 use crate::waiters::{self, WaitLog, WAITER_KEYS};
-use crate::workload::{self, JobLog, WorkloadSpec};
+use crate::workload::{self, Shared, WorkloadSpec};
+
+/// How long after the nemesis heals everything faults may still show: a
+/// node it restarted rejoins, a leader may be elected (the checkers treat
+/// this time as part of the faults' window).
+const SETTLING: Duration = Duration::from_secs(1);
 
 /// What one run simulates.
 #[derive(Debug, Clone)]
@@ -38,12 +45,12 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
-    /// The CI profile: 3 nodes, 3 keys, 4 runners, every fault.
+    /// The CI profile: 3 nodes, 4 keys, 4 runners, every fault.
     pub fn ci(seed: u64) -> Self {
         Self {
             seed,
             nodes: 3,
-            keys: 3,
+            keys: 4,
             clients: 4,
             jobs_per_client: 12,
             waiters: 3,
@@ -136,28 +143,25 @@ fn run_seeded(options: &RunOptions) -> Outcome {
         .collect();
     let mut sim = simulation(options.seed, options.limit).build();
     node_host::add_nodes(&mut sim, &spec, &worlds);
-    let workload = WorkloadSpec {
-        keys: (0..options.keys)
-            .map(|n| (format!("key-{n}"), 1 + (n as u64 % 3)))
-            .collect(),
-        clients: options.clients,
-        jobs_per_client: options.jobs_per_client,
-        endpoints: (1..=options.nodes)
-            .map(|id| format!("{}:{API_PORT}", host_name(id)))
-            .collect(),
-    };
-    let log = JobLog::default();
-    sim.client(
-        "operator",
-        workload::configure(workload.clone(), options.seed, trace.clone()),
+    let endpoints = (1..=options.nodes)
+        .map(|id| format!("{}:{API_PORT}", host_name(id)))
+        .collect();
+    let workload = WorkloadSpec::draw(
+        options.seed,
+        options.keys,
+        options.clients,
+        options.jobs_per_client,
+        endpoints,
     );
+    let history = History::default();
+    let shared = Shared::new(workload.clone(), history.clone(), trace.clone());
+    sim.client("operator", workload::operate(options.seed, shared.clone()));
+    let sampler_seed = options.seed.wrapping_mul(1_000).wrapping_add(999);
+    sim.client("sampler", workload::sample(sampler_seed, shared.clone()));
     for n in 0..options.clients {
         let name = format!("client{n}");
         let seed = options.seed.wrapping_mul(1_000).wrapping_add(n as u64);
-        sim.client(
-            name.clone(),
-            workload::run_client(name, seed, workload.clone(), log.clone(), trace.clone()),
-        );
+        sim.client(name, workload::run_client(n, seed, shared.clone()));
     }
     let waits = WaitLog::default();
     let until = options.fault_window.1 + options.quiet_after;
@@ -167,20 +171,12 @@ fn run_seeded(options: &RunOptions) -> Outcome {
             .seed
             .wrapping_mul(1_000)
             .wrapping_add(500 + n as u64);
-        let logs = (log.clone(), waits.clone());
-        let runner = waiters::run_waiter(
-            name.clone(),
-            seed,
-            workload.clone(),
-            until,
-            logs,
-            trace.clone(),
-        );
+        let runner = waiters::run_waiter(name.clone(), seed, shared.clone(), until, waits.clone());
         sim.client(name, runner);
     }
     let hosts: Vec<String> = (1..=options.nodes)
         .map(host_name)
-        .chain(std::iter::once("operator".to_owned()))
+        .chain(["operator".to_owned(), "sampler".to_owned()])
         .chain((0..options.clients).map(|n| format!("client{n}")))
         .chain((0..options.waiters).map(|n| format!("waiter{n}")))
         .collect();
@@ -210,39 +206,20 @@ fn run_seeded(options: &RunOptions) -> Outcome {
         nemesis.restart_stopped(&mut sim);
     }
     let simulated = sim.elapsed();
-    let jobs = log
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    let limits: BTreeMap<String, u64> = workload
-        .keys
-        .iter()
-        .cloned()
-        .chain(
-            WAITER_KEYS
-                .iter()
-                .map(|(key, limit)| (key.to_string(), *limit)),
-        )
-        .collect();
-    violations.extend(checker::check_budget(&jobs, &limits, simulated));
-    violations.extend(checker::check_fences(&jobs));
-    violations.extend(checker::check_every_job_ended(&jobs));
-    let leaders = spec
-        .leaders
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    violations.extend(checker::check_leaders(&leaders));
-    let disturbances = spec.disturbances.snapshot();
-    violations.extend(elections::check_explained(
-        &spec.terms.snapshot(),
-        &disturbances,
-    ));
+    let records = history.snapshot();
+    violations.extend(check_history(options, &workload, &records, simulated));
+    let (terms, disturbances) = (spec.terms.snapshot(), spec.disturbances.snapshot());
+    violations.extend(elections::check_leaders_per_term(&terms));
+    violations.extend(elections::check_explained(&terms, &disturbances));
     let waits = waits
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
     let claim_deadline = Duration::from_millis(KeyConfig::default().grant_timeout_ms);
+    let limits = WAITER_KEYS
+        .iter()
+        .map(|(key, limit)| (key.to_string(), *limit))
+        .collect();
     violations.extend(liveness::check_held_while_free(
         &waits,
         &limits,
@@ -265,8 +242,69 @@ fn run_seeded(options: &RunOptions) -> Outcome {
         events: trace.events(),
         violations,
         simulated,
-        jobs: jobs.len(),
+        jobs: records.asks.len() + records.leases.len(),
         faults: nemesis.injected,
         last_events: trace.last(),
     }
+}
+
+/// Every property of the history the clients saw.
+fn check_history(
+    options: &RunOptions,
+    workload: &WorkloadSpec,
+    records: &crate::history::Records,
+    simulated: Duration,
+) -> Vec<Violation> {
+    let faulty = options.faults != FaultMix::NONE;
+    let turbulence = faulty.then(|| Turbulence {
+        from: options.fault_window.0,
+        until: options.fault_window.1 + SETTLING,
+    });
+    let grant_timeouts = workload
+        .every_key()
+        .map(|key| (key.name.clone(), key.grant_timeout))
+        .collect();
+    let jobs = checker::jobs(records);
+    let defaults = permitd_core::KeyConfig::default();
+    let mut violations = Vec::new();
+    // The waiters' keys keep the limits they set before any request.
+    let waiter_limits = WAITER_KEYS.iter().map(|(key, limit)| Write {
+        key: key.to_string(),
+        what: Written::Key(KeyConfig {
+            limit: *limit,
+            ..KeyConfig::default()
+        }),
+        sent: Duration::ZERO,
+        acked: Some(Duration::ZERO),
+    });
+    let writes: Vec<Write> = records
+        .writes
+        .iter()
+        .cloned()
+        .chain(waiter_limits)
+        .collect();
+    violations.extend(checker::check_budget(
+        &jobs,
+        &writes,
+        &records.force_releases,
+        &defaults,
+        simulated,
+    ));
+    violations.extend(checker::check_fences(&jobs));
+    violations.extend(checker::check_every_job_ended(&jobs));
+    violations.extend(checker::usage::check_usage(&UsageHistory {
+        records,
+        grant_timeouts: &grant_timeouts,
+        turbulence,
+    }));
+    violations.extend(checker::writes::check_writes(
+        &records.writes,
+        records.read_back.as_ref(),
+    ));
+    violations.extend(checker::writes::check_replays(
+        &records.replays,
+        &grant_timeouts,
+        turbulence,
+    ));
+    violations
 }

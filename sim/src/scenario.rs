@@ -36,7 +36,7 @@ use crate::net::SimTransport;
 use crate::node_host::{self, host_name, ClusterSpec, NodeWorld, API_PORT};
 use crate::run::simulation;
 use crate::trace::Trace;
-use crate::workload::{self, WorkloadSpec};
+use crate::workload;
 
 /// The nodes of every scenario.
 const NODES: u64 = 3;
@@ -396,17 +396,12 @@ impl Cluster {
 
     /// The real Rust client, over the simulated network, knowing every node.
     pub fn client(&self, seed: u64) -> permitd_client::SemaphoreClient {
-        let spec = WorkloadSpec {
-            keys: Vec::new(),
-            clients: 1,
-            jobs_per_client: 0,
-            endpoints: self
-                .nodes()
-                .into_iter()
-                .map(|id| format!("{}:{API_PORT}", host_name(id)))
-                .collect(),
-        };
-        workload::client(&spec, seed).expect("a client")
+        let endpoints: Vec<String> = self
+            .nodes()
+            .into_iter()
+            .map(|id| format!("{}:{API_PORT}", host_name(id)))
+            .collect();
+        workload::client(&endpoints, seed).expect("a client")
     }
 
     /// Crashes node `id` (its process dies; its disk keeps what a killed

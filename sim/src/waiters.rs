@@ -20,9 +20,9 @@ use permitd_core::KeyConfigUpdate;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::checker::Job;
+use crate::history::{Ask, AskOutcome, Held, History};
 use crate::trace::Trace;
-use crate::workload::{self, JobLog, WorkloadSpec};
+use crate::workload::{self, Shared};
 
 /// The keys the waiters share, and their limits.
 pub const WAITER_KEYS: [(&str, u64); 2] = [("held-0", 1), ("held-1", 2)];
@@ -86,16 +86,17 @@ async fn configure(client: &SemaphoreClient) {
     }
 }
 
-/// One waiter, working until simulated time `until`.
+/// One waiter, working until simulated time `until`. Every request goes into
+/// the run's history (budget, fences, usage) and into `waits` (liveness).
 pub async fn run_waiter(
     name: String,
     seed: u64,
-    spec: WorkloadSpec,
+    shared: Shared,
     until: Duration,
-    (jobs, waits): (JobLog, WaitLog),
-    trace: Trace,
+    waits: WaitLog,
 ) -> turmoil::Result {
-    let client = workload::client(&spec, seed)?;
+    let client = workload::client(&shared.spec.endpoints, seed)?;
+    let (history, trace) = (&shared.history, &shared.trace);
     let mut rng = StdRng::seed_from_u64(seed ^ 0x0000_7761_6974_6572);
     configure(&client).await;
     let mut attempt = 0u64;
@@ -103,6 +104,8 @@ pub async fn run_waiter(
         attempt += 1;
         let (key, _) = WAITER_KEYS[rng.random_range(0..WAITER_KEYS.len())];
         let sent = now();
+        let wait_for = Duration::from_millis(WAIT_MS);
+        let asked = history.ask(Ask::waiting(key, GROUP, &name, 1, sent, wait_for));
         let request = PermitRequest {
             v: V1,
             client_id: name.clone(),
@@ -120,22 +123,34 @@ pub async fn run_waiter(
             Ok(answer) => answer.grants.into_iter().next(),
             Err(_) => {
                 trace.event(now(), &name, format_args!("request {key} failed"));
-                let answer = Answer::Unknown;
-                push(&waits, wait(key, &name, sent, answer));
+                history.update_ask(asked, |ask| ask.outcome = AskOutcome::Failed { at: now() });
+                push(&waits, wait(key, &name, sent, Answer::Unknown));
                 tokio::time::sleep(Duration::from_millis(rng.random_range(10..100))).await;
                 continue;
             }
         };
+        let (granted, fence) = grant.as_ref().map_or((0, 0), |g| (g.permits, g.fence));
+        history.update_ask(asked, |ask| {
+            ask.outcome = AskOutcome::Answered {
+                at: now(),
+                granted,
+                fence,
+                held: None,
+                returned: None,
+            }
+        });
         let Some(grant) = grant else {
             trace.event(now(), &name, format_args!("request {key} empty"));
             push(&waits, wait(key, &name, sent, Answer::Empty));
             continue;
         };
-        let granted = Answer::Granted { released: None };
-        let index = push(&waits, wait(key, &name, sent, granted));
+        let index = push(
+            &waits,
+            wait(key, &name, sent, Answer::Granted { released: None }),
+        );
         let hold = Duration::from_millis(rng.random_range(1..150));
         let released =
-            hold_and_release(&client, &name, key, grant, sent, hold, &jobs, &trace).await;
+            hold_and_release(&client, &name, key, grant, hold, (history, asked), trace).await;
         waits
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)[index]
@@ -155,16 +170,15 @@ fn wait(key: &str, client: &str, sent: Duration, answer: Answer) -> Wait {
 }
 
 /// Claims `grant`, runs a job under it for `hold`, releases it; returns when
-/// the release was acknowledged (`None`: never).
-#[allow(clippy::too_many_arguments)]
+/// the release was acknowledged (`None`: never). Notes each step on the
+/// request's record in the history.
 async fn hold_and_release(
     client: &SemaphoreClient,
     name: &str,
     key: &str,
     grant: GrantedPermits,
-    asked: Duration,
     hold: Duration,
-    jobs: &JobLog,
+    (history, asked): (&History, usize),
     trace: &Trace,
 ) -> Option<Duration> {
     let report = |released| PermitSync {
@@ -187,45 +201,50 @@ async fn hold_and_release(
                 && result.claimed == grant.permits
         })
     });
-    if claimed == Some(false) {
-        trace.event(now(), name, format_args!("claim of {key} came too late"));
-    }
-    if claimed == Some(true) {
-        let start = now();
-        trace.event(
-            start,
-            name,
-            format_args!("holds {key} fence {}", grant.fence),
-        );
-        let job = Job {
-            key: key.into(),
-            client: name.into(),
-            asked,
-            start,
-            end: None,
-            fence: grant.fence,
-        };
-        let index = {
-            let mut jobs = jobs
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            jobs.push(job);
-            jobs.len() - 1
-        };
-        tokio::time::sleep(hold).await;
-        jobs.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)[index]
-            .end = Some(now());
-    } else if claimed.is_none() {
+    let set_held = |held: Held| {
+        history.update_ask(asked, |ask| {
+            if let AskOutcome::Answered { held: slot, .. } = &mut ask.outcome {
+                *slot = Some(held);
+            }
+        });
+    };
+    match claimed {
+        Some(true) => {
+            let from = now();
+            trace.event(
+                from,
+                name,
+                format_args!("holds {key} fence {}", grant.fence),
+            );
+            let permits = grant.permits;
+            set_held(Held {
+                permits,
+                from,
+                until: None,
+            });
+            tokio::time::sleep(hold).await;
+            set_held(Held {
+                permits,
+                from,
+                until: Some(now()),
+            });
+        }
+        Some(false) => trace.event(now(), name, format_args!("claim of {key} came too late")),
         // The claim may or may not have been applied: the release below
         // settles either way.
-        trace.event(now(), name, format_args!("claim of {key} failed"));
+        None => trace.event(now(), name, format_args!("claim of {key} failed")),
     }
     // Reports are cumulative: a release sent again is the same release.
     for _ in 0..5 {
         if client.sync(key, report(grant.permits)).await.is_ok() {
-            trace.event(now(), name, format_args!("released {key}"));
-            return Some(now());
+            let at = now();
+            trace.event(at, name, format_args!("released {key}"));
+            history.update_ask(asked, |ask| {
+                if let AskOutcome::Answered { returned, .. } = &mut ask.outcome {
+                    *returned = Some(at);
+                }
+            });
+            return Some(at);
         }
     }
     trace.event(now(), name, format_args!("release of {key} failed"));

@@ -1,7 +1,8 @@
 //! The simulator finds bugs this project has had, put back behind test-only
 //! switches (`permitd_storage::bugs`): each hunt runs seeds from 1 until one
 //! fails, and prints the seed and the time it took (docs/simulation.md).
-//! `SIM_HUNT_SECONDS` bounds each hunt (default 300).
+//! `SIM_HUNT_SECONDS` bounds each hunt (default 300); `SIM_HUNT=<words>`
+//! hunts only the bugs whose name holds them.
 
 use std::time::{Duration, Instant};
 
@@ -41,7 +42,7 @@ fn hunt(bug: &str) -> Option<(u64, u64, Duration)> {
 type Switch = fn(bool);
 
 /// Each bug put back: its name and its switch.
-const BUGS: [(&str, Switch); 3] = [
+const BUGS: [(&str, Switch); 4] = [
     (
         "a data-dir parent not synced",
         permitd_storage::bugs::set_data_dir_parent_not_synced,
@@ -53,6 +54,10 @@ const BUGS: [(&str, Switch); 3] = [
     (
         "entries proposed out of order",
         permitd_storage::bugs::set_entries_out_of_order,
+    ),
+    (
+        "a request whose caller went away still granted",
+        permitd_storage::bugs::set_gone_caller_granted,
     ),
 ];
 

@@ -52,4 +52,10 @@ switches! {
     /// request woken by a release met its round before that release, was held
     /// again and waited out its `waitMs`).
     ENTRIES_OUT_OF_ORDER: set_entries_out_of_order, entries_out_of_order;
+    /// A request whose caller went away (its connection closed while it was
+    /// parked or held) still takes part in its round (the bug fixed by commit
+    /// 59116ff: a timed-out `permitctl run`'s last request took the next free
+    /// permit, unclaimed, for the whole claim deadline). Read by the node's
+    /// rounds (`node/src/leader/round_plan.rs`).
+    GONE_CALLER_GRANTED: set_gone_caller_granted, gone_caller_granted;
 }

@@ -159,7 +159,8 @@ impl Replies {
 /// claim deadline while live clients wait. (A `permitctl run --timeout` that
 /// gave up with a request parked took the next free permit that way, for the
 /// whole `grantTimeoutMs`.) Syncs always go in: a release whose sender left is
-/// still a release.
+/// still a release. The simulator's bug hunt puts the old behaviour back with
+/// the test-only switch `permitd_storage::bugs::gone_caller_granted`.
 pub(crate) fn into_command(
     syncs: Vec<WaitingSync>,
     rounds: Vec<(String, Vec<WaitingRequest>)>,
@@ -176,9 +177,9 @@ pub(crate) fn into_command(
     }
     let mut keys = Vec::with_capacity(rounds.len());
     for (key, waiting) in rounds {
-        let (live, gone): (Vec<_>, Vec<_>) = waiting
-            .into_iter()
-            .partition(|waiting| !waiting.reply.is_closed());
+        let (live, gone): (Vec<_>, Vec<_>) = waiting.into_iter().partition(|waiting| {
+            !waiting.reply.is_closed() || permitd_storage::bugs::gone_caller_granted()
+        });
         replies.abandoned += gone.len();
         if live.is_empty() {
             continue;
