@@ -274,8 +274,10 @@ fn check_history(
             limit: *limit,
             ..KeyConfig::default()
         }),
-        sent: Duration::ZERO,
-        acked: Some(Duration::ZERO),
+        // Written before any of their requests (a write is newer than another
+        // if sent after it was acknowledged: these replace the default).
+        sent: Duration::from_nanos(1),
+        acked: Some(Duration::from_nanos(2)),
     });
     let writes: Vec<Write> = records
         .writes
