@@ -121,7 +121,8 @@ thread_local! {
 /// first. Code that only works in spawn order (the rounds driver once proposed
 /// each entry from a task of its own, and entries reached the log out of
 /// order) would pass every seed. With jitter, 1 task in 5 yields 1–3 times
-/// before its first poll, and 1 in 10 starts 1–8 ms late.
+/// before its first poll, and 1 in 10 starts 1–25 ms late (a loaded
+/// runtime; the out-of-order bug showed under load).
 pub fn jitter_spawns(seed: Option<u64>) {
     SPAWN_JITTER.with(|jitter| *jitter.borrow_mut() = seed.map(StdRng::seed_from_u64));
 }
@@ -139,7 +140,7 @@ impl StartDelay {
             let rng = jitter.as_mut()?;
             match rng.random_range(0..10) {
                 0 | 1 => Some(Self::Yields(rng.random_range(1..=3))),
-                2 => Some(Self::Sleep(Duration::from_millis(rng.random_range(1..=8)))),
+                2 => Some(Self::Sleep(Duration::from_millis(rng.random_range(1..=25)))),
                 _ => None,
             }
         })

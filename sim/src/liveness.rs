@@ -1,4 +1,5 @@
-//! A held request is not left waiting while its key has a free permit.
+//! A held request is not left waiting while its key has a free permit, nor
+//! overtaken by a younger request of its key.
 //!
 //! The rule (docs/protocol.md, "Held requests"): a request a round left
 //! empty-handed waits for its key's next round, and anything that frees
@@ -127,6 +128,51 @@ pub fn check_held_while_free(
     violations
 }
 
+/// How much younger a request must be, and how much earlier answered, to
+/// count as overtaking: more than a round and a few network delays.
+const OVERTAKE_MARGIN: Duration = Duration::from_millis(50);
+
+/// A held request overtaken: in quiet times, a request sent well after it, for
+/// the same key, was granted well before it was answered. A freed permit wakes
+/// every request held for its key into the next round, where the oldest demand
+/// comes first, so a younger request can only win a permit a held one was not
+/// woken for (the bug of entries reaching the log out of order: the round met
+/// the release's entry before it, held the request again, and the next
+/// arrival took the permit).
+pub fn check_no_overtaking(waits: &[Wait], disturbances: &BTreeSet<Duration>) -> Vec<Violation> {
+    for held in waits {
+        if matches!(held.answer, Answer::Unknown) {
+            continue;
+        }
+        let settled_from = held.sent.saturating_sub(SETTLE);
+        if disturbances.range(settled_from..=held.answered).next().is_some() {
+            continue;
+        }
+        let overtaker = waits.iter().find(|other| {
+            other.key == held.key
+                && matches!(other.answer, Answer::Granted { .. })
+                && other.sent > held.sent + OVERTAKE_MARGIN
+                && other.answered + OVERTAKE_MARGIN < held.answered
+        });
+        if let Some(overtaker) = overtaker {
+            return vec![Violation {
+                kind: "held_request_overtaken",
+                detail: format!(
+                    "{} of {} sent {:?}, answered {:?}; {} sent {:?} was granted at {:?}",
+                    held.key,
+                    held.client,
+                    held.sent,
+                    held.answered,
+                    overtaker.client,
+                    overtaker.sent,
+                    overtaker.answered
+                ),
+            }];
+        }
+    }
+    Vec::new()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +228,29 @@ mod tests {
             wait("b", 5_050, 5_050 + WAIT_MS, Answer::Empty),
         ];
         assert!(check(&unknown, &[100]).is_empty());
+    }
+
+    #[test]
+    fn a_younger_request_granted_while_an_older_one_waits_is_caught() {
+        let granted = Answer::Granted {
+            released: Some(ms(5_300)),
+        };
+        let waits = [
+            wait("b", 5_000, 5_000 + WAIT_MS, Answer::Empty),
+            wait("c", 5_200, 5_210, granted.clone()),
+        ];
+        let quiet = BTreeSet::from([ms(100)]);
+        let caught = check_no_overtaking(&waits, &quiet);
+        assert_eq!(caught[0].kind, "held_request_overtaken");
+        // Sent together, or answered together: no order to keep.
+        let close = [
+            wait("b", 5_000, 5_000 + WAIT_MS, Answer::Empty),
+            wait("c", 5_020, 5_210, granted),
+        ];
+        assert!(check_no_overtaking(&close, &quiet).is_empty());
+        // Under faults: not judged.
+        let faulty = BTreeSet::from([ms(5_100)]);
+        assert!(check_no_overtaking(&waits, &faulty).is_empty());
     }
 
     #[test]

@@ -220,6 +220,7 @@ fn run_seeded(options: &RunOptions) -> Outcome {
         .iter()
         .map(|(key, limit)| (key.to_string(), *limit))
         .collect();
+    violations.extend(liveness::check_no_overtaking(&waits, &disturbances));
     violations.extend(liveness::check_held_while_free(
         &waits,
         &limits,

@@ -1,11 +1,12 @@
 //! The simulator finds bugs this project has had, put back behind test-only
 //! switches (`permitd_storage::bugs`): each hunt runs seeds from 1 until one
 //! fails, and prints the seed and the time it took (docs/simulation.md).
-//! `SIM_HUNT_SECONDS` bounds each hunt (default 300); `SIM_HUNT=<words>`
+//! `SIM_HUNT_SECONDS` bounds each hunt (default 300); `SIM_BUG=<words>`
 //! hunts only the bugs whose name holds them.
 
 use std::time::{Duration, Instant};
 
+use permitd_sim::nemesis::FaultMix;
 use permitd_sim::run::{run, RunOptions};
 
 fn hunt_budget() -> Duration {
@@ -17,11 +18,14 @@ fn hunt_budget() -> Duration {
 }
 
 /// Runs seeds until one fails; returns it, with the seeds and time it took.
-fn hunt(bug: &str) -> Option<(u64, u64, Duration)> {
+fn hunt(bug: &str, faults: FaultMix) -> Option<(u64, u64, Duration)> {
     let started = Instant::now();
     let mut seed = 1;
     while started.elapsed() < hunt_budget() {
-        let outcome = run(&RunOptions::ci(seed));
+        let outcome = run(&RunOptions {
+            faults,
+            ..RunOptions::ci(seed)
+        });
         if !outcome.passed() {
             let took = started.elapsed();
             println!("{bug}: found by seed {seed} after {seed} seeds, {took:.1?}");
@@ -41,23 +45,35 @@ fn hunt(bug: &str) -> Option<(u64, u64, Duration)> {
 /// A bug's switch (`permitd_storage::bugs`).
 type Switch = fn(bool);
 
-/// Each bug put back: its name and its switch.
-const BUGS: [(&str, Switch); 4] = [
+/// Crashes and disk faults only: more leader failovers, some on slow disks,
+/// where a broken election guard shows.
+const FAILOVERS: FaultMix = FaultMix {
+    crashes: true,
+    disk: true,
+    ..FaultMix::NONE
+};
+
+/// Each bug put back: its name, its switch, and the faults its hunt draws.
+const BUGS: [(&str, Switch, FaultMix); 4] = [
     (
         "a data-dir parent not synced",
         permitd_storage::bugs::set_data_dir_parent_not_synced,
+        FaultMix::ALL,
     ),
     (
         "a pre-vote without the term rule",
         permitd_storage::bugs::set_prevote_without_term_rule,
+        FAILOVERS,
     ),
     (
         "entries proposed out of order",
         permitd_storage::bugs::set_entries_out_of_order,
+        FaultMix::ALL,
     ),
     (
         "a request whose caller went away still granted",
         permitd_storage::bugs::set_gone_caller_granted,
+        FaultMix::ALL,
     ),
 ];
 
@@ -67,12 +83,12 @@ const BUGS: [(&str, Switch); 4] = [
 fn the_simulator_finds_the_bugs_we_had() {
     let only = std::env::var("SIM_BUG").unwrap_or_default();
     let mut missed = Vec::new();
-    for (bug, switch) in BUGS {
+    for (bug, switch, faults) in BUGS {
         if !bug.contains(only.as_str()) {
             continue;
         }
         switch(true);
-        let found = hunt(bug);
+        let found = hunt(bug, faults);
         switch(false);
         if found.is_none() {
             missed.push(bug);

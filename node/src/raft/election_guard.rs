@@ -21,7 +21,9 @@
 //!    on openraft's 60 ms tick;
 //! 2. while it hears its leader (an append received, or one still being
 //!    received and handled), it does nothing; a vote it casts for another
-//!    node starts its wait again, as it restarts Raft's election timer;
+//!    node starts its wait again, as it restarts Raft's election timer, and
+//!    so does a vote request it will likely grant, noted on arrival: openraft's
+//!    metrics show a vote only once it is durable, a sync later;
 //! 3. a node that was itself stalled (its 10 ms guard tick woke more than a
 //!    heartbeat interval late: a pause, a starved CPU) counts its silence from
 //!    the moment it woke, and gives the leader its patience to reach it;
