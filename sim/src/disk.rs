@@ -44,6 +44,14 @@ impl SimDisk {
         self.model().faults = faults;
     }
 
+    /// A copy of the disk as it is now, every file and name current, with
+    /// no faults: for a check that opens the node's store beside it.
+    pub fn fork(&self) -> SimDisk {
+        let mut model = self.model().clone();
+        model.faults = DiskFaults::default();
+        Self(Arc::new(Mutex::new(model)))
+    }
+
     pub fn syncs(&self) -> u64 {
         self.model().syncs
     }

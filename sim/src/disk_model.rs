@@ -67,7 +67,7 @@ pub struct CutReport {
 }
 
 /// One node's disk.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct DiskModel {
     files: BTreeMap<Inode, FileState>,
     /// Directories by absolute path; `/` always exists.

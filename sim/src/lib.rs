@@ -24,6 +24,7 @@
 //! | `checker/` | the properties |
 //! | `elections.rs` | no election without a fault that explains it |
 //! | `liveness.rs` | no held request waits while its key has a free permit |
+//! | `replicas.rs` | every running node's applied state equals a replay of its own log |
 //! | `trace.rs` | the events, their hash, the last few for a report |
 //! | `net.rs` | HTTP over turmoil's TCP |
 //! | `disk.rs`, `disk_model.rs` | the disk seam over an in-memory disk with powerfs's rules |
@@ -37,6 +38,7 @@ pub mod liveness;
 pub mod nemesis;
 pub mod net;
 pub mod node_host;
+pub mod replicas;
 pub mod run;
 pub mod scenario;
 pub mod trace;

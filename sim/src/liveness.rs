@@ -145,7 +145,11 @@ pub fn check_no_overtaking(waits: &[Wait], disturbances: &BTreeSet<Duration>) ->
             continue;
         }
         let settled_from = held.sent.saturating_sub(SETTLE);
-        if disturbances.range(settled_from..=held.answered).next().is_some() {
+        if disturbances
+            .range(settled_from..=held.answered)
+            .next()
+            .is_some()
+        {
             continue;
         }
         let overtaker = waits.iter().find(|other| {

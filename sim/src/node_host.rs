@@ -24,6 +24,7 @@ use permitd_storage::{Exec, NodeId, PeerNode};
 use crate::disk::SimDisk;
 use crate::elections::{Disturbances, TermsSeen};
 use crate::net::SimTransport;
+use crate::replicas::Replicas;
 use crate::trace::Trace;
 
 /// The port of every node's public API.
@@ -31,7 +32,7 @@ pub const API_PORT: u16 = 7000;
 /// The port of every node's `/raft/*` and `/cluster/*` listener.
 pub const RAFT_PORT: u16 = 7100;
 /// Where a node's data dir is on its simulated disk.
-const DATA_DIR: &str = "/data";
+pub const DATA_DIR: &str = "/data";
 
 /// A node's host name.
 pub fn host_name(id: NodeId) -> String {
@@ -53,6 +54,8 @@ pub struct ClusterSpec {
     pub rounds: RoundLimits,
     /// Nodes that could not start on a healthy disk.
     pub start_failures: Arc<Mutex<Vec<String>>>,
+    /// The running nodes' applied states, for the replay check.
+    pub replicas: Replicas,
 }
 
 impl ClusterSpec {
@@ -82,6 +85,7 @@ impl ClusterSpec {
             disturbances: Disturbances::default(),
             rounds: RoundLimits::default(),
             start_failures: Arc::default(),
+            replicas: Replicas::default(),
         }
     }
 }
@@ -192,6 +196,9 @@ pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Re
         }
     };
     spec.trace.event(now(), &host_name(id), "started");
+    let _running = spec
+        .replicas
+        .running(id, app.state.clone(), world.disk.clone());
     spec.disturbances.at(now());
     if id == 1 && !app.raft.is_initialized().await? {
         permitd_node::edge::api::cluster::initialize(&app)

@@ -206,6 +206,7 @@ fn run_seeded(options: &RunOptions) -> Outcome {
         nemesis.restart_stopped(&mut sim);
     }
     let simulated = sim.elapsed();
+    violations.extend(spec.replicas.check());
     let records = history.snapshot();
     violations.extend(check_history(options, &workload, &records, simulated));
     let (terms, disturbances) = (spec.terms.snapshot(), spec.disturbances.snapshot());

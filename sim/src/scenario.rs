@@ -135,7 +135,15 @@ impl Scenario {
             // what led to it first.
             let step = std::panic::catch_unwind(AssertUnwindSafe(|| sim.step()));
             match step {
-                Ok(Ok(true)) => return trace,
+                Ok(Ok(true)) => {
+                    let violations = spec.replicas.check();
+                    assert!(
+                        violations.is_empty(),
+                        "{violations:?}\n{}",
+                        last_events(&trace)
+                    );
+                    return trace;
+                }
                 Ok(Ok(false)) => {}
                 Ok(Err(error)) => panic!("{error}\n{}", last_events(&trace)),
                 Err(panic) => {

@@ -13,13 +13,18 @@
 //! The power-loss tests run it on every node's data dir after the cuts. The
 //! check takes the dir's lock, so the node must not be running. It writes only
 //! to `scratch`, a folder of the caller's.
+//!
+//! [`check_live`] holds a running replica to the same rule: its state in
+//! memory must equal its newest snapshot plus its own log replayed to the
+//! same applied id. The simulator runs it on a copy of every node's disk at
+//! the end of each history.
 
 use std::path::Path;
 
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
-use openraft::{LogId, RaftLogReader};
+use openraft::{Entry, LogId, RaftLogReader};
 
-use crate::{open, NodeId, Opened, Options, StorageError};
+use crate::{open, NodeId, Opened, Options, SharedState, StorageError, TypeConfig};
 
 /// What a successful check covered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,20 +45,12 @@ pub struct Audit {
 pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Audit, StorageError> {
     let mut stored = open(&Options::new(dir)).await?;
     let mut replay = open(&Options::new(scratch)).await?;
-    let corrupt = |detail: String| StorageError::Corrupt {
-        dir: dir.to_owned(),
-        detail,
-    };
+    let corrupt = corrupt_in(dir);
     let raft = |error: openraft::StorageError<NodeId>| corrupt(error.to_string());
     let snapshot_id = stored.state.last_applied();
     let log_state = stored.log.get_log_state().await.map_err(raft)?;
     let committed = stored.log.read_committed().await.map_err(raft)?;
-    if log_state.last_purged_log_id > snapshot_id {
-        return Err(corrupt(format!(
-            "the log is purged to {:?}, past the snapshot at {snapshot_id:?}",
-            log_state.last_purged_log_id
-        )));
-    }
+    check_not_purged_past(dir, &log_state.last_purged_log_id, &snapshot_id)?;
     if let Some(snapshot) = stored
         .state_machine
         .get_current_snapshot()
@@ -68,29 +65,7 @@ pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Audit, StorageEr
     }
     // openraft does the same when the committed id was not synced yet.
     let last_applied = committed.max(snapshot_id);
-    let from = snapshot_id.map_or(1, |id| id.index + 1);
-    let until = last_applied.map_or(0, |id| id.index);
-    let entries = if until >= from {
-        stored
-            .log
-            .try_get_log_entries(from..=until)
-            .await
-            .map_err(raft)?
-    } else {
-        Vec::new()
-    };
-    let expected = (from..=until).count();
-    if entries.len() != expected
-        || entries
-            .iter()
-            .zip(from..)
-            .any(|(entry, index)| entry.log_id.index != index)
-    {
-        return Err(corrupt(format!(
-            "the log does not hold every entry from {from} to the committed {until}: {} found",
-            entries.len()
-        )));
-    }
+    let entries = entries_after(&mut stored, dir, snapshot_id, last_applied).await?;
     let entries_replayed = entries.len() as u64;
     stored
         .state_machine
@@ -98,7 +73,7 @@ pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Audit, StorageEr
         .await
         .map_err(raft)?;
     replay.state_machine.apply(entries).await.map_err(raft)?;
-    compare(&stored, &replay).map_err(corrupt)?;
+    compare(&stored.state, &replay.state).map_err(corrupt)?;
     Ok(Audit {
         last_applied,
         snapshot: snapshot_id,
@@ -107,26 +82,119 @@ pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Audit, StorageEr
     })
 }
 
+/// Compares `live`, a running replica's applied state, with its store
+/// (`store`: a copy of its data dir, which this opens and changes) replayed
+/// to the same applied id: the store's newest snapshot, then its log. A
+/// snapshot past the live state (an install between its file and memory) is
+/// [`StorageError::Corrupt`] too: call this between steps, not during one.
+pub async fn check_live(live: &SharedState, store: &Options) -> Result<Audit, StorageError> {
+    let dir = store.dir.as_path();
+    let mut stored = open(store).await?;
+    let raft = |error: openraft::StorageError<NodeId>| corrupt_in(dir)(error.to_string());
+    let snapshot_id = stored.state.last_applied();
+    let last_applied = live.last_applied();
+    let log_state = stored.log.get_log_state().await.map_err(raft)?;
+    check_not_purged_past(dir, &log_state.last_purged_log_id, &snapshot_id)?;
+    if snapshot_id > last_applied {
+        return Err(corrupt_in(dir)(format!(
+            "the stored snapshot at {snapshot_id:?} is past the applied {last_applied:?}"
+        )));
+    }
+    let entries = entries_after(&mut stored, dir, snapshot_id, last_applied).await?;
+    let entries_replayed = entries.len() as u64;
+    stored.state_machine.apply(entries).await.map_err(raft)?;
+    compare(live, &stored.state).map_err(corrupt_in(dir))?;
+    Ok(Audit {
+        last_applied,
+        snapshot: snapshot_id,
+        entries_replayed,
+        last_log: log_state.last_log_id,
+    })
+}
+
+fn corrupt_in(dir: &Path) -> impl Fn(String) -> StorageError + '_ {
+    move |detail| StorageError::Corrupt {
+        dir: dir.to_owned(),
+        detail,
+    }
+}
+
+/// A log purged past the snapshot has lost entries nothing else holds.
+fn check_not_purged_past(
+    dir: &Path,
+    purged: &Option<LogId<NodeId>>,
+    snapshot_id: &Option<LogId<NodeId>>,
+) -> Result<(), StorageError> {
+    if purged > snapshot_id {
+        return Err(corrupt_in(dir)(format!(
+            "the log is purged to {purged:?}, past the snapshot at {snapshot_id:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The log's entries after `snapshot_id` up to `last_applied`, every one of
+/// them; a hole is [`StorageError::Corrupt`].
+async fn entries_after(
+    stored: &mut Opened,
+    dir: &Path,
+    snapshot_id: Option<LogId<NodeId>>,
+    last_applied: Option<LogId<NodeId>>,
+) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+    let corrupt = corrupt_in(dir);
+    // A cluster's log begins at index 0 (openraft's first membership entry).
+    let from = snapshot_id.map_or(0, |id| id.index + 1);
+    let Some(until) = last_applied
+        .map(|id| id.index)
+        .filter(|until| *until >= from)
+    else {
+        return Ok(Vec::new());
+    };
+    let entries = stored
+        .log
+        .try_get_log_entries(from..=until)
+        .await
+        .map_err(|error| corrupt(error.to_string()))?;
+    let expected = (from..=until).count();
+    if entries.len() != expected
+        || entries
+            .iter()
+            .zip(from..)
+            .any(|(entry, index)| entry.log_id.index != index)
+    {
+        return Err(corrupt(format!(
+            "the log does not hold every entry from {from} to the applied {until}: {} found",
+            entries.len()
+        )));
+    }
+    Ok(entries)
+}
+
 /// Compares everything apply writes: the semaphores, the tokens, the applied
 /// log id and the membership.
-fn compare(stored: &Opened, replay: &Opened) -> Result<(), String> {
-    let semaphores = |opened: &Opened| {
-        opened
-            .state
-            .read(|semaphores| serde_json::to_vec(semaphores).map_err(|error| error.to_string()))
+fn compare(stored: &SharedState, replay: &SharedState) -> Result<(), String> {
+    let semaphores = |state: &SharedState| {
+        state.read(|semaphores| serde_json::to_vec(semaphores).map_err(|error| error.to_string()))
     };
     if semaphores(stored)? != semaphores(replay)? {
         return Err("the semaphores differ from a replay of the log".to_owned());
     }
-    let tokens = |opened: &Opened| opened.state.read_tokens(Clone::clone);
+    let tokens = |state: &SharedState| state.read_tokens(Clone::clone);
     if tokens(stored) != tokens(replay) {
         return Err("the token registry differs from a replay of the log".to_owned());
     }
-    if stored.state.last_applied() != replay.state.last_applied() {
+    if stored.last_applied() != replay.last_applied() {
         return Err(format!(
             "applied {:?}, the replay reached {:?}",
-            stored.state.last_applied(),
-            replay.state.last_applied()
+            stored.last_applied(),
+            replay.last_applied()
+        ));
+    }
+    if stored.membership() != replay.membership() {
+        return Err(format!(
+            "membership {:?}, the replay's {:?}",
+            stored.membership(),
+            replay.membership()
         ));
     }
     Ok(())

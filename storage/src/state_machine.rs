@@ -155,6 +155,11 @@ impl SharedState {
         self.lock_read().last_applied
     }
 
+    /// The membership as of the last applied entry that changed it.
+    pub fn membership(&self) -> StoredMembership<NodeId, PeerNode> {
+        self.lock_read().membership.clone()
+    }
+
     /// The log index of a delete of `key` this node applied after entry
     /// `log_index`, if any (among its last deletes: [`RecentDeletes`]).
     pub fn deleted_after(&self, key: &str, log_index: u64) -> Option<u64> {
