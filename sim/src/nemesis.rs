@@ -148,6 +148,17 @@ impl Nemesis {
         (a, b)
     }
 
+    /// A pair of nodes whose link no fault cuts or holds yet, or `None`.
+    /// turmoil keeps one state per link: ending one of two faults on a link
+    /// (a hold's release, say) would heal the other, which the nemesis still
+    /// counts as active, and a crash would then let the node's closing
+    /// segments leave in task-id order (`silently`).
+    fn free_pair(&mut self) -> Option<(NodeId, NodeId)> {
+        let (a, b) = self.pair();
+        let busy = self.cuts(a, &host_name(b)) || self.cuts(b, &host_name(a));
+        (!busy).then_some((a, b))
+    }
+
     fn node(&mut self) -> NodeId {
         self.nodes[self.rng.random_range(0..self.nodes.len())]
     }
@@ -162,17 +173,23 @@ impl Nemesis {
         let lasts = Duration::from_millis(self.rng.random_range(100..2_000));
         let fault = match self.rng.random_range(0..11) {
             0 | 1 if self.mix.network => {
-                let (a, b) = self.pair();
+                let Some((a, b)) = self.free_pair() else {
+                    return;
+                };
                 sim.partition(host_name(a), host_name(b));
                 Fault::Partition(a, b)
             }
             2 if self.mix.network => {
-                let (a, b) = self.pair();
+                let Some((a, b)) = self.free_pair() else {
+                    return;
+                };
                 sim.partition_oneway(host_name(a), host_name(b));
                 Fault::OneWay(a, b)
             }
             3 if self.mix.network => {
-                let (a, b) = self.pair();
+                let Some((a, b)) = self.free_pair() else {
+                    return;
+                };
                 sim.hold(host_name(a), host_name(b));
                 Fault::Hold(a, b)
             }

@@ -156,6 +156,16 @@ fn run_seeded(options: &RunOptions) -> Outcome {
     let history = History::default();
     let shared = Shared::new(workload.clone(), history.clone(), trace.clone());
     sim.client("operator", workload::operate(options.seed, shared.clone()));
+    let members_seed = options.seed.wrapping_mul(1_000).wrapping_add(998);
+    sim.client(
+        "members",
+        workload::change_members(
+            members_seed,
+            options.nodes,
+            shared.clone(),
+            spec.disturbances.clone(),
+        ),
+    );
     let sampler_seed = options.seed.wrapping_mul(1_000).wrapping_add(999);
     sim.client("sampler", workload::sample(sampler_seed, shared.clone()));
     for n in 0..options.clients {
@@ -176,7 +186,11 @@ fn run_seeded(options: &RunOptions) -> Outcome {
     }
     let hosts: Vec<String> = (1..=options.nodes)
         .map(host_name)
-        .chain(["operator".to_owned(), "sampler".to_owned()])
+        .chain([
+            "operator".to_owned(),
+            "members".to_owned(),
+            "sampler".to_owned(),
+        ])
         .chain((0..options.clients).map(|n| format!("client{n}")))
         .chain((0..options.waiters).map(|n| format!("waiter{n}")))
         .collect();

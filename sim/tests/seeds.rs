@@ -4,6 +4,7 @@
 //!   (`SIM_SEEDS`, default 1000; 20 in a debug build), every tenth seed run twice to prove that it
 //!   replays to the same trace.
 //! - `SIM_SEED=n`: replays seed n alone, twice, printing its full report
+//!   (its last 200 events; `SIM_EVENTS=n` shows n)
 //!   (`SIM_LOG=<filter>`, such as `SIM_LOG=permitd_storage=debug`, adds the
 //!   nodes' own logs).
 //! - `SIM_THREADS=n`: seeds run on n threads at once (default: one per core).
@@ -78,9 +79,10 @@ fn seeds() {
         let second = run(&options);
         print_parting(&first.last_events, &second.last_events);
         let mut first = first;
+        let shown = env_u64("SIM_EVENTS").unwrap_or(200) as usize;
         first.last_events = first
             .last_events
-            .split_off(first.last_events.len().saturating_sub(200));
+            .split_off(first.last_events.len().saturating_sub(shown));
         println!("{}", first.report());
         println!(
             "{} jobs, {} faults, {:?} simulated; again: {}",

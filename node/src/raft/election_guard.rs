@@ -33,9 +33,14 @@
 //!    yet in the term the asker would stand in (a candidate of that term, or
 //!    a node that voted in it, refuses), and the asker's last log id is at
 //!    least its own (Raft thesis §9.6). With grants
-//!    from a majority (this node counts), and neither a leader heard nor a
-//!    vote cast meanwhile, it stands at once (`Trigger::elect`); otherwise it
-//!    asks again after a fresh election timeout;
+//!    from a majority of every config (this node counts; the old and the new
+//!    voters during a membership change, as openraft's election counts), and
+//!    neither a leader heard nor a vote cast meanwhile, it stands at once
+//!    (`Trigger::elect`); otherwise it asks again after a fresh election
+//!    timeout. A majority that refused only because they are in later terms
+//!    makes it stand anyway, in a term they refuse, to learn theirs
+//!    (`catch_up_on_term`: openraft never raises a node's term on a vote
+//!    request it refuses for the candidate's shorter log);
 //! 5. a single-voter cluster elects freely (openraft's timer, turned on).
 //!
 //! The tolerance of a silent leader is what it was with openraft's timer
@@ -50,6 +55,7 @@
 //! the node's view of the leadership (`leader/leadership.rs`) then names no
 //! leader, as it did when such a node stood for election.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -87,6 +93,11 @@ pub struct PreVoteRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreVoteAnswer {
     pub granted: bool,
+    /// Refused only because the voter is already in the term the asker
+    /// would stand in, or a later one: it hears no leader and the asker's
+    /// log is as long as its own. Absent from nodes that predate it.
+    #[serde(default)]
+    pub refused_for_term: bool,
 }
 
 /// What a voter knows when it is asked.
@@ -103,10 +114,33 @@ pub struct VoterView {
 /// the asker would stand in (a candidate of it, or a node that voted in it)
 /// refuses: the asker would only split or disrupt that election.
 pub fn grants(request: &PreVoteRequest, voter: &VoterView, lease: Duration) -> bool {
+    eligible(request, voter, lease) && newer_term(request, voter)
+}
+
+/// Whether the voter refuses only for the term rule ([`PreVoteAnswer`]).
+pub fn refused_for_term(request: &PreVoteRequest, voter: &VoterView, lease: Duration) -> bool {
+    eligible(request, voter, lease) && !newer_term(request, voter)
+}
+
+/// Everything but the term: not leading, no leader heard for the lease, and
+/// the asker's log at least as long as the voter's.
+fn eligible(request: &PreVoteRequest, voter: &VoterView, lease: Duration) -> bool {
     let leader_gone = voter.leader_silent_for.is_none_or(|silent| silent >= lease);
-    let newer_term = request.term.is_none_or(|term| term > voter.term)
-        || permitd_storage::bugs::prevote_without_term_rule();
-    !voter.is_leader && leader_gone && newer_term && request.last_log_id >= voter.last_log_id
+    !voter.is_leader && leader_gone && request.last_log_id >= voter.last_log_id
+}
+
+fn newer_term(request: &PreVoteRequest, voter: &VoterView) -> bool {
+    request.term.is_none_or(|term| term > voter.term)
+        || permitd_storage::bugs::prevote_without_term_rule()
+}
+
+/// Whether `nodes` hold a majority of every config of a (possibly joint)
+/// membership: during a change a candidate needs both the old and the new
+/// voters' majorities, as openraft's election does.
+pub fn is_quorum(configs: &[BTreeSet<NodeId>], nodes: &BTreeSet<NodeId>) -> bool {
+    configs
+        .iter()
+        .all(|config| config.intersection(nodes).count() * 2 > config.len())
 }
 
 /// What the guard last decided.
@@ -262,14 +296,17 @@ impl ElectionGuard {
             last_log_id: raft.data_metrics().borrow().last_log,
             term: metrics.current_term,
         };
-        let granted = grants(request, &view, self.timeout_max);
+        let answer = PreVoteAnswer {
+            granted: grants(request, &view, self.timeout_max),
+            refused_for_term: refused_for_term(request, &view, self.timeout_max),
+        };
         tracing::debug!(
             candidate = request.candidate,
-            granted,
+            ?answer,
             ?view,
             "pre-vote asked"
         );
-        PreVoteAnswer { granted }
+        answer
     }
 
     /// Runs the guard until Raft shuts down.
@@ -362,8 +399,18 @@ impl ElectionGuard {
             last_log_id: raft.data_metrics().borrow().last_log,
             term: Some(metrics.current_term + 1),
         };
-        let granted = 1 + self.ask(network, &peers, &request).await;
-        let won = granted * 2 > voters.len();
+        let answers = self.ask(network, &peers, &request).await;
+        let configs = membership.get_joint_config();
+        let with = |term_refusals: bool| -> BTreeSet<NodeId> {
+            answers
+                .iter()
+                .filter(|(_, answer)| answer.granted || (term_refusals && answer.refused_for_term))
+                .map(|(id, _)| *id)
+                .chain([self.id])
+                .collect()
+        };
+        let granted = with(false);
+        let won = is_quorum(configs, &granted);
         let outcome = if won { "granted" } else { "denied" };
         metrics::counter!(PREVOTES, "outcome" => outcome).increment(1);
         let done = Instant::now();
@@ -374,12 +421,14 @@ impl ElectionGuard {
             ask_after: Some(done + self.draw_timeout()),
             patience: None,
         };
-        if !won {
-            tracing::debug!(granted, voters = voters.len(), "pre-vote denied");
+        let behind_in_term = !won && is_quorum(configs, &with(true));
+        if !won && !behind_in_term {
+            tracing::debug!(?granted, voters = voters.len(), "pre-vote denied");
             return next;
         }
         // A leader heard, or a vote cast for another candidate, while the
-        // pre-vote was out: standing now would only disrupt.
+        // pre-vote was out: standing now would only disrupt (and a vote cast
+        // moved this node's term up to the voters' own).
         let vote_kept = raft.metrics().borrow().vote == metrics.vote;
         if !vote_kept || self.silent_for(done) < patience {
             tracing::debug!(
@@ -388,8 +437,12 @@ impl ElectionGuard {
             );
             return next;
         }
+        if behind_in_term {
+            self.catch_up_on_term(raft).await;
+            return next;
+        }
         tracing::info!(
-            granted,
+            granted = granted.len(),
             voters = voters.len(),
             patience_ms = patience.as_millis() as u64,
             "pre-vote granted: this node stands for election"
@@ -400,25 +453,46 @@ impl ElectionGuard {
         next
     }
 
-    /// Asks every peer at once; how many granted within the minimum election
-    /// timeout (an unreachable or slow peer counts as a refusal).
+    /// A majority would have granted but for the term: the voters moved on
+    /// to later terms (a candidate that cannot win, one that needs this
+    /// node's vote and has a shorter log, keeps raising them), and openraft
+    /// does not raise a node's term on a vote request it refuses for its
+    /// log. This node would stay behind, refused by every pre-vote, for as
+    /// long as that candidate tries. So it stands in its own next term: the
+    /// voters refuse a term older than theirs, changing nothing, and their
+    /// answers carry their terms, which openraft adopts; the next pre-vote
+    /// asks for a term past them. (Found by the simulator: a joint
+    /// membership left one voter with the longest log and the others ever
+    /// higher terms.)
+    async fn catch_up_on_term(&self, raft: &Raft) {
+        tracing::info!("pre-vote refused for its term only: standing to learn the voters' term");
+        metrics::counter!(PREVOTES, "outcome" => "term_behind").increment(1);
+        if let Err(error) = raft.trigger().elect().await {
+            tracing::warn!(%error, "cannot stand for election");
+        }
+    }
+
+    /// Asks every peer at once; the answers that came within the minimum
+    /// election timeout (an unreachable or slow peer counts as a refusal).
     async fn ask(
         &self,
         network: &Network,
         peers: &[(NodeId, PeerNode)],
         request: &PreVoteRequest,
-    ) -> usize {
+    ) -> Vec<(NodeId, PreVoteAnswer)> {
         let Ok(body) = codec::encode(request) else {
-            return 0;
+            return Vec::new();
         };
         let asks = peers.iter().map(|(id, node)| {
-            network.call::<PreVoteAnswer>(*id, node, "prevote", body.clone(), self.timeout_min)
+            let answer =
+                network.call::<PreVoteAnswer>(*id, node, "prevote", body.clone(), self.timeout_min);
+            async move { answer.await.ok().map(|answer| (*id, answer)) }
         });
         futures_util::future::join_all(asks)
             .await
             .into_iter()
-            .filter(|answer| matches!(answer, Ok(PreVoteAnswer { granted: true })))
-            .count()
+            .flatten()
+            .collect()
     }
 }
 
@@ -514,6 +588,46 @@ mod tests {
             ..ask(log(3, 10))
         };
         assert!(grants(&from_an_older_node, &in_term_4, LEASE));
+    }
+
+    #[test]
+    fn a_voter_refusing_only_for_its_term_says_so() {
+        let in_term_9 = VoterView {
+            term: 9,
+            ..follower(Some(500), log(3, 10))
+        };
+        assert!(refused_for_term(&ask(log(3, 11)), &in_term_9, LEASE));
+        assert!(
+            !refused_for_term(&ask(log(3, 9)), &in_term_9, LEASE),
+            "refused for its log too"
+        );
+        assert!(
+            !refused_for_term(&ask(log(3, 11)), &follower(Some(500), log(3, 10)), LEASE),
+            "granted"
+        );
+        let hearing_a_leader = VoterView {
+            leader_silent_for: Some(Duration::from_millis(10)),
+            ..in_term_9
+        };
+        assert!(!refused_for_term(
+            &ask(log(3, 11)),
+            &hearing_a_leader,
+            LEASE
+        ));
+    }
+
+    #[test]
+    fn a_joint_membership_needs_a_majority_of_each_config() {
+        let old = BTreeSet::from([1, 2, 3]);
+        let new = BTreeSet::from([1, 2]);
+        let joint = [old.clone(), new];
+        assert!(is_quorum(&joint, &BTreeSet::from([1, 2])));
+        assert!(
+            !is_quorum(&joint, &BTreeSet::from([2, 3])),
+            "a majority of the old voters, half of the new"
+        );
+        assert!(is_quorum(&[old.clone()], &BTreeSet::from([2, 3])));
+        assert!(!is_quorum(&[old], &BTreeSet::from([3])));
     }
 
     #[test]

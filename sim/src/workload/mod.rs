@@ -10,6 +10,7 @@
 //! | `leases.rs` | `client<n>` | a job under a lease: acknowledged, drawn from, heartbeaten or left to lapse, settled |
 //! | `replay.rs` | `client<n>` | a request sent again with its `requestId`, over the bare transport, to compare the answers byte for byte |
 //! | `sampler.rs` | `sampler` | reads a key's usage every 50–150 ms |
+//! | `members.rs` | `members` | in half the runs, removes a voter and adds it back (learner, then voter) |
 //!
 //! The keys: 2 to 5 permits, a claim window (`grantTimeoutMs`) of 0.8 to 3 s
 //! so that unclaimed grants come back within a run, a capped group under the
@@ -17,6 +18,7 @@
 //! on others.
 
 mod leases;
+mod members;
 mod operator;
 mod replay;
 mod runner;
@@ -32,6 +34,7 @@ use permitd_core::{KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub use members::change_members;
 pub use operator::operate;
 pub use runner::run_client;
 pub use sampler::sample;
