@@ -36,6 +36,10 @@ pub struct RunOptions {
     /// which `liveness.rs` judges them.
     pub quiet_after: Duration,
     pub faults: FaultMix,
+    /// Membership changes in the workload (`workload/members.rs`): off in
+    /// the CI profile (docs/simulation.md says why), `SIM_MEMBERS=1` turns
+    /// them on.
+    pub members: bool,
     /// Faults begin and end within this window of simulated time.
     pub fault_window: (Duration, Duration),
     /// A run not finished by then fails (`no_progress`).
@@ -56,6 +60,7 @@ impl RunOptions {
             waiters: 3,
             quiet_after: Duration::from_secs(3),
             faults: FaultMix::ALL,
+            members: false,
             fault_window: (Duration::from_secs(1), Duration::from_secs(6)),
             limit: Duration::from_secs(90),
             kept_events: 200,
@@ -156,16 +161,18 @@ fn run_seeded(options: &RunOptions) -> Outcome {
     let history = History::default();
     let shared = Shared::new(workload.clone(), history.clone(), trace.clone());
     sim.client("operator", workload::operate(options.seed, shared.clone()));
-    let members_seed = options.seed.wrapping_mul(1_000).wrapping_add(998);
-    sim.client(
-        "members",
-        workload::change_members(
-            members_seed,
-            options.nodes,
-            shared.clone(),
-            spec.disturbances.clone(),
-        ),
-    );
+    if options.members {
+        let members_seed = options.seed.wrapping_mul(1_000).wrapping_add(998);
+        sim.client(
+            "members",
+            workload::change_members(
+                members_seed,
+                options.nodes,
+                shared.clone(),
+                spec.disturbances.clone(),
+            ),
+        );
+    }
     let sampler_seed = options.seed.wrapping_mul(1_000).wrapping_add(999);
     sim.client("sampler", workload::sample(sampler_seed, shared.clone()));
     for n in 0..options.clients {
@@ -186,11 +193,8 @@ fn run_seeded(options: &RunOptions) -> Outcome {
     }
     let hosts: Vec<String> = (1..=options.nodes)
         .map(host_name)
-        .chain([
-            "operator".to_owned(),
-            "members".to_owned(),
-            "sampler".to_owned(),
-        ])
+        .chain(["operator".to_owned(), "sampler".to_owned()])
+        .chain(options.members.then(|| "members".to_owned()))
         .chain((0..options.clients).map(|n| format!("client{n}")))
         .chain((0..options.waiters).map(|n| format!("waiter{n}")))
         .collect();

@@ -12,7 +12,7 @@
 //! reports stay in the request for the round's lease pass. One `Command::Round` entry carries every sync that arrived
 //! meanwhile (applied first, so the permits they return are granted by the
 //! rounds of the same entry) and the rounds of every key that fell due. The
-//! rules of when (pipelined rounds per key, entries in flight, keys and bytes per
+//! rules of when (one round in flight per key, entries in flight, keys and bytes per
 //! entry) live in the pure [`Schedule`] and are unit-tested there.
 //!
 //! One driver task takes entries from the schedule and proposes them; it sleeps

@@ -5,14 +5,18 @@
 //! The rules:
 //! - a request parks in its key's pending list; the key falls due at
 //!   `max(first arrival + roundWaitMs, last round start + roundPeriodMs)`;
-//! - a key's next round may fall due while its earlier rounds are still being
-//!   committed (rounds are pipelined): their outcomes are computed at apply
-//!   time, in log order, so this stays deterministic;
+//! - a key's next round leaves only once its round in flight is answered
+//!   (rounds of different keys are pipelined, a key's own are not): the
+//!   requests of the round in flight may come back empty-handed and be held,
+//!   and those are older than whatever parked meanwhile, so they must join the
+//!   next round ahead of it. Pipelined, a younger request's round could take a
+//!   permit released while the older requests' round was being committed
+//!   (found by the simulator's liveness checker: a waiter overtaken by 78 ms);
 //! - a sync is due at once: it waits at most until the next entry leaves;
 //! - one entry carries every pending sync and every due key's round, up to
 //!   `max_keys_per_entry` keys and `max_bytes_per_entry` bytes of messages
 //!   (at least one message always goes, however large); a key's requests that
-//!   do not fit stay due and lead the next entry;
+//!   do not fit stay due and lead the next entry after this one is answered;
 //! - at most `max_entries_in_flight` entries are being committed at once;
 //!   whatever falls due meanwhile waits and then shares the next entry;
 //! - at most `max_parked_messages` messages and `max_parked_bytes` bytes wait
@@ -81,6 +85,8 @@ struct KeyPending<R> {
     woken_at: u64,
     /// Entries in flight that carry a round of this key.
     rounds_in_flight: usize,
+    /// When the key falls due once its round in flight is answered.
+    due_after_flight: Option<Instant>,
 }
 
 impl<R> Default for KeyPending<R> {
@@ -96,6 +102,7 @@ impl<R> Default for KeyPending<R> {
             },
             woken_at: 0,
             rounds_in_flight: 0,
+            due_after_flight: None,
         }
     }
 }
@@ -295,7 +302,11 @@ impl<R, S> Schedule<R, S> {
             due_at = due_at.max(last + pending.timings.period);
         }
         self.idle.set(key.to_owned(), None);
-        self.due.set(key.to_owned(), Some(due_at));
+        if pending.rounds_in_flight > 0 {
+            pending.due_after_flight = Some(due_at);
+        } else {
+            self.due.set(key.to_owned(), Some(due_at));
+        }
     }
 
     /// Something happened that may let `key`'s held requests get permits (see
@@ -490,8 +501,8 @@ impl<R, S> Schedule<R, S> {
             if pending.requests.is_empty() {
                 pending.first_arrival = None;
             } else {
-                // The rest did not fit: still due, it leads the next entry.
-                self.due.set(key.clone(), Some(due_at));
+                // The rest did not fit: due again once this round is answered.
+                pending.due_after_flight = Some(due_at);
             }
             entry.rounds.push((key, requests));
         }
@@ -520,6 +531,11 @@ impl<R, S> Schedule<R, S> {
                 continue;
             };
             pending.rounds_in_flight = pending.rounds_in_flight.saturating_sub(1);
+            if pending.rounds_in_flight == 0 {
+                if let Some(due_at) = pending.due_after_flight.take() {
+                    self.due.set(key.clone(), Some(due_at));
+                }
+            }
             if pending.is_idle() {
                 let last = pending.last_round_at.unwrap_or(now);
                 self.idle
@@ -654,7 +670,8 @@ mod tests {
     fn the_next_round_waits_for_the_period_after_the_last_start() {
         let (mut schedule, t0) = schedule();
         schedule.park("a", 1, 10, timings(1, 20), t0).unwrap();
-        schedule.take_entry(t0 + ms(1)).unwrap();
+        let first = schedule.take_entry(t0 + ms(1)).unwrap();
+        schedule.entry_done(first.id, t0 + ms(2));
         schedule
             .park("a", 2, 10, timings(1, 20), t0 + ms(2))
             .unwrap();
@@ -662,7 +679,8 @@ mod tests {
         // Arriving after the period: only the wait counts.
         let (mut schedule, t0) = self::schedule();
         schedule.park("a", 1, 10, timings(1, 20), t0).unwrap();
-        schedule.take_entry(t0 + ms(1)).unwrap();
+        let first = schedule.take_entry(t0 + ms(1)).unwrap();
+        schedule.entry_done(first.id, t0 + ms(3));
         schedule
             .park("a", 2, 10, timings(1, 20), t0 + ms(40))
             .unwrap();
@@ -670,16 +688,48 @@ mod tests {
     }
 
     #[test]
-    fn rounds_of_one_key_pipeline_while_earlier_ones_are_in_flight() {
+    fn a_keys_next_round_waits_for_its_round_in_flight_while_other_keys_go() {
         let (mut schedule, t0) = schedule();
         schedule.park("a", 1, 10, timings(1, 1), t0).unwrap();
-        schedule.take_entry(t0 + ms(1)).unwrap();
+        let first = schedule.take_entry(t0 + ms(1)).unwrap();
         schedule
             .park("a", 2, 10, timings(1, 1), t0 + ms(1))
             .unwrap();
-        let second = schedule.take_entry(t0 + ms(2)).unwrap();
+        schedule
+            .park("b", 3, 10, timings(1, 1), t0 + ms(1))
+            .unwrap();
+        let other = schedule.take_entry(t0 + ms(2)).unwrap();
+        assert_eq!(other.rounds, [("b".to_string(), vec![3])], "b pipelines");
+        assert_eq!(schedule.next_due(t0 + ms(3)), None, "a waits for its round");
+        schedule.entry_done(first.id, t0 + ms(5));
+        assert_eq!(schedule.next_due(t0 + ms(5)), Some(t0 + ms(2)));
+        let second = schedule.take_entry(t0 + ms(5)).unwrap();
         assert_eq!(second.rounds, [("a".to_string(), vec![2])]);
-        assert_eq!(schedule.in_flight(), 2);
+    }
+
+    /// The simulator's finding: a request in a round in flight comes back
+    /// empty-handed after a release and a younger request arrived meanwhile;
+    /// it leads the next round, and the younger one does not go first.
+    #[test]
+    fn a_request_back_empty_handed_goes_ahead_of_one_parked_during_its_round() {
+        let (mut schedule, t0) = schedule();
+        schedule.park("a", 1, 10, timings(1, 1), t0).unwrap();
+        let first = schedule.take_entry(t0 + ms(1)).unwrap();
+        schedule
+            .push_sync("release", 10, Some("a"), t0 + ms(2))
+            .unwrap();
+        schedule
+            .park("a", 2, 10, timings(1, 1), t0 + ms(2))
+            .unwrap();
+        let syncs = schedule.take_entry(t0 + ms(3)).unwrap();
+        assert_eq!((syncs.syncs, syncs.rounds.len()), (vec!["release"], 0));
+        let answer_by = t0 + ms(1_000);
+        schedule
+            .hold("a", 1, 10, answer_by, first.woken_before, t0 + ms(4))
+            .unwrap();
+        schedule.entry_done(first.id, t0 + ms(4));
+        let next = schedule.take_entry(t0 + ms(4)).unwrap();
+        assert_eq!(next.rounds, [("a".to_string(), vec![1, 2])]);
     }
 
     #[test]
@@ -820,7 +870,9 @@ mod tests {
             "800 of 1,000 bytes"
         );
         assert_eq!(schedule.parked_bytes(), 810);
-        // The rest is still due although a's period has not passed.
+        // The rest is due again once that round is answered, although a's
+        // period has not passed.
+        schedule.entry_done(entry.id, t0 + ms(1));
         let entry = schedule.take_entry(t0 + ms(1)).unwrap();
         assert_eq!(entry.rounds[0], ("a".to_string(), vec![2, 3]));
         assert_eq!(keys_of(&entry), ["a", "b"], "b fits beside them");
@@ -834,6 +886,7 @@ mod tests {
         schedule.park("a", 2, 10, timings(0, 0), t0).unwrap();
         let entry = schedule.take_entry(t0).unwrap();
         assert_eq!(entry.rounds, [("a".to_string(), vec![1])]);
+        schedule.entry_done(entry.id, t0);
         let entry = schedule.take_entry(t0).unwrap();
         assert_eq!(entry.rounds, [("a".to_string(), vec![2])]);
     }

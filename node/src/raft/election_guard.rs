@@ -37,10 +37,11 @@
 //!    voters during a membership change, as openraft's election counts), and
 //!    neither a leader heard nor a vote cast meanwhile, it stands at once
 //!    (`Trigger::elect`); otherwise it asks again after a fresh election
-//!    timeout. A majority that refused only because they are in later terms
-//!    makes it stand anyway, in a term they refuse, to learn theirs
-//!    (`catch_up_on_term`: openraft never raises a node's term on a vote
-//!    request it refuses for the candidate's shorter log);
+//!    timeout. A voter that refused only because it is already in the asked
+//!    term or a later one makes this node adopt that term instead of
+//!    standing (`catch_up_on_term`: openraft never raises a node's term on a
+//!    vote request it refuses for the candidate's shorter log, and a voter
+//!    holding its own vote in the won term would depose the winner);
 //! 5. a single-voter cluster elects freely (openraft's timer, turned on).
 //!
 //! The tolerance of a silent leader is what it was with openraft's timer
@@ -98,6 +99,9 @@ pub struct PreVoteAnswer {
     /// log is as long as its own. Absent from nodes that predate it.
     #[serde(default)]
     pub refused_for_term: bool,
+    /// The voter's current term (0 from nodes that predate it).
+    #[serde(default)]
+    pub term: u64,
 }
 
 /// What a voter knows when it is asked.
@@ -299,6 +303,7 @@ impl ElectionGuard {
         let answer = PreVoteAnswer {
             granted: grants(request, &view, self.timeout_max),
             refused_for_term: refused_for_term(request, &view, self.timeout_max),
+            term: view.term,
         };
         tracing::debug!(
             candidate = request.candidate,
@@ -401,16 +406,20 @@ impl ElectionGuard {
         };
         let answers = self.ask(network, &peers, &request).await;
         let configs = membership.get_joint_config();
-        let with = |term_refusals: bool| -> BTreeSet<NodeId> {
-            answers
-                .iter()
-                .filter(|(_, answer)| answer.granted || (term_refusals && answer.refused_for_term))
-                .map(|(id, _)| *id)
-                .chain([self.id])
-                .collect()
-        };
-        let granted = with(false);
-        let won = is_quorum(configs, &granted);
+        let granted: BTreeSet<NodeId> = answers
+            .iter()
+            .filter(|(_, answer)| answer.granted)
+            .map(|(id, _)| *id)
+            .chain([self.id])
+            .collect();
+        // A voter already in the asked term or later, and otherwise willing:
+        // this node is behind in term (see `catch_up_on_term`).
+        let ahead = answers
+            .iter()
+            .filter(|(_, answer)| answer.refused_for_term && answer.term > metrics.current_term)
+            .max_by_key(|(id, answer)| (answer.term, *id))
+            .map(|(id, answer)| (answer.term, *id));
+        let won = is_quorum(configs, &granted) && ahead.is_none();
         let outcome = if won { "granted" } else { "denied" };
         metrics::counter!(PREVOTES, "outcome" => outcome).increment(1);
         let done = Instant::now();
@@ -421,8 +430,7 @@ impl ElectionGuard {
             ask_after: Some(done + self.draw_timeout()),
             patience: None,
         };
-        let behind_in_term = !won && is_quorum(configs, &with(true));
-        if !won && !behind_in_term {
+        if !won && ahead.is_none() {
             tracing::debug!(?granted, voters = voters.len(), "pre-vote denied");
             return next;
         }
@@ -437,8 +445,8 @@ impl ElectionGuard {
             );
             return next;
         }
-        if behind_in_term {
-            self.catch_up_on_term(raft).await;
+        if let Some((term, voter)) = ahead {
+            self.catch_up_on_term(raft, term, voter).await;
             return next;
         }
         tracing::info!(
@@ -453,22 +461,30 @@ impl ElectionGuard {
         next
     }
 
-    /// A majority would have granted but for the term: the voters moved on
-    /// to later terms (a candidate that cannot win, one that needs this
-    /// node's vote and has a shorter log, keeps raising them), and openraft
-    /// does not raise a node's term on a vote request it refuses for its
-    /// log. This node would stay behind, refused by every pre-vote, for as
-    /// long as that candidate tries. So it stands in its own next term: the
-    /// voters refuse a term older than theirs, changing nothing, and their
-    /// answers carry their terms, which openraft adopts; the next pre-vote
-    /// asks for a term past them. (Found by the simulator: a joint
-    /// membership left one voter with the longest log and the others ever
-    /// higher terms.)
-    async fn catch_up_on_term(&self, raft: &Raft) {
-        tracing::info!("pre-vote refused for its term only: standing to learn the voters' term");
+    /// A voter is already in the term this node would stand in, or a later
+    /// one, and would otherwise grant. Standing now would be refused by it,
+    /// or, won with the others, undone by it: openraft orders votes by (term,
+    /// node), so a voter holding its own vote in the same term as this
+    /// node's victory and a higher id deposes it at the first append (found
+    /// by the simulator, seed 548). And openraft never raises a node's term
+    /// on a vote request it refuses for the candidate's shorter log, so
+    /// behind in term this node could stay refused for good while a
+    /// candidate that needs its vote stands over and over (seed 10, a joint
+    /// membership). So it adopts that voter's term first, by granting itself
+    /// a vote in it for that voter (safe: the voter never hears of it, and
+    /// this node has cast no vote in that term), which restarts its wait; its
+    /// next pre-vote asks past the term.
+    async fn catch_up_on_term(&self, raft: &Raft, term: u64, voter: NodeId) {
+        tracing::info!(
+            term,
+            voter,
+            "a voter is in a later term: this node adopts it before it asks again"
+        );
         metrics::counter!(PREVOTES, "outcome" => "term_behind").increment(1);
-        if let Err(error) = raft.trigger().elect().await {
-            tracing::warn!(%error, "cannot stand for election");
+        let last_log_id = raft.data_metrics().borrow().last_log;
+        let vote = openraft::Vote::new(term, voter);
+        if let Err(error) = raft.vote(VoteRequest::new(vote, last_log_id)).await {
+            tracing::warn!(%error, "cannot adopt the voters' term");
         }
     }
 
