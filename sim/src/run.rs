@@ -36,9 +36,8 @@ pub struct RunOptions {
     /// which `liveness.rs` judges them.
     pub quiet_after: Duration,
     pub faults: FaultMix,
-    /// Membership changes in the workload (`workload/members.rs`): off in
-    /// the CI profile (docs/simulation.md says why), `SIM_MEMBERS=1` turns
-    /// them on.
+    /// Membership changes in the workload (`workload/members.rs`), in one
+    /// run in five.
     pub members: bool,
     /// Faults begin and end within this window of simulated time.
     pub fault_window: (Duration, Duration),
@@ -60,7 +59,7 @@ impl RunOptions {
             waiters: 3,
             quiet_after: Duration::from_secs(3),
             faults: FaultMix::ALL,
-            members: false,
+            members: true,
             fault_window: (Duration::from_secs(1), Duration::from_secs(6)),
             limit: Duration::from_secs(90),
             kept_events: 200,

@@ -8,8 +8,6 @@
 //!   (`SIM_LOG=<filter>`, such as `SIM_LOG=permitd_storage=debug`, adds the
 //!   nodes' own logs).
 //! - `SIM_THREADS=n`: seeds run on n threads at once (default: one per core).
-//! - `SIM_MEMBERS=1`: the workload changes the membership too (off by
-//!   default: docs/simulation.md, "Workload").
 //! - `SIM_SECONDS=s`: runs seeds until s seconds of wall time have passed (a
 //!   soak), however many `SIM_SEEDS` says.
 //!
@@ -74,7 +72,6 @@ fn seeds() {
         }
         let options = RunOptions {
             kept_events: usize::MAX,
-            members: members(),
             ..RunOptions::ci(seed)
         };
         let first = run(&options);
@@ -134,7 +131,6 @@ fn seeds() {
                 let options = RunOptions {
                     // A replayed seed keeps every event, to show where two runs part.
                     kept_events: if replayed { usize::MAX } else { 200 },
-                    members: members(),
                     ..RunOptions::ci(seed)
                 };
                 let outcome = run(&options);
@@ -184,9 +180,4 @@ fn seeds() {
         diverged.is_empty(),
         "seeds that did not replay: {diverged:?}"
     );
-}
-
-/// `SIM_MEMBERS=1`: membership changes in the workload (off by default).
-fn members() -> bool {
-    env_u64("SIM_MEMBERS").is_some_and(|on| on > 0)
 }

@@ -551,9 +551,15 @@ impl<R, S> Schedule<R, S> {
             .into_iter()
             .map(|(sync, _)| sync)
             .collect();
-        let requests = std::mem::take(&mut self.keys)
-            .into_values()
-            .flat_map(|pending| pending.held.into_iter().chain(pending.requests))
+        // In key order, not the map's (which differs from run to run): the
+        // callers are failed, and retry, in the same order every time (a
+        // simulated seed replays).
+        let mut keys: Vec<(String, KeyPending<R>)> =
+            std::mem::take(&mut self.keys).into_iter().collect();
+        keys.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+        let requests = keys
+            .into_iter()
+            .flat_map(|(_, pending)| pending.held.into_iter().chain(pending.requests))
             .map(|(request, _)| request)
             .collect();
         self.due.clear();

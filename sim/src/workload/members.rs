@@ -1,4 +1,4 @@
-//! Membership changes: in half the runs (drawn from the seed), an operator
+//! Membership changes: in one run in five (drawn from the seed), an operator
 //! of its own removes one voter (`changeMembership` to the other two; it may
 //! be the leader, which then steps down), and after 0.3–1.5 s adds it back
 //! as a learner, which catches up on the log (or a snapshot), and makes it a
@@ -41,7 +41,7 @@ pub async fn change_members(
     disturbances: Disturbances,
 ) -> turmoil::Result {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6d65_6d62_6572_73);
-    if !rng.random_bool(0.5) {
+    if !rng.random_bool(0.2) {
         return Ok(());
     }
     let members = Members {

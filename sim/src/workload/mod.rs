@@ -10,7 +10,7 @@
 //! | `leases.rs` | `client<n>` | a job under a lease: acknowledged, drawn from, heartbeaten or left to lapse, settled |
 //! | `replay.rs` | `client<n>` | a request sent again with its `requestId`, over the bare transport, to compare the answers byte for byte |
 //! | `sampler.rs` | `sampler` | reads a key's usage every 50–150 ms |
-//! | `members.rs` | `members` | in half the runs, removes a voter and adds it back (learner, then voter) |
+//! | `members.rs` | `members` | in one run in five, removes a voter and adds it back (learner, then voter) |
 //!
 //! The keys: 2 to 5 permits, a claim window (`grantTimeoutMs`) of 0.8 to 3 s
 //! so that unclaimed grants come back within a run, a capped group under the
