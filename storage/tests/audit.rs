@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use common::{blank, normal, open_dir, Workload};
-use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::storage::{RaftLogStorageExt, RaftStateMachine};
 use openraft::{Entry, EntryPayload, Membership, RaftSnapshotBuilder};
 use permitd_storage::audit::check_live;
 use permitd_storage::{Opened, Options, StorageError, TypeConfig};

@@ -642,7 +642,10 @@ mod tests {
             !is_quorum(&joint, &BTreeSet::from([2, 3])),
             "a majority of the old voters, half of the new"
         );
-        assert!(is_quorum(&[old.clone()], &BTreeSet::from([2, 3])));
+        assert!(is_quorum(
+            std::slice::from_ref(&old),
+            &BTreeSet::from([2, 3])
+        ));
         assert!(!is_quorum(&[old], &BTreeSet::from([3])));
     }
 

@@ -40,7 +40,7 @@ pub async fn change_members(
     shared: Shared,
     disturbances: Disturbances,
 ) -> turmoil::Result {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x6d65_6d62_6572_73);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x006d_656d_6265_7273);
     if !rng.random_bool(0.2) {
         return Ok(());
     }
