@@ -42,8 +42,9 @@ switches! {
     /// skipped: a power cut after the first start lost the whole store).
     DATA_DIR_PARENT_NOT_SYNCED: set_data_dir_parent_not_synced, data_dir_parent_not_synced;
     /// The election guard as it was before commit 53cdbb8: a pre-vote is
-    /// granted whatever term the voter is already in, and a vote cast (or
-    /// asked) for another node does not restart the wait. A follower that
+    /// granted whatever term the voter is already in, a vote cast (or
+    /// asked) for another node does not restart the wait, and an asker behind
+    /// a voter's term stands anyway (no `catch_up_on_term`). A follower that
     /// stood a few ms after another, having voted for it, deposed the new
     /// leader.
     PREVOTE_WITHOUT_TERM_RULE: set_prevote_without_term_rule, prevote_without_term_rule;

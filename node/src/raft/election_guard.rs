@@ -37,11 +37,12 @@
 //!    voters during a membership change, as openraft's election counts), and
 //!    neither a leader heard nor a vote cast meanwhile, it stands at once
 //!    (`Trigger::elect`); otherwise it asks again after a fresh election
-//!    timeout. A voter that refused only because it is already in the asked
-//!    term or a later one makes this node adopt that term instead of
+//!    timeout. A voter already in the asked term or a later one (each answer
+//!    carries the voter's term) makes this node adopt that term instead of
 //!    standing (`catch_up_on_term`: openraft never raises a node's term on a
 //!    vote request it refuses for the candidate's shorter log, and a voter
-//!    holding its own vote in the won term would depose the winner);
+//!    holding a vote for a higher node in the won term would depose the
+//!    winner);
 //! 5. a single-voter cluster elects freely (openraft's timer, turned on).
 //!
 //! The tolerance of a silent leader is what it was with openraft's timer
@@ -94,12 +95,8 @@ pub struct PreVoteRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreVoteAnswer {
     pub granted: bool,
-    /// Refused only because the voter is already in the term the asker
-    /// would stand in, or a later one: it hears no leader and the asker's
-    /// log is as long as its own. Absent from nodes that predate it.
-    #[serde(default)]
-    pub refused_for_term: bool,
-    /// The voter's current term (0 from nodes that predate it).
+    /// The voter's current term (0 from nodes that predate it): an asker
+    /// behind it adopts it before standing (`catch_up_on_term`).
     #[serde(default)]
     pub term: u64,
 }
@@ -119,11 +116,6 @@ pub struct VoterView {
 /// refuses: the asker would only split or disrupt that election.
 pub fn grants(request: &PreVoteRequest, voter: &VoterView, lease: Duration) -> bool {
     eligible(request, voter, lease) && newer_term(request, voter)
-}
-
-/// Whether the voter refuses only for the term rule ([`PreVoteAnswer`]).
-pub fn refused_for_term(request: &PreVoteRequest, voter: &VoterView, lease: Duration) -> bool {
-    eligible(request, voter, lease) && !newer_term(request, voter)
 }
 
 /// Everything but the term: not leading, no leader heard for the lease, and
@@ -302,7 +294,6 @@ impl ElectionGuard {
         };
         let answer = PreVoteAnswer {
             granted: grants(request, &view, self.timeout_max),
-            refused_for_term: refused_for_term(request, &view, self.timeout_max),
             term: view.term,
         };
         tracing::debug!(
@@ -412,11 +403,12 @@ impl ElectionGuard {
             .map(|(id, _)| *id)
             .chain([self.id])
             .collect();
-        // A voter already in the asked term or later, and otherwise willing:
-        // this node is behind in term (see `catch_up_on_term`).
+        // A voter already in the asked term or later: this node is behind in
+        // term (see `catch_up_on_term`).
         let ahead = answers
             .iter()
-            .filter(|(_, answer)| answer.refused_for_term && answer.term > metrics.current_term)
+            .filter(|_| !permitd_storage::bugs::prevote_without_term_rule())
+            .filter(|(_, answer)| answer.term > metrics.current_term)
             .max_by_key(|(id, answer)| (answer.term, *id))
             .map(|(id, answer)| (answer.term, *id));
         let won = is_quorum(configs, &granted) && ahead.is_none();
@@ -462,18 +454,20 @@ impl ElectionGuard {
     }
 
     /// A voter is already in the term this node would stand in, or a later
-    /// one, and would otherwise grant. Standing now would be refused by it,
-    /// or, won with the others, undone by it: openraft orders votes by (term,
-    /// node), so a voter holding its own vote in the same term as this
-    /// node's victory and a higher id deposes it at the first append (found
-    /// by the simulator, seed 548). And openraft never raises a node's term
+    /// one. Standing now would be refused by it, or, won with the others,
+    /// undone by it: openraft orders votes by (term, node), so a voter
+    /// holding a vote in the same term as this node's victory for a higher
+    /// node (its own, as a candidate) deposes it at the first append (found
+    /// by the simulator, seeds 548 and 527). And openraft never raises a node's term
     /// on a vote request it refuses for the candidate's shorter log, so
     /// behind in term this node could stay refused for good while a
     /// candidate that needs its vote stands over and over (seed 10, a joint
-    /// membership). So it adopts that voter's term first, by granting itself
-    /// a vote in it for that voter (safe: the voter never hears of it, and
-    /// this node has cast no vote in that term), which restarts its wait; its
-    /// next pre-vote asks past the term.
+    /// membership). So it adopts that term first, by granting itself, through
+    /// openraft's own vote handling, a vote in it for node 0: the lowest
+    /// vote of the term, which no real candidate's or leader's vote is below
+    /// (a vote for a real node could outrank the term's rightful leader and
+    /// depose it: seed 517 in the soak), and which nobody ever hears of. The
+    /// vote restarts this node's wait; its next pre-vote asks past the term.
     async fn catch_up_on_term(&self, raft: &Raft, term: u64, voter: NodeId) {
         tracing::info!(
             term,
@@ -482,8 +476,11 @@ impl ElectionGuard {
         );
         metrics::counter!(PREVOTES, "outcome" => "term_behind").increment(1);
         let last_log_id = raft.data_metrics().borrow().last_log;
-        let vote = openraft::Vote::new(term, voter);
-        if let Err(error) = raft.vote(VoteRequest::new(vote, last_log_id)).await {
+        let lowest_vote_of_the_term = openraft::Vote::new(term, 0);
+        if let Err(error) = raft
+            .vote(VoteRequest::new(lowest_vote_of_the_term, last_log_id))
+            .await
+        {
             tracing::warn!(%error, "cannot adopt the voters' term");
         }
     }
@@ -604,32 +601,6 @@ mod tests {
             ..ask(log(3, 10))
         };
         assert!(grants(&from_an_older_node, &in_term_4, LEASE));
-    }
-
-    #[test]
-    fn a_voter_refusing_only_for_its_term_says_so() {
-        let in_term_9 = VoterView {
-            term: 9,
-            ..follower(Some(500), log(3, 10))
-        };
-        assert!(refused_for_term(&ask(log(3, 11)), &in_term_9, LEASE));
-        assert!(
-            !refused_for_term(&ask(log(3, 9)), &in_term_9, LEASE),
-            "refused for its log too"
-        );
-        assert!(
-            !refused_for_term(&ask(log(3, 11)), &follower(Some(500), log(3, 10)), LEASE),
-            "granted"
-        );
-        let hearing_a_leader = VoterView {
-            leader_silent_for: Some(Duration::from_millis(10)),
-            ..in_term_9
-        };
-        assert!(!refused_for_term(
-            &ask(log(3, 11)),
-            &hearing_a_leader,
-            LEASE
-        ));
     }
 
     #[test]
