@@ -51,7 +51,10 @@ switches! {
     /// The rounds driver proposes each entry from a task of its own, so a
     /// later entry may reach the log first (the bug of commit 4f2643c: a held
     /// request woken by a release met its round before that release, was held
-    /// again and waited out its `waitMs`).
+    /// again and waited out its `waitMs`), and a key's rounds pipelined, as
+    /// the schedule was then (since, a key has one round in flight at most,
+    /// and the hunt with only the proposals spawned found nothing in 172
+    /// seeds).
     ENTRIES_OUT_OF_ORDER: set_entries_out_of_order, entries_out_of_order;
     /// A request whose caller went away (its connection closed while it was
     /// parked or held) still takes part in its round (the bug fixed by commit

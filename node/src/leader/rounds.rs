@@ -94,6 +94,9 @@ impl RoundLimits {
                 .clamp(1, MAX_PENDING_REQUESTS_PER_KEY),
             max_parked_messages: self.max_parked_messages.clamp(1, MAX_PARKED_MESSAGES),
             max_parked_bytes: self.max_parked_bytes.clamp(1, MAX_PARKED_BYTES),
+            // Off only where the out-of-order bug is put back: it lived in
+            // the pipelined schedule (docs/simulation.md, "Finding bugs").
+            one_round_in_flight_per_key: !permitd_storage::bugs::entries_out_of_order(),
             commit_timeout: self.commit_timeout,
         }
     }

@@ -61,6 +61,10 @@ pub struct ScheduleSettings {
     pub max_parked_messages: usize,
     /// Their bytes (as received), all keys together.
     pub max_parked_bytes: usize,
+    /// A key's next round waits for its round in flight (the rule above);
+    /// `false` pipelines them, as before that rule, for the simulator's hunt
+    /// of entries proposed out of order (`permitd_storage::bugs`).
+    pub one_round_in_flight_per_key: bool,
     /// Longest an entry may take to commit before the leader counts as stalled.
     pub commit_timeout: Duration,
 }
@@ -302,7 +306,7 @@ impl<R, S> Schedule<R, S> {
             due_at = due_at.max(last + pending.timings.period);
         }
         self.idle.set(key.to_owned(), None);
-        if pending.rounds_in_flight > 0 {
+        if pending.rounds_in_flight > 0 && self.settings.one_round_in_flight_per_key {
             pending.due_after_flight = Some(due_at);
         } else {
             self.due.set(key.to_owned(), Some(due_at));
@@ -500,9 +504,11 @@ impl<R, S> Schedule<R, S> {
             pending.rounds_in_flight += 1;
             if pending.requests.is_empty() {
                 pending.first_arrival = None;
-            } else {
+            } else if self.settings.one_round_in_flight_per_key {
                 // The rest did not fit: due again once this round is answered.
                 pending.due_after_flight = Some(due_at);
+            } else {
+                self.due.set(key.clone(), Some(due_at));
             }
             entry.rounds.push((key, requests));
         }
@@ -633,6 +639,7 @@ mod tests {
         max_pending_per_key: 4,
         max_parked_messages: 8,
         max_parked_bytes: 10_000,
+        one_round_in_flight_per_key: true,
         commit_timeout: Duration::from_millis(100),
     };
 
