@@ -107,25 +107,12 @@ impl Operator {
             .client
             .set_key_config(&key.name, &key.update(limit))
             .await;
-        let acked = result.as_ref().ok().map(|_| now());
-        match &result {
-            Ok(_) => self.event(format_args!("set {} limit {limit}", key.name)),
-            Err(error) => self.event(format_args!(
-                "setting {} limit {limit} failed: {}",
-                key.name,
-                failure(error)
-            )),
-        }
-        self.shared.history.lock().writes.push(Write {
-            key: key.name.clone(),
-            what: Written::Key(key.config(limit)),
-            sent,
-            acked,
-        });
-        if acked.is_some() {
+        let what = Written::Key(key.config(limit));
+        let acked = self.record(&key.name, what, format!("limit {limit}"), sent, &result);
+        if acked {
             self.limits.insert(key.name.clone(), limit);
         }
-        acked.is_some()
+        acked
     }
 
     /// Caps `key`'s capped group at `cap`; answers whether it was acknowledged.
@@ -139,18 +126,32 @@ impl Operator {
             .client
             .set_group(&key.name, CAPPED_GROUP, &config)
             .await;
+        let what = Written::Group(CAPPED_GROUP.to_owned(), config);
+        self.record(&key.name, what, format!("group cap {cap}"), sent, &result)
+    }
+
+    /// Traces a configuration write of `key` (`setting` names it) sent at
+    /// `sent`, and puts it in the history; answers whether it was
+    /// acknowledged.
+    fn record<T>(
+        &self,
+        key: &str,
+        what: Written,
+        setting: String,
+        sent: Duration,
+        result: &Result<T, permitd_client::ClientError>,
+    ) -> bool {
         let acked = result.as_ref().ok().map(|_| now());
-        match &result {
-            Ok(_) => self.event(format_args!("set {} group cap {cap}", key.name)),
+        match result {
+            Ok(_) => self.event(format_args!("set {key} {setting}")),
             Err(error) => self.event(format_args!(
-                "setting {} group cap {cap} failed: {}",
-                key.name,
+                "setting {key} {setting} failed: {}",
                 failure(error)
             )),
         }
         self.shared.history.lock().writes.push(Write {
-            key: key.name.clone(),
-            what: Written::Group(CAPPED_GROUP.to_owned(), config),
+            key: key.to_owned(),
+            what,
             sent,
             acked,
         });
