@@ -51,7 +51,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Command, KeyRound, TypeConfig};
+    use crate::{Command, EncodedCommand, KeyRound, TypeConfig};
     use openraft::{Entry, EntryPayload, LogId};
 
     #[test]
@@ -59,14 +59,17 @@ mod tests {
         let request = crate::command_decode::tests::a_request();
         let entry: Entry<TypeConfig> = Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(3, 1), 42),
-            payload: EntryPayload::Normal(Command::Round {
-                now_ms: 1_700_000_000_123,
-                syncs: Vec::new(),
-                keys: vec![KeyRound {
-                    key: "account-7".into(),
-                    requests: vec![request],
-                }],
-            }),
+            payload: EntryPayload::Normal(
+                EncodedCommand::new(Command::Round {
+                    now_ms: 1_700_000_000_123,
+                    syncs: Vec::new(),
+                    keys: vec![KeyRound {
+                        key: "account-7".into(),
+                        requests: vec![request],
+                    }],
+                })
+                .unwrap(),
+            ),
         };
         let bytes = encode(&entry).unwrap();
         let back: Entry<TypeConfig> = decode(&bytes).unwrap();

@@ -25,7 +25,16 @@ use crate::StorageError;
 ///
 /// 4 drops sled: the applied state is the newest snapshot file plus the log
 /// entries after it, replayed at start-up (`state_machine.rs`).
-pub const STORAGE_FORMAT_VERSION: u32 = 4;
+///
+/// 5 writes an entry's command as a byte string holding its MessagePack, the
+/// bytes the leader encoded once (`encoded_command.rs`), where 4 wrote the
+/// command's map. A format 5 build reads both, so a dir of format 4 opens: its
+/// marker is rewritten to 5 before anything new is logged, and a format 4 build
+/// then refuses the dir instead of failing on the first new entry.
+pub const STORAGE_FORMAT_VERSION: u32 = 5;
+
+/// The older version this build reads as it is (see the history above).
+const READABLE_OLDER_VERSION: u32 = 4;
 
 const MARKER_FILE: &str = "format_version";
 
@@ -94,6 +103,15 @@ fn write_marker(disk: &dyn Disk, dir: &Path) -> Result<(), StorageError> {
 /// just created) by writing the marker.
 pub(crate) fn check_or_initialise(disk: &dyn Disk, dir: &Path) -> Result<(), StorageError> {
     match read_marker(disk, dir)? {
+        Some(READABLE_OLDER_VERSION) => {
+            tracing::info!(
+                dir = %dir.display(),
+                from = READABLE_OLDER_VERSION,
+                to = STORAGE_FORMAT_VERSION,
+                "storage format marker upgraded: this build reads the older log as it is"
+            );
+            write_marker(disk, dir)
+        }
         Some(version) => check_version(dir, version, "the marker file"),
         None => write_marker(disk, dir),
     }

@@ -48,6 +48,7 @@ pub mod codec;
 pub mod command;
 mod command_decode;
 pub mod disk;
+mod encoded_command;
 mod error;
 mod exec;
 mod format;
@@ -66,6 +67,7 @@ use std::sync::Arc;
 
 pub use command::{Command, CommandResult, KeyRound, KeySync, Refused};
 pub use disk::{Disk, DiskFile, OsDisk};
+pub use encoded_command::EncodedCommand;
 pub use error::StorageError;
 pub use exec::Exec;
 pub use format::STORAGE_FORMAT_VERSION;
@@ -102,7 +104,7 @@ pub use permitd_core::contract::cluster::NodeId;
 openraft::declare_raft_types!(
     /// permitd's openraft type configuration.
     pub TypeConfig:
-        D = Command,
+        D = EncodedCommand,
         R = CommandResult,
         NodeId = NodeId,
         Node = PeerNode,

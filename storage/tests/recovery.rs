@@ -291,6 +291,62 @@ async fn another_format_version_in_the_marker_file_is_refused() {
     assert_refused_as(&error, "incompatible", dir.path());
 }
 
+/// Copies the dir `tests/fixtures/<name>` into a new temp dir.
+fn fixture(name: &str) -> tempfile::TempDir {
+    fn copy(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for item in std::fs::read_dir(from).unwrap() {
+            let item = item.unwrap();
+            let target = to.join(item.file_name());
+            if item.file_type().unwrap().is_dir() {
+                copy(&item.path(), &target);
+            } else {
+                std::fs::copy(item.path(), target).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    copy(&from, dir.path());
+    dir
+}
+
+/// A data dir written by format 4, whose entries hold the command's map
+/// (`tests/fixtures/format4/README.md` says how it was made), opens: its log
+/// reads back and replays to the state it held, its marker says 5, and a new
+/// entry logged after the old ones reads back beside them after a reopen.
+#[tokio::test]
+async fn a_data_dir_of_format_4_opens_and_replays_to_its_state() {
+    let dir = fixture("format4");
+    let mut opened = open_dir(dir.path()).await;
+    let marker = std::fs::read_to_string(dir.path().join("format_version")).unwrap();
+    assert_eq!(marker.trim(), "5");
+    let old = opened.log.try_get_log_entries(0..).await.unwrap();
+    assert!(old.len() >= 14, "{} entries", old.len());
+    opened.state_machine.apply(old.clone()).await.unwrap();
+    let usage = opened
+        .state
+        .read(|semaphores| semaphores.usage("account-7", 0));
+    assert_eq!((usage.limit, usage.granted), (5, 0), "{usage:?}");
+
+    let next = old.last().unwrap().log_id.index + 1;
+    let added = normal(
+        next,
+        Command::RemoveGroup {
+            key: "account-7".into(),
+            group: "wf".into(),
+        },
+    );
+    opened.log.blocking_append([added.clone()]).await.unwrap();
+    drop(opened);
+    let mut reopened = open_dir(dir.path()).await;
+    let all = reopened.log.try_get_log_entries(0..).await.unwrap();
+    assert_eq!(all[..old.len()], old[..]);
+    assert_eq!(all[old.len()..], [added]);
+}
+
 #[tokio::test]
 async fn truncate_and_purge_leave_no_hole_across_a_reopen() {
     let dir = tempfile::tempdir().unwrap();

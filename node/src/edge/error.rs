@@ -163,7 +163,7 @@ impl From<ProposeError> for ApiError {
             ProposeError::NotLeader { leader } => Self::to_leader(leader),
             ProposeError::LeaderChanged => Self::LeaderChanged,
             ProposeError::ShuttingDown => Self::ShuttingDown,
-            ProposeError::Raft(detail) => Self::Internal(detail),
+            ProposeError::Raft(detail) | ProposeError::Encode(detail) => Self::Internal(detail),
         }
     }
 }

@@ -6,7 +6,7 @@
 //! is the "reply lost after commit" case the design accepts.
 
 use openraft::error::{ClientWriteError, RaftError};
-use permitd_storage::{Command, CommandResult, NodeId, TypeConfig};
+use permitd_storage::{Command, CommandResult, EncodedCommand, NodeId, TypeConfig};
 use tokio::sync::watch;
 
 use crate::leader::leadership::{lost, Leadership};
@@ -23,6 +23,9 @@ pub enum ProposeError {
     ShuttingDown,
     #[error("raft: {0}")]
     Raft(String),
+    /// The command could not be encoded for the log: a bug, never a matter of input.
+    #[error("cannot encode the command for the log: {0}")]
+    Encode(String),
 }
 
 /// The apply result of a submitted entry, once it commits.
@@ -50,6 +53,8 @@ pub async fn submit(
             leader: started.leader,
         });
     }
+    let command =
+        EncodedCommand::new(command).map_err(|error| ProposeError::Encode(error.to_string()))?;
     let result = raft
         .client_write_ff(command)
         .await

@@ -531,9 +531,12 @@ mod tests {
         let entries = (1..=entries)
             .map(|index| openraft::Entry {
                 log_id: log_id(index),
-                payload: openraft::EntryPayload::Normal(permitd_storage::Command::RemoveKey {
-                    key: "k".repeat(bytes_each),
-                }),
+                payload: openraft::EntryPayload::Normal(
+                    permitd_storage::EncodedCommand::new(permitd_storage::Command::RemoveKey {
+                        key: "k".repeat(bytes_each),
+                    })
+                    .expect("a command encodes"),
+                ),
             })
             .collect();
         AppendEntriesRequest {

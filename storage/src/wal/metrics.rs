@@ -4,19 +4,33 @@
 //!   segment, usually one);
 //! - `permitd_wal_sync_seconds`: how long a round's fsyncs took, as a histogram;
 //! - `permitd_wal_sync_batch_entries`: log entries one round made durable, as a
-//!   histogram (the group-commit batch size; 0 for a vote or truncate alone).
+//!   histogram (the group-commit batch size; 0 for a vote or truncate alone);
+//! - `permitd_wal_read_entries_total{from="cache"|"disk"}`: entries read back
+//!   (for replication and apply), from the cache of recent entries or from
+//!   the segment files.
 
 use std::time::Duration;
 
 pub const WAL_SYNCS: &str = "permitd_wal_syncs_total";
 pub const WAL_SYNC_DURATION: &str = "permitd_wal_sync_seconds";
 pub const WAL_SYNC_BATCH_ENTRIES: &str = "permitd_wal_sync_batch_entries";
+pub const WAL_READ_ENTRIES: &str = "permitd_wal_read_entries_total";
 
 /// Records one finished group-commit batch.
 pub(crate) fn synced(entries: u64, elapsed: Duration) {
     metrics::counter!(WAL_SYNCS).increment(1);
     metrics::histogram!(WAL_SYNC_DURATION).record(elapsed.as_secs_f64());
     metrics::histogram!(WAL_SYNC_BATCH_ENTRIES).record(entries as f64);
+}
+
+/// Records one read: entries from the segment files and from the cache.
+pub(crate) fn read(on_disk: usize, cached: usize) {
+    if on_disk > 0 {
+        metrics::counter!(WAL_READ_ENTRIES, "from" => "disk").increment(on_disk as u64);
+    }
+    if cached > 0 {
+        metrics::counter!(WAL_READ_ENTRIES, "from" => "cache").increment(cached as u64);
+    }
 }
 
 /// Registers the descriptions shown in `/metrics`.
@@ -35,5 +49,10 @@ pub fn describe_wal_metrics() {
         WAL_SYNC_BATCH_ENTRIES,
         metrics::Unit::Count,
         "Log entries one write-ahead log group-commit batch made durable."
+    );
+    metrics::describe_counter!(
+        WAL_READ_ENTRIES,
+        metrics::Unit::Count,
+        "Log entries read back for replication and apply, by where they came from: the cache of recent entries, or the segment files."
     );
 }

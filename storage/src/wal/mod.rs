@@ -21,7 +21,7 @@
 //!
 //! | kind | payload | replay |
 //! |---|---|---|
-//! | Entry | `Entry<TypeConfig>`, MessagePack | drops entries at or after its index, then is the entry at its index |
+//! | Entry | `Entry<TypeConfig>`, MessagePack; its command is the byte string the leader encoded ([`crate::EncodedCommand`]) | drops entries at or after its index, then is the entry at its index |
 //! | Vote | `Option<Vote>` | the vote |
 //! | Committed | `Option<LogId>` | the committed log id |
 //! | Purged | `Option<LogId>` | the purge point (only moves up); drops entries at or below it |
@@ -62,6 +62,10 @@
 //!   after each unlink, so the run stays contiguous even when a crash loses an
 //!   unlink (the segment just comes back, and its entries are at or below the
 //!   purge point a later segment records, so replay skips them).
+//! - **Readers get what the segment files hold**: the newest entries are
+//!   also kept decoded ([`recent`]), always a suffix of the log equal to what
+//!   was written, so a read served from them returns what a read of the
+//!   files would.
 //! - **Readers see every entry whose `append` returned**: the bytes are in the
 //!   page cache and the index points at them before `append` returns; segment
 //!   bytes are never rewritten in place, so a location stays valid until its
@@ -101,6 +105,7 @@
 
 mod group_commit;
 mod metrics;
+mod recent;
 mod record;
 mod recovery;
 mod segment;
@@ -121,6 +126,7 @@ use crate::disk::{Disk, FileKind, OsDisk};
 use crate::fsync::durable_create_dir_all_on;
 use crate::{Exec, NodeId, StorageError, TypeConfig};
 use group_commit::{SyncQueue, Waiter};
+use recent::Recent;
 use segment::{io_error, Segment};
 
 /// A segment is closed, and a new one started, once the next write would take
@@ -210,6 +216,8 @@ struct State {
     /// Every segment on disk, by sequence; the last is the active one.
     segments: BTreeMap<u64, Arc<Segment>>,
     active: Active,
+    /// The newest entries, decoded: a suffix of `index` ([`recent`]).
+    recent: Recent,
 }
 
 #[derive(Debug)]
@@ -292,6 +300,7 @@ impl Wal {
             index: recovered.index,
             segments,
             active,
+            recent: Recent::default(),
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -344,7 +353,8 @@ impl Wal {
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
         done: AppendDone,
     ) -> Result<(), StorageError> {
-        let (bytes, placed) = match encode_entries(entries) {
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let (bytes, placed) = match encode_entries(&entries) {
             Ok(encoded) => encoded,
             Err(error) => {
                 done(Err(SyncFailed(error.to_string())));
@@ -376,6 +386,10 @@ impl Wal {
         if let Some(first) = placed.first() {
             drop(state.index.split_off(&first.log_id.index));
         }
+        let kept = entries.into_iter().skip(skipped);
+        state
+            .recent
+            .appended(kept.zip(placed.iter().map(|placed| placed.len)));
         let batch_start = placed.first().map_or(0, |first| first.offset);
         for placed in placed {
             let location = Location {
@@ -421,7 +435,10 @@ impl Wal {
     pub(crate) async fn truncate(&self, index: u64) -> Result<(), StorageError> {
         let mut bytes = Vec::new();
         record::push_truncate(&mut bytes, index)?;
-        let synced = self.write_and_wait(&bytes, |state| drop(state.index.split_off(&index)))?;
+        let synced = self.write_and_wait(&bytes, |state| {
+            drop(state.index.split_off(&index));
+            state.recent.drop_from(index);
+        })?;
         synced.await
     }
 
@@ -438,6 +455,7 @@ impl Wal {
         let deletable = {
             let mut state = self.lock();
             state.index = state.index.split_off(&(log_id.index + 1));
+            state.recent.drop_through(log_id.index);
             take_deletable(&mut state)
         };
         if deletable.is_empty() {
@@ -555,37 +573,43 @@ impl Wal {
         max_entries: usize,
         max_bytes: u64,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
-        let wanted = self.locate(range, max_entries, max_bytes);
-        let mut entries = Vec::with_capacity(wanted.len());
-        for run in contiguous_runs(&wanted) {
+        let located = self.locate(range, max_entries, max_bytes);
+        let mut entries = Vec::with_capacity(located.on_disk.len() + located.cached.len());
+        for run in contiguous_runs(&located.on_disk) {
             self.read_run(run, &mut entries)?;
         }
+        metrics::read(located.on_disk.len(), located.cached.len());
+        entries.extend(located.cached);
         Ok(entries)
     }
 
-    /// The locations of the entries `read` returns, with their segments.
-    fn locate(
-        &self,
-        range: impl RangeBounds<u64>,
-        max_entries: usize,
-        max_bytes: u64,
-    ) -> Vec<(Arc<Segment>, Location)> {
+    /// The entries `read` returns: where to read the older ones, and clones
+    /// of the newer ones the cache holds (which come after: it is a suffix).
+    fn locate(&self, range: impl RangeBounds<u64>, max_entries: usize, max_bytes: u64) -> Located {
         let state = self.lock();
-        let mut wanted = Vec::new();
+        let mut located = Located::default();
         let mut bytes = 0;
         for location in state.index.range(range).map(|(_, location)| *location) {
-            if wanted.len() >= max_entries || (bytes >= max_bytes && !wanted.is_empty()) {
+            let count = located.on_disk.len() + located.cached.len();
+            if count >= max_entries || (bytes >= max_bytes && count > 0) {
                 break;
             }
-            // The index only points into segments it holds (an invariant of
-            // `take_deletable`); a miss would be our bug, so it stops the read.
-            let Some(segment) = state.segments.get(&location.segment) else {
+            bytes += location.len;
+            if let Some(entry) = state.recent.get(location.log_id.index) {
+                located.cached.push(entry.clone());
+                continue;
+            }
+            // The cache is a suffix of the log: once an entry came from it,
+            // every later one does. A miss would be our bug; the read stops.
+            // Likewise the index only points into segments it holds (an
+            // invariant of `take_deletable`).
+            let segment = state.segments.get(&location.segment);
+            let (Some(segment), true) = (segment, located.cached.is_empty()) else {
                 break;
             };
-            bytes += location.len;
-            wanted.push((Arc::clone(segment), location));
+            located.on_disk.push((Arc::clone(segment), location));
         }
-        wanted
+        located
     }
 
     /// Reads one run of adjacent records with one `pread`, and decodes them.
@@ -624,6 +648,14 @@ impl Wal {
     }
 }
 
+/// What one read returns, found under the lock: records to read, in log
+/// order, then the cached entries that follow them.
+#[derive(Debug, Default)]
+struct Located {
+    on_disk: Vec<(Arc<Segment>, Location)>,
+    cached: Vec<Entry<TypeConfig>>,
+}
+
 /// An encoded entry's place in the batch's bytes.
 #[derive(Debug)]
 struct Placed {
@@ -633,9 +665,7 @@ struct Placed {
 }
 
 /// Encodes a batch of consecutive entries into one buffer of records.
-fn encode_entries(
-    entries: impl IntoIterator<Item = Entry<TypeConfig>>,
-) -> Result<(Vec<u8>, Vec<Placed>), StorageError> {
+fn encode_entries(entries: &[Entry<TypeConfig>]) -> Result<(Vec<u8>, Vec<Placed>), StorageError> {
     let mut bytes = Vec::new();
     let mut placed: Vec<Placed> = Vec::new();
     for entry in entries {
@@ -648,7 +678,7 @@ fn encode_entries(
             }
         }
         let offset = bytes.len() as u64;
-        record::push_entry(&mut bytes, &entry)?;
+        record::push_entry(&mut bytes, entry)?;
         placed.push(Placed {
             log_id: entry.log_id,
             offset,

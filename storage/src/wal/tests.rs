@@ -255,6 +255,31 @@ async fn truncate_then_append_then_reopen() {
     assert_eq!(wal.last_log_id(), Some(log_id(3, 8)));
 }
 
+/// A read that spans entries older than the cache of recent entries and
+/// entries in it returns the same as a read of the same range after a reopen,
+/// when every entry comes from the segment files.
+#[tokio::test]
+async fn a_read_across_the_cache_boundary_returns_what_the_disk_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = open(dir.path(), SEGMENT_MAX_BYTES);
+    let count = recent::MAX_RECENT_ENTRIES as u64 + 500;
+    append_synced(&wal, blanks(1, 1..=count)).await;
+    wal.truncate(count - 10).await.unwrap();
+    append_synced(&wal, blanks(2, count - 10..=count)).await;
+    let before = wal.read(.., usize::MAX, u64::MAX).unwrap();
+    let some = wal.read(400..=600, 50, u64::MAX).unwrap();
+    let few_bytes = wal.read(count - 20.., usize::MAX, 1).unwrap();
+    drop(wal);
+
+    let wal = open(dir.path(), SEGMENT_MAX_BYTES);
+    assert_eq!(before.len() as u64, count);
+    assert_eq!(wal.read(.., usize::MAX, u64::MAX).unwrap(), before);
+    assert_eq!(wal.read(400..=600, 50, u64::MAX).unwrap(), some);
+    assert_eq!(wal.read(count - 20.., usize::MAX, 1).unwrap(), few_bytes);
+    assert_eq!(few_bytes.len(), 1);
+    assert_eq!(before.last().unwrap().log_id, log_id(2, count));
+}
+
 /// Runs `scenario` on a log, then purges up to `purge_to`, then copies back
 /// the segments the purge deleted (as a crash that lost the unlinks would):
 /// the newest one alone (what a crash can do: each unlink is fsynced before

@@ -13,7 +13,9 @@ use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy,
 use permitd_core::contract::protocol::{
     Demand, GrantReport, LeaseReport, PermitGrant, PermitRequest, PermitSync, V1,
 };
-use permitd_storage::{open, Command, CommandResult, KeyRound, Opened, Options, TypeConfig};
+use permitd_storage::{
+    open, Command, CommandResult, EncodedCommand, KeyRound, Opened, Options, TypeConfig,
+};
 
 pub const KEYS: [&str; 4] = ["alpha", "beta", "gamma", "delta"];
 pub const CLIENTS: [&str; 5] = ["runner-1", "runner-2", "runner-3", "runner-4", "runner-5"];
@@ -26,7 +28,7 @@ pub fn log_id(term: u64, index: u64) -> LogId<u64> {
 pub fn normal(index: u64, command: Command) -> Entry<TypeConfig> {
     Entry {
         log_id: log_id(1, index),
-        payload: EntryPayload::Normal(command),
+        payload: EntryPayload::Normal(EncodedCommand::new(command).expect("a command encodes")),
     }
 }
 
