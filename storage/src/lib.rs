@@ -76,8 +76,8 @@ pub use snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use snapshot_metrics::{describe_snapshot_metrics, SNAPSHOT_BYTES, SNAPSHOT_DURATION};
 pub use state_machine::{Applied, SharedState, SnapshotBuilder, StateMachineStore};
 pub use wal::{
-    describe_wal_metrics, Presence, Wal, WalOptions, SEGMENT_MAX_BYTES, WAL_DIR, WAL_SYNCS,
-    WAL_SYNC_BATCH_ENTRIES, WAL_SYNC_DURATION,
+    describe_wal_metrics, Presence, ShardId, Wal, WalOptions, SEGMENT_MAX_BYTES, WAL_DIR,
+    WAL_SYNCS, WAL_SYNC_BATCH_ENTRIES, WAL_SYNC_DURATION,
 };
 
 use serde::{Deserialize, Serialize};
@@ -197,7 +197,7 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
         "storage opened"
     );
     Ok(Opened {
-        log: LogStore::new(wal, state_machine.snapshot_reach()),
+        log: LogStore::new(wal, 0, state_machine.snapshot_reach()),
         state,
         state_machine,
     })

@@ -18,7 +18,7 @@ use openraft::{Entry, LogId, OptionalSend, RaftLogReader, Vote};
 
 use crate::error::{read_logs, write_logs, write_vote, RaftError};
 use crate::snapshot_reach::SnapshotReach;
-use crate::wal::Wal;
+use crate::wal::{ShardId, Wal};
 use crate::{NodeId, TypeConfig};
 
 /// Most entries one `limited_get_log_entries` call returns.
@@ -50,14 +50,17 @@ fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
 #[derive(Debug, Clone)]
 pub struct LogStore {
     wal: Wal,
+    /// The Raft group this store is the log of, in the node's one log.
+    shard: ShardId,
     /// A purge waits until a durable snapshot covers its point.
     snapshot_reach: SnapshotReach,
 }
 
 impl LogStore {
-    pub(crate) fn new(wal: Wal, snapshot_reach: SnapshotReach) -> Self {
+    pub(crate) fn new(wal: Wal, shard: ShardId, snapshot_reach: SnapshotReach) -> Self {
         Self {
             wal,
+            shard,
             snapshot_reach,
         }
     }
@@ -81,7 +84,7 @@ impl LogStore {
         while start < end {
             let slice = self
                 .wal
-                .read(start..end, usize::MAX, slice_bytes)
+                .read(self.shard, start..end, usize::MAX, slice_bytes)
                 .map_err(read_logs)?;
             let Some(last) = slice.last() else { break };
             start = last.log_id.index + 1;
@@ -108,7 +111,12 @@ impl RaftLogReader<TypeConfig> for LogStore {
         end: u64,
     ) -> Result<Vec<Entry<TypeConfig>>, RaftError> {
         self.wal
-            .read(start..end, MAX_ENTRIES_PER_READ, MAX_BYTES_PER_READ)
+            .read(
+                self.shard,
+                start..end,
+                MAX_ENTRIES_PER_READ,
+                MAX_BYTES_PER_READ,
+            )
             .map_err(read_logs)
     }
 }
@@ -118,8 +126,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, RaftError> {
         Ok(LogState {
-            last_purged_log_id: self.wal.raft_state().purged,
-            last_log_id: self.wal.last_log_id(),
+            last_purged_log_id: self.wal.raft_state(self.shard).purged,
+            last_log_id: self.wal.last_log_id(self.shard),
         })
     }
 
@@ -128,21 +136,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), RaftError> {
-        self.wal.save_vote(*vote).await.map_err(write_vote)
+        self.wal
+            .save_vote(self.shard, *vote)
+            .await
+            .map_err(write_vote)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, RaftError> {
-        Ok(self.wal.raft_state().vote)
+        Ok(self.wal.raft_state(self.shard).vote)
     }
 
     /// Not waited for: a committed id that is lost in a crash is learned again
     /// from the leader; it only lets a restarted node apply sooner.
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), RaftError> {
-        self.wal.save_committed(committed).map_err(write_logs)
+        self.wal
+            .save_committed(self.shard, committed)
+            .map_err(write_logs)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, RaftError> {
-        Ok(self.wal.raft_state().committed)
+        Ok(self.wal.raft_state(self.shard).committed)
     }
 
     /// Writes the entries and returns; the callback fires once they are on disk.
@@ -158,12 +171,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let done = Box::new(move |synced: Result<(), crate::wal::SyncFailed>| {
             callback.log_io_completed(synced.map_err(std::io::Error::from));
         });
-        self.wal.append(entries, done).map_err(write_logs)
+        self.wal
+            .append(self.shard, entries, done)
+            .map_err(write_logs)
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), RaftError> {
         tracing::debug!(%log_id, "truncating the log from this entry on");
-        self.wal.truncate(log_id.index).await.map_err(write_logs)
+        self.wal
+            .truncate(self.shard, log_id.index)
+            .await
+            .map_err(write_logs)
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), RaftError> {
@@ -174,7 +192,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .wait_for(log_id.index)
             .await
             .map_err(write_logs)?;
-        self.wal.purge(log_id).await.map_err(write_logs)
+        self.wal.purge(self.shard, log_id).await.map_err(write_logs)
     }
 }
 
@@ -208,10 +226,10 @@ mod tests {
         let done: crate::wal::AppendDone = Box::new(move |result| {
             let _ = sender.send(result);
         });
-        wal.append((1..=40).map(blank).collect::<Vec<_>>(), done)
+        wal.append(0, (1..=40).map(blank).collect::<Vec<_>>(), done)
             .unwrap();
         synced.await.unwrap().unwrap();
-        let store = LogStore::new(wal, SnapshotReach::new(Some(u64::MAX)));
+        let store = LogStore::new(wal, 0, SnapshotReach::new(Some(u64::MAX)));
         // One byte per slice: every entry is a slice of its own.
         assert_eq!(
             indexes(&store.read_in_slices(.., 1).await.unwrap()),

@@ -1,6 +1,13 @@
 //! The write-ahead log: the Raft log, the vote, the committed and purged log
 //! ids, in append-only segment files of our own, made durable by group commit.
 //!
+//! One log holds every shard of the node (each shard is a Raft group of its
+//! own, with its own entries, vote, committed and purged ids): every record
+//! carries its shard, and one `fdatasync` covers every shard's records
+//! written before it started. Reads, truncations, purges and votes are per
+//! shard; segments are shared, so a segment is deleted only once no shard has
+//! a live entry in it.
+//!
 //! # Why our own
 //!
 //! sled's flush ends in `sync_file_range` on Linux: no fsync, no file-size
@@ -27,8 +34,8 @@
 //! | Purged | `Option<LogId>` | the purge point (only moves up); drops entries at or below it |
 //! | Truncate | u64 LE index | drops entries at or after the index |
 //!
-//! A segment starts with a Vote, a Committed and a Purged record restating the
-//! Raft state as of its creation ("the head"). The writer rolls to a new
+//! A segment starts with a Vote, a Committed and a Purged record for every
+//! shard, restating the Raft state as of its creation ("the head"). The writer rolls to a new
 //! segment once the next write would take the active one past
 //! [`SEGMENT_MAX_BYTES`]; every open starts a new segment too, so recovery
 //! never appends after a cut. A record's payload is at most
@@ -56,8 +63,8 @@
 //!   cut to its records' length when the writer rolls past it, and that cut is
 //!   synced by the group commit that makes the next segment's first records durable.
 //! - **The active segment restates the whole Raft state**: its head plus its
-//!   own records give the vote, committed and purge point, so any older
-//!   segment none of whose live entries remain can be deleted.
+//!   own records give every shard's vote, committed and purge point, so any
+//!   older segment in which no shard has a live entry can be deleted.
 //! - **Only a prefix of segments is deleted**, oldest first with a dir fsync
 //!   after each unlink, so the run stays contiguous even when a crash loses an
 //!   unlink (the segment just comes back, and its entries are at or below the
@@ -141,6 +148,10 @@ pub const WAL_DIR: &str = "wal";
 /// module's "Zero-filled space ahead"); never past the segment limit.
 const ZERO_AHEAD_BYTES: u64 = 1024 * 1024;
 
+/// A shard: one Raft group's part of the log. A data dir of storage format 4
+/// holds shard 0 only.
+pub type ShardId = u32;
+
 /// Whether opening may create the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Presence {
@@ -207,17 +218,36 @@ struct Active {
     head_len: u64,
 }
 
+/// One shard's part of the log.
+#[derive(Debug, Default)]
+pub(crate) struct ShardLog {
+    pub(crate) raft: RaftState,
+    /// Every live entry, by index: consecutive, all above the purge point.
+    pub(crate) index: BTreeMap<u64, Location>,
+    /// The newest entries, decoded: a suffix of `index` ([`recent`]).
+    pub(crate) recent: Recent,
+}
+
 /// Everything the writer and the readers share, behind [`Inner::state`].
 #[derive(Debug)]
 struct State {
-    raft: RaftState,
-    /// Every live entry, by index: consecutive, all above the purge point.
-    index: BTreeMap<u64, Location>,
+    /// Every shard the log has records of, and shard 0 always.
+    shards: BTreeMap<ShardId, ShardLog>,
     /// Every segment on disk, by sequence; the last is the active one.
     segments: BTreeMap<u64, Arc<Segment>>,
     active: Active,
-    /// The newest entries, decoded: a suffix of `index` ([`recent`]).
-    recent: Recent,
+}
+
+impl State {
+    /// `shard`'s part, created empty at its first write.
+    fn shard_mut(&mut self, shard: ShardId) -> &mut ShardLog {
+        self.shards.entry(shard).or_default()
+    }
+
+    /// `shard`'s part, if it has one.
+    fn shard(&self, shard: ShardId) -> Option<&ShardLog> {
+        self.shards.get(&shard)
+    }
 }
 
 #[derive(Debug)]
@@ -271,7 +301,7 @@ impl Wal {
             dir: dir.to_owned(),
             source,
         })?;
-        let recovered = recovery::recover(disk, dir)?;
+        let mut recovered = recovery::recover(disk, dir)?;
         if recovered.segments.is_empty() && options.presence == Presence::MustExist {
             return Err(lost(dir, "its dir holds no segment"));
         }
@@ -280,27 +310,29 @@ impl Wal {
             .keys()
             .next_back()
             .map_or(1, |last| last + 1);
-        let active = start_segment(disk, dir, sequence, &recovered.raft)?;
+        recovered.shards.entry(0).or_default();
+        let active = start_segment(disk, dir, sequence, &recovered.shards)?;
         disk.sync_dir(dir).map_err(io_error("fsync", dir))?;
         let mut segments = recovered.segments;
         segments.insert(sequence, Arc::clone(&active.segment));
-        tracing::info!(
-            dir = %dir.display(),
-            segments = segments.len(),
-            entries = recovered.index.len(),
-            first = ?recovered.index.keys().next(),
-            last = ?recovered.index.keys().next_back(),
-            purged = ?recovered.raft.purged,
-            "write-ahead log opened"
-        );
+        for (shard, log) in &recovered.shards {
+            tracing::info!(
+                dir = %dir.display(),
+                shard,
+                segments = segments.len(),
+                entries = log.index.len(),
+                first = ?log.index.keys().next(),
+                last = ?log.index.keys().next_back(),
+                purged = ?log.raft.purged,
+                "write-ahead log opened"
+            );
+        }
         let sync = SyncQueue::new(dir.to_owned(), options.exec);
         let thread = sync.start()?;
         let state = State {
-            raft: recovered.raft,
-            index: recovered.index,
+            shards: recovered.shards,
             segments,
             active,
-            recent: Recent::default(),
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -322,19 +354,23 @@ impl Wal {
             .expect("the write-ahead log's lock is poisoned: a thread panicked holding it")
     }
 
-    /// The vote, the committed log id and the purge point.
-    pub(crate) fn raft_state(&self) -> RaftState {
-        self.lock().raft
+    /// `shard`'s vote, committed log id and purge point.
+    pub(crate) fn raft_state(&self, shard: ShardId) -> RaftState {
+        self.lock()
+            .shard(shard)
+            .map(|log| log.raft)
+            .unwrap_or_default()
     }
 
-    /// The last entry's log id, or the purge point when no entry is left.
-    pub(crate) fn last_log_id(&self) -> Option<LogId<NodeId>> {
+    /// `shard`'s last entry's log id, or its purge point when no entry is left.
+    pub(crate) fn last_log_id(&self, shard: ShardId) -> Option<LogId<NodeId>> {
         let state = self.lock();
-        let last = state
+        let log = state.shard(shard)?;
+        let last = log
             .index
             .last_key_value()
             .map(|(_, location)| location.log_id);
-        last.max(state.raft.purged)
+        last.max(log.raft.purged)
     }
 
     /// Group-commit batches and fdatasyncs run so far (for tests and the bench).
@@ -346,15 +382,17 @@ impl Wal {
         )
     }
 
-    /// Writes `entries` to the page cache and the index, and returns; `done`
-    /// runs once they are durable. Readers see them as soon as this returns.
+    /// Writes `shard`'s `entries` to the page cache and the index, and
+    /// returns; `done` runs once they are durable. Readers see them as soon as
+    /// this returns.
     pub(crate) fn append(
         &self,
+        shard: ShardId,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
         done: AppendDone,
     ) -> Result<(), StorageError> {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
-        let (bytes, placed) = match encode_entries(&entries) {
+        let (bytes, placed) = match encode_entries(shard, &entries) {
             Ok(encoded) => encoded,
             Err(error) => {
                 done(Err(SyncFailed(error.to_string())));
@@ -364,7 +402,10 @@ impl Wal {
         let mut state = self.lock();
         // Entries at or below the purge point are committed and in a snapshot
         // already: they are not stored again (openraft's suite sends some).
-        let purged = state.raft.purged.map(|purged| purged.index);
+        let purged = state
+            .shard(shard)
+            .and_then(|log| log.raft.purged)
+            .map(|purged| purged.index);
         let skipped = placed
             .iter()
             .take_while(|placed| purged.is_some_and(|purged| placed.log_id.index <= purged))
@@ -373,8 +414,8 @@ impl Wal {
         let bytes = &bytes[placed
             .first()
             .map_or(bytes.len(), |first| first.offset as usize)..];
-        let written =
-            check_order(&state, placed).and_then(|()| self.write_records(&mut state, bytes));
+        let written = check_order(state.shard(shard), placed)
+            .and_then(|()| self.write_records(&mut state, bytes));
         let (sequence, base) = match written {
             Ok(written) => written,
             Err(error) => {
@@ -383,12 +424,13 @@ impl Wal {
                 return Err(error);
             }
         };
+        let active = Arc::clone(&state.active.segment);
+        let log = state.shard_mut(shard);
         if let Some(first) = placed.first() {
-            drop(state.index.split_off(&first.log_id.index));
+            drop(log.index.split_off(&first.log_id.index));
         }
         let kept = entries.into_iter().skip(skipped);
-        state
-            .recent
+        log.recent
             .appended(kept.zip(placed.iter().map(|placed| placed.len)));
         let batch_start = placed.first().map_or(0, |first| first.offset);
         for placed in placed {
@@ -398,64 +440,80 @@ impl Wal {
                 len: placed.len,
                 log_id: placed.log_id,
             };
-            state.index.insert(placed.log_id.index, location);
+            log.index.insert(placed.log_id.index, location);
         }
         let waiter = Waiter {
             entries: placed.len() as u64,
             completion: done,
         };
-        self.inner.sync.written(&state.active.segment, Some(waiter));
+        self.inner.sync.written(&active, Some(waiter));
         Ok(())
     }
 
-    /// Writes the vote and returns once it is durable.
-    pub(crate) async fn save_vote(&self, vote: Vote<NodeId>) -> Result<(), StorageError> {
-        let mut bytes = Vec::new();
-        record::push_vote(&mut bytes, &Some(vote))?;
-        let synced = self.write_and_wait(&bytes, |state| state.raft.vote = Some(vote))?;
-        synced.await
-    }
-
-    /// Records the committed log id; it becomes durable with the next sync
-    /// (a committed id lost in a crash is learned again from the leader).
-    pub(crate) fn save_committed(
+    /// Writes `shard`'s vote and returns once it is durable.
+    pub(crate) async fn save_vote(
         &self,
-        committed: Option<LogId<NodeId>>,
+        shard: ShardId,
+        vote: Vote<NodeId>,
     ) -> Result<(), StorageError> {
         let mut bytes = Vec::new();
-        record::push_committed(&mut bytes, &committed)?;
-        let mut state = self.lock();
-        self.write_records(&mut state, &bytes)?;
-        state.raft.committed = committed;
-        self.inner.sync.written(&state.active.segment, None);
-        Ok(())
-    }
-
-    /// Drops the entries at or after `index`; returns once that is durable.
-    pub(crate) async fn truncate(&self, index: u64) -> Result<(), StorageError> {
-        let mut bytes = Vec::new();
-        record::push_truncate(&mut bytes, index)?;
+        record::push_vote(&mut bytes, shard, &Some(vote))?;
         let synced = self.write_and_wait(&bytes, |state| {
-            drop(state.index.split_off(&index));
-            state.recent.drop_from(index);
+            state.shard_mut(shard).raft.vote = Some(vote);
         })?;
         synced.await
     }
 
-    /// Moves the purge point up to `log_id` (durably), drops the entries at or
-    /// below it, then deletes the old segments no live entry is in.
-    pub(crate) async fn purge(&self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
-        if self.raft_state().purged >= Some(log_id) {
+    /// Records `shard`'s committed log id; it becomes durable with the next
+    /// sync (a committed id lost in a crash is learned again from the leader).
+    pub(crate) fn save_committed(
+        &self,
+        shard: ShardId,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError> {
+        let mut bytes = Vec::new();
+        record::push_committed(&mut bytes, shard, &committed)?;
+        let mut state = self.lock();
+        self.write_records(&mut state, &bytes)?;
+        state.shard_mut(shard).raft.committed = committed;
+        self.inner.sync.written(&state.active.segment, None);
+        Ok(())
+    }
+
+    /// Drops `shard`'s entries at or after `index`; returns once that is durable.
+    pub(crate) async fn truncate(&self, shard: ShardId, index: u64) -> Result<(), StorageError> {
+        let mut bytes = Vec::new();
+        record::push_truncate(&mut bytes, shard, index)?;
+        let synced = self.write_and_wait(&bytes, |state| {
+            let log = state.shard_mut(shard);
+            drop(log.index.split_off(&index));
+            log.recent.drop_from(index);
+        })?;
+        synced.await
+    }
+
+    /// Moves `shard`'s purge point up to `log_id` (durably), drops its
+    /// entries at or below it, then deletes the old segments in which no shard
+    /// has a live entry.
+    pub(crate) async fn purge(
+        &self,
+        shard: ShardId,
+        log_id: LogId<NodeId>,
+    ) -> Result<(), StorageError> {
+        if self.raft_state(shard).purged >= Some(log_id) {
             return Ok(());
         }
         let mut bytes = Vec::new();
-        record::push_purged(&mut bytes, &Some(log_id))?;
-        let synced = self.write_and_wait(&bytes, |state| state.raft.purged = Some(log_id))?;
+        record::push_purged(&mut bytes, shard, &Some(log_id))?;
+        let synced = self.write_and_wait(&bytes, |state| {
+            state.shard_mut(shard).raft.purged = Some(log_id);
+        })?;
         synced.await?;
         let deletable = {
             let mut state = self.lock();
-            state.index = state.index.split_off(&(log_id.index + 1));
-            state.recent.drop_through(log_id.index);
+            let log = state.shard_mut(shard);
+            log.index = log.index.split_off(&(log_id.index + 1));
+            log.recent.drop_through(log_id.index);
             take_deletable(&mut state)
         };
         if deletable.is_empty() {
@@ -550,7 +608,7 @@ impl Wal {
         self.inner.sync.written(&active.segment, None);
         let sequence = active.segment.sequence + 1;
         let next =
-            start_segment_unsynced(&*self.inner.disk, &self.inner.dir, sequence, &state.raft)?;
+            start_segment_unsynced(&*self.inner.disk, &self.inner.dir, sequence, &state.shards)?;
         // Its creation is durable before anything is written to it, so that a
         // crash can never keep a segment and lose its predecessor's creation:
         // the segments on disk are always a run of consecutive sequence numbers
@@ -565,18 +623,19 @@ impl Wal {
         Ok(())
     }
 
-    /// The entries in `range`, at most `max_entries`, stopping once
+    /// `shard`'s entries in `range`, at most `max_entries`, stopping once
     /// `max_bytes` of records are read (at least one entry).
     pub(crate) fn read(
         &self,
+        shard: ShardId,
         range: impl RangeBounds<u64>,
         max_entries: usize,
         max_bytes: u64,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
-        let located = self.locate(range, max_entries, max_bytes);
+        let located = self.locate(shard, range, max_entries, max_bytes);
         let mut entries = Vec::with_capacity(located.on_disk.len() + located.cached.len());
         for run in contiguous_runs(&located.on_disk) {
-            self.read_run(run, &mut entries)?;
+            self.read_run(shard, run, &mut entries)?;
         }
         metrics::read(located.on_disk.len(), located.cached.len());
         entries.extend(located.cached);
@@ -585,17 +644,26 @@ impl Wal {
 
     /// The entries `read` returns: where to read the older ones, and clones
     /// of the newer ones the cache holds (which come after: it is a suffix).
-    fn locate(&self, range: impl RangeBounds<u64>, max_entries: usize, max_bytes: u64) -> Located {
+    fn locate(
+        &self,
+        shard: ShardId,
+        range: impl RangeBounds<u64>,
+        max_entries: usize,
+        max_bytes: u64,
+    ) -> Located {
         let state = self.lock();
         let mut located = Located::default();
+        let Some(log) = state.shard(shard) else {
+            return located;
+        };
         let mut bytes = 0;
-        for location in state.index.range(range).map(|(_, location)| *location) {
+        for location in log.index.range(range).map(|(_, location)| *location) {
             let count = located.on_disk.len() + located.cached.len();
             if count >= max_entries || (bytes >= max_bytes && count > 0) {
                 break;
             }
             bytes += location.len;
-            if let Some(entry) = state.recent.get(location.log_id.index) {
+            if let Some(entry) = log.recent.get(location.log_id.index) {
                 located.cached.push(entry.clone());
                 continue;
             }
@@ -612,9 +680,11 @@ impl Wal {
         located
     }
 
-    /// Reads one run of adjacent records with one `pread`, and decodes them.
+    /// Reads one run of adjacent records of `shard` with one `pread`, and
+    /// decodes them.
     fn read_run(
         &self,
+        shard: ShardId,
         run: &[(Arc<Segment>, Location)],
         entries: &mut Vec<Entry<TypeConfig>>,
     ) -> Result<(), StorageError> {
@@ -626,10 +696,13 @@ impl Wal {
         for (_, location) in run {
             let start = (location.offset - first.offset) as usize;
             let bytes = &buffer[start..start + location.len as usize];
-            let entry =
+            let (holder, entry) =
                 record::decode_entry(bytes).map_err(|error| self.unreadable(location, &error))?;
-            if entry.log_id != location.log_id {
-                let error = format!("it holds entry {} instead", entry.log_id);
+            if (holder, entry.log_id) != (shard, location.log_id) {
+                let error = format!(
+                    "it holds shard {holder}'s entry {} instead of shard {shard}'s",
+                    entry.log_id
+                );
                 return Err(self.unreadable(location, &error));
             }
             entries.push(entry);
@@ -665,7 +738,10 @@ struct Placed {
 }
 
 /// Encodes a batch of consecutive entries into one buffer of records.
-fn encode_entries(entries: &[Entry<TypeConfig>]) -> Result<(Vec<u8>, Vec<Placed>), StorageError> {
+fn encode_entries(
+    shard: ShardId,
+    entries: &[Entry<TypeConfig>],
+) -> Result<(Vec<u8>, Vec<Placed>), StorageError> {
     let mut bytes = Vec::new();
     let mut placed: Vec<Placed> = Vec::new();
     for entry in entries {
@@ -678,7 +754,7 @@ fn encode_entries(entries: &[Entry<TypeConfig>]) -> Result<(Vec<u8>, Vec<Placed>
             }
         }
         let offset = bytes.len() as u64;
-        record::push_entry(&mut bytes, entry)?;
+        record::push_entry(&mut bytes, shard, entry)?;
         placed.push(Placed {
             log_id: entry.log_id,
             offset,
@@ -688,15 +764,15 @@ fn encode_entries(entries: &[Entry<TypeConfig>]) -> Result<(Vec<u8>, Vec<Placed>
     Ok((bytes, placed))
 }
 
-/// A batch (its entries above the purge point) must continue the log: start
-/// at most one past the last entry (lower is an overwrite). Recovery refuses
-/// anything else as a hole. On an empty log any start is accepted, as
-/// openraft's suite expects.
-fn check_order(state: &State, placed: &[Placed]) -> Result<(), StorageError> {
+/// A batch (its entries above the purge point) must continue its shard's
+/// log: start at most one past the last entry (lower is an overwrite).
+/// Recovery refuses anything else as a hole. On an empty log any start is
+/// accepted, as openraft's suite expects.
+fn check_order(log: Option<&ShardLog>, placed: &[Placed]) -> Result<(), StorageError> {
     let Some(first) = placed.first().map(|placed| placed.log_id.index) else {
         return Ok(());
     };
-    let last = state.index.keys().next_back().copied();
+    let last = log.and_then(|log| log.index.keys().next_back().copied());
     if last.is_none_or(|last| first <= last + 1) {
         return Ok(());
     }
@@ -705,12 +781,14 @@ fn check_order(state: &State, placed: &[Placed]) -> Result<(), StorageError> {
     )))
 }
 
-/// The head: the Raft state restated at the start of every segment.
-fn head_records(raft: &RaftState) -> Result<Vec<u8>, StorageError> {
+/// The head: every shard's Raft state restated at the start of every segment.
+fn head_records(shards: &BTreeMap<ShardId, ShardLog>) -> Result<Vec<u8>, StorageError> {
     let mut bytes = Vec::new();
-    record::push_vote(&mut bytes, &raft.vote)?;
-    record::push_committed(&mut bytes, &raft.committed)?;
-    record::push_purged(&mut bytes, &raft.purged)?;
+    for (&shard, log) in shards {
+        record::push_vote(&mut bytes, shard, &log.raft.vote)?;
+        record::push_committed(&mut bytes, shard, &log.raft.committed)?;
+        record::push_purged(&mut bytes, shard, &log.raft.purged)?;
+    }
     Ok(bytes)
 }
 
@@ -719,9 +797,9 @@ fn start_segment_unsynced(
     disk: &dyn Disk,
     dir: &Path,
     sequence: u64,
-    raft: &RaftState,
+    shards: &BTreeMap<ShardId, ShardLog>,
 ) -> Result<Active, StorageError> {
-    let head = head_records(raft)?;
+    let head = head_records(shards)?;
     let segment = Segment::create(disk, dir, sequence)?;
     segment.write_at(&head, 0)?;
     Ok(Active {
@@ -737,9 +815,9 @@ fn start_segment(
     disk: &dyn Disk,
     dir: &Path,
     sequence: u64,
-    raft: &RaftState,
+    shards: &BTreeMap<ShardId, ShardLog>,
 ) -> Result<Active, StorageError> {
-    let active = start_segment_unsynced(disk, dir, sequence, raft)?;
+    let active = start_segment_unsynced(disk, dir, sequence, shards)?;
     let segment = &active.segment;
     segment
         .sync_data()
@@ -747,15 +825,17 @@ fn start_segment(
     Ok(active)
 }
 
-/// Takes out of `state` the segments older than every live entry and than
-/// the active segment: no live entry is in them, and the active segment
-/// restates the Raft state they held.
+/// Takes out of `state` the segments older than every shard's live entries
+/// and than the active segment: no live entry is in them, and the active
+/// segment restates the Raft state they held.
 fn take_deletable(state: &mut State) -> Vec<Arc<Segment>> {
     let active = state.active.segment.sequence;
     let oldest_live = state
-        .index
-        .first_key_value()
-        .map_or(active, |(_, location)| location.segment.min(active));
+        .shards
+        .values()
+        .filter_map(|log| log.index.first_key_value())
+        .map(|(_, location)| location.segment)
+        .fold(active, u64::min);
     let kept = state.segments.split_off(&oldest_live);
     let deletable = std::mem::replace(&mut state.segments, kept);
     deletable.into_values().collect()
@@ -793,5 +873,7 @@ fn contiguous_runs(
     })
 }
 
+#[cfg(test)]
+mod shard_tests;
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,11 @@
 //! ```
 //!
 //! - `len` counts the payload only; a record takes [`HEADER_BYTES`] + `len` bytes.
+//! - Every record belongs to one shard (one Raft group; all of a node's shards
+//!   share the log). Since storage format 5 the kind byte has [`SHARDED`] set
+//!   and the payload starts with the shard id, u32 LE. A record of format 4
+//!   (the bit clear, no shard id) belongs to shard 0: that is how a data dir of
+//!   format 4 opens as one shard.
 //! - `crc32` (IEEE, crc32fast) covers `kind` and the payload, so a record whose
 //!   header survived but whose body was torn, or whose kind byte flipped, fails.
 //! - `kind` is one of [`Kind`]; 0 is never a kind, so a zero-filled tail (a file
@@ -17,11 +22,18 @@
 
 use openraft::{Entry, LogId, Vote};
 
+use super::ShardId;
 use crate::codec::{self, CodecError};
 use crate::{NodeId, StorageError, TypeConfig};
 
 /// Bytes before the payload: `len`, `crc32`, `kind`.
 pub(crate) const HEADER_BYTES: usize = 4 + 4 + 1;
+
+/// Set in the kind byte of a record whose payload starts with its shard id.
+pub(crate) const SHARDED: u8 = 0x40;
+
+/// Bytes of the shard id at the front of a sharded record's payload.
+const SHARD_BYTES: usize = 4;
 
 /// Largest payload a record may carry, in bytes. An entry is at most a few MiB
 /// (the node bounds request bodies); a larger one is refused, not written.
@@ -53,6 +65,34 @@ impl Kind {
             5 => Kind::Truncate,
             _ => return None,
         })
+    }
+}
+
+/// A record's kind, and whether its payload starts with its shard id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tag {
+    pub(crate) kind: Kind,
+    sharded: bool,
+}
+
+impl Tag {
+    fn from_byte(byte: u8) -> Option<Self> {
+        let kind = Kind::from_byte(byte & !SHARDED)?;
+        Some(Self {
+            kind,
+            sharded: byte & SHARDED != 0,
+        })
+    }
+
+    /// The shard and the rest of the payload.
+    fn split(self, payload: &[u8]) -> Result<(ShardId, &[u8]), RecordError> {
+        if !self.sharded {
+            return Ok((0, payload));
+        }
+        let (shard, rest) = payload
+            .split_first_chunk::<SHARD_BYTES>()
+            .ok_or(RecordError::NoShard(payload.len()))?;
+        Ok((ShardId::from_le_bytes(*shard), rest))
     }
 }
 
@@ -88,6 +128,8 @@ pub(crate) enum RecordError {
     Payload(#[from] CodecError),
     #[error("a truncate payload of {0} bytes, not 8")]
     TruncateLength(usize),
+    #[error("a sharded record's payload of {0} bytes has no room for its shard id")]
+    NoShard(usize),
 }
 
 /// The fixed-size front of a record.
@@ -114,7 +156,7 @@ impl Header {
     }
 
     /// Checks the CRC of `payload` and the kind; returns the kind.
-    pub(crate) fn verify(&self, payload: &[u8]) -> Result<Kind, RecordError> {
+    pub(crate) fn verify(&self, payload: &[u8]) -> Result<Tag, RecordError> {
         let computed = crc(self.kind_byte, payload);
         if computed != self.crc {
             return Err(RecordError::Crc {
@@ -122,7 +164,7 @@ impl Header {
                 computed,
             });
         }
-        Kind::from_byte(self.kind_byte).ok_or(RecordError::UnknownKind(self.kind_byte))
+        Tag::from_byte(self.kind_byte).ok_or(RecordError::UnknownKind(self.kind_byte))
     }
 }
 
@@ -133,15 +175,17 @@ fn crc(kind_byte: u8, payload: &[u8]) -> u32 {
     hasher.finalize()
 }
 
-/// Appends one record of `kind` to `out`, its payload written by `write_payload`.
-/// On error `out` is left as it was.
+/// Appends one record of `kind` of `shard` to `out`, the rest of its payload
+/// written by `write_payload`. On error `out` is left as it was.
 fn push_record(
     out: &mut Vec<u8>,
     kind: Kind,
+    shard: ShardId,
     write_payload: impl FnOnce(&mut Vec<u8>) -> Result<(), CodecError>,
 ) -> Result<(), StorageError> {
     let start = out.len();
     out.extend_from_slice(&[0; HEADER_BYTES]);
+    out.extend_from_slice(&shard.to_le_bytes());
     if let Err(error) = write_payload(out) {
         out.truncate(start);
         return Err(error.into());
@@ -154,51 +198,72 @@ fn push_record(
             max: MAX_RECORD_PAYLOAD_BYTES,
         });
     }
-    let checksum = crc(kind as u8, &out[start + HEADER_BYTES..]);
+    let kind_byte = kind as u8 | SHARDED;
+    let checksum = crc(kind_byte, &out[start + HEADER_BYTES..]);
     // Bounded by MAX_RECORD_PAYLOAD_BYTES just above: fits in a u32.
     let len = payload_len as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&checksum.to_le_bytes());
-    out[start + 8] = kind as u8;
+    out[start + 8] = kind_byte;
     Ok(())
 }
 
-pub(crate) fn push_entry(out: &mut Vec<u8>, entry: &Entry<TypeConfig>) -> Result<(), StorageError> {
-    push_record(out, Kind::Entry, |out| codec::encode_into(out, entry))
+pub(crate) fn push_entry(
+    out: &mut Vec<u8>,
+    shard: ShardId,
+    entry: &Entry<TypeConfig>,
+) -> Result<(), StorageError> {
+    push_record(out, Kind::Entry, shard, |out| {
+        codec::encode_into(out, entry)
+    })
 }
 
 pub(crate) fn push_vote(
     out: &mut Vec<u8>,
+    shard: ShardId,
     vote: &Option<Vote<NodeId>>,
 ) -> Result<(), StorageError> {
-    push_record(out, Kind::Vote, |out| codec::encode_into(out, vote))
+    push_record(out, Kind::Vote, shard, |out| codec::encode_into(out, vote))
 }
 
 pub(crate) fn push_committed(
     out: &mut Vec<u8>,
+    shard: ShardId,
     committed: &Option<LogId<NodeId>>,
 ) -> Result<(), StorageError> {
-    push_record(out, Kind::Committed, |out| {
+    push_record(out, Kind::Committed, shard, |out| {
         codec::encode_into(out, committed)
     })
 }
 
 pub(crate) fn push_purged(
     out: &mut Vec<u8>,
+    shard: ShardId,
     purged: &Option<LogId<NodeId>>,
 ) -> Result<(), StorageError> {
-    push_record(out, Kind::Purged, |out| codec::encode_into(out, purged))
+    push_record(out, Kind::Purged, shard, |out| {
+        codec::encode_into(out, purged)
+    })
 }
 
-pub(crate) fn push_truncate(out: &mut Vec<u8>, index: u64) -> Result<(), StorageError> {
-    push_record(out, Kind::Truncate, |out| {
+pub(crate) fn push_truncate(
+    out: &mut Vec<u8>,
+    shard: ShardId,
+    index: u64,
+) -> Result<(), StorageError> {
+    push_record(out, Kind::Truncate, shard, |out| {
         out.extend_from_slice(&index.to_le_bytes());
         Ok(())
     })
 }
 
-/// Decodes a verified payload of `kind`.
-pub(crate) fn decode(kind: Kind, payload: &[u8]) -> Result<Record, RecordError> {
+/// Decodes a verified payload of `tag`: its shard and its record.
+pub(crate) fn decode(tag: Tag, payload: &[u8]) -> Result<(ShardId, Record), RecordError> {
+    let (shard, payload) = tag.split(payload)?;
+    Ok((shard, decode_unsharded(tag.kind, payload)?))
+}
+
+fn decode_unsharded(kind: Kind, payload: &[u8]) -> Result<Record, RecordError> {
     Ok(match kind {
         Kind::Entry => Record::Entry(codec::decode::<Entry<TypeConfig>>(payload)?.log_id),
         Kind::Vote => Record::Vote(codec::decode(payload)?),
@@ -214,16 +279,19 @@ pub(crate) fn decode(kind: Kind, payload: &[u8]) -> Result<Record, RecordError> 
 }
 
 /// Decodes one whole entry record (header and payload, as a reader reads it
-/// back from its location), checking its length, CRC and kind.
-pub(crate) fn decode_entry(bytes: &[u8]) -> Result<Entry<TypeConfig>, RecordError> {
+/// back from its location), checking its length, CRC and kind; returns its
+/// shard and the entry.
+pub(crate) fn decode_entry(bytes: &[u8]) -> Result<(ShardId, Entry<TypeConfig>), RecordError> {
     let (header, payload) = split_record(bytes)?;
-    match header.verify(payload)? {
-        Kind::Entry => Ok(codec::decode(payload)?),
-        found => Err(RecordError::WrongKind {
+    let tag = header.verify(payload)?;
+    if tag.kind != Kind::Entry {
+        return Err(RecordError::WrongKind {
             expected: Kind::Entry,
-            found,
-        }),
+            found: tag.kind,
+        });
     }
+    let (shard, payload) = tag.split(payload)?;
+    Ok((shard, codec::decode(payload)?))
 }
 
 /// Splits exactly one record into its header and payload.
@@ -255,7 +323,7 @@ mod tests {
     }
 
     /// Parses every record in `bytes`, in order.
-    fn parse_all(mut bytes: &[u8]) -> Vec<Record> {
+    fn parse_all(mut bytes: &[u8]) -> Vec<(ShardId, Record)> {
         let mut records = Vec::new();
         while !bytes.is_empty() {
             let (header, rest) = bytes.split_first_chunk::<HEADER_BYTES>().unwrap();
@@ -275,31 +343,77 @@ mod tests {
         };
         let vote = Some(Vote::new_committed(3, 1));
         let mut bytes = Vec::new();
-        push_entry(&mut bytes, &entry).unwrap();
+        push_entry(&mut bytes, 3, &entry).unwrap();
         let entry_end = bytes.len();
-        push_vote(&mut bytes, &vote).unwrap();
-        push_vote(&mut bytes, &None).unwrap();
-        push_committed(&mut bytes, &Some(log_id(2, 5))).unwrap();
-        push_purged(&mut bytes, &None).unwrap();
-        push_truncate(&mut bytes, 42).unwrap();
+        push_vote(&mut bytes, 0, &vote).unwrap();
+        push_vote(&mut bytes, 1, &None).unwrap();
+        push_committed(&mut bytes, 2, &Some(log_id(2, 5))).unwrap();
+        push_purged(&mut bytes, 0, &None).unwrap();
+        push_truncate(&mut bytes, ShardId::MAX, 42).unwrap();
         assert_eq!(
             parse_all(&bytes),
             vec![
-                Record::Entry(log_id(2, 7)),
-                Record::Vote(vote),
-                Record::Vote(None),
-                Record::Committed(Some(log_id(2, 5))),
-                Record::Purged(None),
-                Record::Truncate(42),
+                (3, Record::Entry(log_id(2, 7))),
+                (0, Record::Vote(vote)),
+                (1, Record::Vote(None)),
+                (2, Record::Committed(Some(log_id(2, 5)))),
+                (0, Record::Purged(None)),
+                (ShardId::MAX, Record::Truncate(42)),
             ]
         );
-        assert_eq!(decode_entry(&bytes[..entry_end]).unwrap(), entry);
+        assert_eq!(decode_entry(&bytes[..entry_end]).unwrap(), (3, entry));
+    }
+
+    /// A record as format 4 wrote it: the kind byte without [`SHARDED`], the
+    /// payload without a shard id.
+    fn format_4_record(kind: Kind, payload: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&crc(kind as u8, payload).to_le_bytes());
+        bytes.push(kind as u8);
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    #[test]
+    fn a_record_of_format_4_belongs_to_shard_0() {
+        let entry: Entry<TypeConfig> = Entry {
+            log_id: log_id(2, 7),
+            payload: EntryPayload::Blank,
+        };
+        let mut bytes = format_4_record(Kind::Entry, &codec::encode(&entry).unwrap());
+        let entry_end = bytes.len();
+        bytes.extend(format_4_record(Kind::Truncate, &9u64.to_le_bytes()));
+        let vote = Some(Vote::new_committed(3, 1));
+        bytes.extend(format_4_record(Kind::Vote, &codec::encode(&vote).unwrap()));
+        assert_eq!(
+            parse_all(&bytes),
+            vec![
+                (0, Record::Entry(log_id(2, 7))),
+                (0, Record::Truncate(9)),
+                (0, Record::Vote(vote)),
+            ]
+        );
+        assert_eq!(decode_entry(&bytes[..entry_end]).unwrap(), (0, entry));
+    }
+
+    #[test]
+    fn a_sharded_record_too_short_for_its_shard_id_is_refused() {
+        let mut bytes = Vec::new();
+        let kind_byte = Kind::Truncate as u8 | SHARDED;
+        bytes.extend_from_slice(&2u32.to_le_bytes());
+        bytes.extend_from_slice(&crc(kind_byte, &[1, 2]).to_le_bytes());
+        bytes.push(kind_byte);
+        bytes.extend_from_slice(&[1, 2]);
+        let (header, payload) = split_record(&bytes).unwrap();
+        let tag = header.verify(payload).unwrap();
+        assert!(matches!(decode(tag, payload), Err(RecordError::NoShard(2))));
     }
 
     #[test]
     fn a_flipped_bit_fails_the_crc() {
         let mut bytes = Vec::new();
-        push_truncate(&mut bytes, 42).unwrap();
+        push_truncate(&mut bytes, 5, 42).unwrap();
         for position in 4..bytes.len() {
             let mut damaged = bytes.clone();
             damaged[position] ^= 0x10;
@@ -328,7 +442,7 @@ mod tests {
     #[test]
     fn an_entry_record_of_another_kind_or_length_is_refused() {
         let mut bytes = Vec::new();
-        push_truncate(&mut bytes, 1).unwrap();
+        push_truncate(&mut bytes, 0, 1).unwrap();
         assert!(matches!(
             decode_entry(&bytes),
             Err(RecordError::WrongKind { .. })

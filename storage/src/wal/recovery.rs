@@ -13,15 +13,17 @@
 //! 3. **Sync** every kept segment: bytes a killed process left in the page
 //!    cache were never acknowledged and could still be lost in a power cut, which
 //!    would tear the log *before* entries we are about to acknowledge.
-//! 4. **Replay** the records in order: the last vote and committed id win, the
+//! 4. **Replay** the records in order, each into its own shard's state (a
+//!    record of format 4 into shard 0): the last vote and committed id win, the
 //!    purge point only moves up, a Truncate drops entries at or after its index,
 //!    an Entry drops entries at or after its own index (an overwrite) and takes
-//!    its place. Entries at or below the highest purge point anywhere in the log
-//!    are skipped: they are gone, and a segment a lost unlink brought back may
-//!    hold them out of order.
+//!    its place. Entries at or below their shard's highest purge point anywhere
+//!    in the log are skipped: they are gone, and a segment a lost unlink brought
+//!    back may hold them out of order.
 //! 5. **Check** that the segments are a run of consecutive sequence numbers (a
-//!    gap is a lost segment) and that the entries left are consecutive and above
-//!    the purge point; a hole is [`StorageError::Corrupt`], never a panic.
+//!    gap is a lost segment) and that each shard's entries left are consecutive
+//!    and above its purge point; a hole is [`StorageError::Corrupt`], never a
+//!    panic.
 //!
 //! A record whose CRC matches but whose kind or payload we cannot read was
 //! written whole, by someone: it is reported as corrupt, never cut silently.
@@ -33,7 +35,7 @@ use std::sync::Arc;
 
 use super::record::{self, Header, Record, RecordError, HEADER_BYTES};
 use super::segment::{self, io_error, Segment};
-use super::{Location, RaftState};
+use super::{Location, RaftState, ShardId, ShardLog};
 use crate::disk::stream::FileReader;
 use crate::disk::Disk;
 use crate::StorageError;
@@ -44,8 +46,8 @@ const SCAN_BUFFER_BYTES: usize = 1024 * 1024;
 /// What the segments on disk hold, after any torn tail was cut.
 #[derive(Debug)]
 pub(super) struct Recovered {
-    pub(super) raft: RaftState,
-    pub(super) index: BTreeMap<u64, Location>,
+    /// Every shard any record names.
+    pub(super) shards: BTreeMap<ShardId, ShardLog>,
     /// Every kept segment, by sequence.
     pub(super) segments: BTreeMap<u64, Arc<Segment>>,
 }
@@ -55,6 +57,7 @@ pub(super) struct Recovered {
 struct Scanned {
     offset: u64,
     len: u64,
+    shard: ShardId,
     record: Record,
 }
 
@@ -139,8 +142,8 @@ fn scan(dir: &Path, segment: &Segment) -> Result<Scan, StorageError> {
             };
             return Ok(Scan::damaged(records, offset, damage));
         }
-        let kind = match header.verify(&payload) {
-            Ok(kind) => kind,
+        let tag = match header.verify(&payload) {
+            Ok(tag) => tag,
             Err(RecordError::UnknownKind(kind)) => {
                 let detail = format!(
                     "{} at offset {offset}: unknown record kind {kind}",
@@ -150,7 +153,7 @@ fn scan(dir: &Path, segment: &Segment) -> Result<Scan, StorageError> {
             }
             Err(damage) => return Ok(Scan::damaged(records, offset, damage)),
         };
-        let record = record::decode(kind, &payload).map_err(|error| {
+        let (shard, record) = record::decode(tag, &payload).map_err(|error| {
             corrupt(
                 dir,
                 format!("{} at offset {offset}: {error}", segment.path.display()),
@@ -160,6 +163,7 @@ fn scan(dir: &Path, segment: &Segment) -> Result<Scan, StorageError> {
         records.push(Scanned {
             offset,
             len,
+            shard,
             record,
         });
         offset += len;
@@ -239,47 +243,40 @@ fn cut(
     segment.truncate(valid_len)
 }
 
-/// Replays the scanned records into the Raft state and the entry index.
+/// Replays the scanned records into each shard's Raft state and entry index.
 fn replay(
     dir: &Path,
     scanned: Vec<(Arc<Segment>, Vec<Scanned>)>,
 ) -> Result<Recovered, StorageError> {
-    // The highest purge point anywhere: entries at or below it are gone, even
-    // those of a segment that came back after a lost unlink.
-    let floor = scanned
-        .iter()
-        .flat_map(|(_, records)| records)
-        .filter_map(|scanned| match scanned.record {
-            Record::Purged(Some(log_id)) => Some(log_id.index),
-            _ => None,
-        })
-        .max();
-    let mut raft = RaftState::default();
-    let mut index = BTreeMap::new();
-    for (segment, records) in &scanned {
-        for scanned in records {
-            replay_record(&mut raft, &mut index, segment.sequence, scanned, floor);
+    // Each shard's highest purge point anywhere: its entries at or below it
+    // are gone, even those of a segment that came back after a lost unlink.
+    let mut floors: BTreeMap<ShardId, u64> = BTreeMap::new();
+    for scanned in scanned.iter().flat_map(|(_, records)| records) {
+        if let Record::Purged(Some(log_id)) = scanned.record {
+            let floor = floors.entry(scanned.shard).or_default();
+            *floor = (*floor).max(log_id.index);
         }
     }
-    check_consecutive(dir, &raft, &index)?;
+    let mut shards: BTreeMap<ShardId, ShardLog> = BTreeMap::new();
+    for (segment, records) in &scanned {
+        for scanned in records {
+            let shard = shards.entry(scanned.shard).or_default();
+            let floor = floors.get(&scanned.shard).copied();
+            replay_record(shard, segment.sequence, scanned, floor);
+        }
+    }
+    for (id, shard) in &shards {
+        check_consecutive(dir, *id, &shard.raft, &shard.index)?;
+    }
     let segments = scanned
         .into_iter()
         .map(|(segment, _)| (segment.sequence, segment))
         .collect();
-    Ok(Recovered {
-        raft,
-        index,
-        segments,
-    })
+    Ok(Recovered { shards, segments })
 }
 
-fn replay_record(
-    raft: &mut RaftState,
-    index: &mut BTreeMap<u64, Location>,
-    sequence: u64,
-    scanned: &Scanned,
-    floor: Option<u64>,
-) {
+fn replay_record(shard: &mut ShardLog, sequence: u64, scanned: &Scanned, floor: Option<u64>) {
+    let ShardLog { raft, index, .. } = shard;
     match scanned.record {
         Record::Vote(vote) => raft.vote = vote,
         Record::Committed(committed) => raft.committed = committed,
@@ -291,14 +288,18 @@ fn replay_record(
         }
         Record::Truncate(from) => drop(index.split_off(&from)),
         Record::Entry(log_id) => {
-            if floor.is_some_and(|floor| log_id.index <= floor) {
-                return;
-            }
+            // An entry overwrites: it drops what is at or after its index,
+            // even when it is at or below the purge point itself (an
+            // overwrite of entry 5 that dropped entry 6, then a purge through
+            // 5, must not bring 6 back).
             if index
                 .last_key_value()
                 .is_some_and(|(&last, _)| last >= log_id.index)
             {
                 drop(index.split_off(&log_id.index));
+            }
+            if floor.is_some_and(|floor| log_id.index <= floor) {
+                return;
             }
             let location = Location {
                 segment: sequence,
@@ -331,6 +332,7 @@ fn check_no_gap(dir: &Path, listed: &[(u64, std::path::PathBuf)]) -> Result<(), 
 /// The entries are consecutive and above the purge point.
 fn check_consecutive(
     dir: &Path,
+    shard: ShardId,
     raft: &RaftState,
     index: &BTreeMap<u64, Location>,
 ) -> Result<(), StorageError> {
@@ -342,8 +344,8 @@ fn check_consecutive(
         });
         if !follows || location.log_id.index != at {
             let detail = format!(
-                "the write-ahead log has a hole: entry {at} (in segment {}) follows entry {previous:?}, \
-                 purged up to {purged:?}",
+                "the write-ahead log has a hole: shard {shard}'s entry {at} (in segment {}) follows \
+                 entry {previous:?}, purged up to {purged:?}",
                 location.segment
             );
             return Err(corrupt(dir, detail));

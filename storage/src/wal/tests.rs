@@ -42,7 +42,7 @@ fn append(wal: &Wal, entries: Vec<Entry<TypeConfig>>) -> oneshot::Receiver<Resul
     let done: AppendDone = Box::new(move |result| {
         let _ = sender.send(result);
     });
-    wal.append(entries, done).expect("append");
+    wal.append(0, entries, done).expect("append");
     receiver
 }
 
@@ -51,7 +51,7 @@ async fn append_synced(wal: &Wal, entries: Vec<Entry<TypeConfig>>) {
 }
 
 fn log_ids(wal: &Wal) -> Vec<LogId<NodeId>> {
-    let entries = wal.read(.., usize::MAX, u64::MAX).expect("read");
+    let entries = wal.read(0, .., usize::MAX, u64::MAX).expect("read");
     entries.into_iter().map(|entry| entry.log_id).collect()
 }
 
@@ -75,7 +75,7 @@ fn active_records(wal: &Wal) -> (PathBuf, u64) {
 
 /// The location of entry `index`, as the open log's index has it.
 fn location(wal: &Wal, index: u64) -> Location {
-    wal.lock().index[&index]
+    wal.lock().shards[&0].index[&index]
 }
 
 /// Copies every file of `from` into a new temp dir.
@@ -95,17 +95,17 @@ async fn entries_vote_and_committed_survive_a_reopen() {
     append_synced(&wal, blanks(1, 1..=3)).await;
     append_synced(&wal, blanks(1, 4..=4)).await;
     let vote = Vote::new_committed(1, 1);
-    wal.save_vote(vote).await.unwrap();
-    wal.save_committed(Some(log_id(1, 3))).unwrap();
+    wal.save_vote(0, vote).await.unwrap();
+    wal.save_committed(0, Some(log_id(1, 3))).unwrap();
     drop(wal);
 
     let wal = open(dir.path(), SEGMENT_MAX_BYTES);
     assert_eq!(log_ids(&wal), expected(1, 1..=4));
-    let raft = wal.raft_state();
+    let raft = wal.raft_state(0);
     assert_eq!(raft.vote, Some(vote));
     assert_eq!(raft.committed, Some(log_id(1, 3)));
     assert_eq!(raft.purged, None);
-    assert_eq!(wal.last_log_id(), Some(log_id(1, 4)));
+    assert_eq!(wal.last_log_id(0), Some(log_id(1, 4)));
 }
 
 #[tokio::test]
@@ -184,15 +184,15 @@ async fn rollover_then_purge_deletes_old_segments_and_a_reopen_restores_everythi
     let dir = tempfile::tempdir().unwrap();
     let wal = open(dir.path(), TINY_SEGMENT_BYTES);
     let vote = Vote::new_committed(2, 1);
-    wal.save_vote(vote).await.unwrap();
+    wal.save_vote(0, vote).await.unwrap();
     for first in (1..=100).step_by(4) {
         append_synced(&wal, blanks(2, first..=first + 3)).await;
     }
-    wal.save_committed(Some(log_id(2, 90))).unwrap();
+    wal.save_committed(0, Some(log_id(2, 90))).unwrap();
     let before = segment_paths(dir.path()).len();
     assert!(before > 10, "tiny segments roll over: {before} segments");
 
-    wal.purge(log_id(2, 60)).await.unwrap();
+    wal.purge(0, log_id(2, 60)).await.unwrap();
     let after = segment_paths(dir.path());
     assert!(
         after.len() < before / 2,
@@ -206,7 +206,7 @@ async fn rollover_then_purge_deletes_old_segments_and_a_reopen_restores_everythi
 
     let wal = open(dir.path(), TINY_SEGMENT_BYTES);
     assert_eq!(log_ids(&wal), expected(2, 61..=100));
-    let raft = wal.raft_state();
+    let raft = wal.raft_state(0);
     assert_eq!(raft.vote, Some(vote));
     assert_eq!(raft.committed, Some(log_id(2, 90)));
     assert_eq!(raft.purged, Some(log_id(2, 60)));
@@ -217,9 +217,9 @@ async fn purging_past_the_last_entry_leaves_the_purge_point_as_the_last_log_id()
     let dir = tempfile::tempdir().unwrap();
     let wal = open(dir.path(), TINY_SEGMENT_BYTES);
     append_synced(&wal, blanks(1, 1..=10)).await;
-    wal.purge(log_id(1, 20)).await.unwrap();
+    wal.purge(0, log_id(1, 20)).await.unwrap();
     assert_eq!(log_ids(&wal), vec![]);
-    assert_eq!(wal.last_log_id(), Some(log_id(1, 20)));
+    assert_eq!(wal.last_log_id(0), Some(log_id(1, 20)));
     assert_eq!(
         segment_paths(dir.path()).len(),
         1,
@@ -231,7 +231,7 @@ async fn purging_past_the_last_entry_leaves_the_purge_point_as_the_last_log_id()
     drop(wal);
     let wal = open(dir.path(), TINY_SEGMENT_BYTES);
     assert_eq!(log_ids(&wal), expected(1, 21..=21));
-    assert_eq!(wal.raft_state().purged, Some(log_id(1, 20)));
+    assert_eq!(wal.raft_state(0).purged, Some(log_id(1, 20)));
 }
 
 #[tokio::test]
@@ -239,7 +239,7 @@ async fn truncate_then_append_then_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let wal = open(dir.path(), TINY_SEGMENT_BYTES);
     append_synced(&wal, blanks(1, 1..=10)).await;
-    wal.truncate(6).await.unwrap();
+    wal.truncate(0, 6).await.unwrap();
     assert_eq!(log_ids(&wal), expected(1, 1..=5));
     append_synced(&wal, blanks(2, 6..=8)).await;
     // An overwrite without a truncate (openraft's suite does this) drops the rest.
@@ -252,7 +252,7 @@ async fn truncate_then_append_then_reopen() {
 
     let wal = open(dir.path(), TINY_SEGMENT_BYTES);
     assert_eq!(log_ids(&wal), wanted);
-    assert_eq!(wal.last_log_id(), Some(log_id(3, 8)));
+    assert_eq!(wal.last_log_id(0), Some(log_id(3, 8)));
 }
 
 /// A read that spans entries older than the cache of recent entries and
@@ -264,18 +264,18 @@ async fn a_read_across_the_cache_boundary_returns_what_the_disk_holds() {
     let wal = open(dir.path(), SEGMENT_MAX_BYTES);
     let count = recent::MAX_RECENT_ENTRIES as u64 + 500;
     append_synced(&wal, blanks(1, 1..=count)).await;
-    wal.truncate(count - 10).await.unwrap();
+    wal.truncate(0, count - 10).await.unwrap();
     append_synced(&wal, blanks(2, count - 10..=count)).await;
-    let before = wal.read(.., usize::MAX, u64::MAX).unwrap();
-    let some = wal.read(400..=600, 50, u64::MAX).unwrap();
-    let few_bytes = wal.read(count - 20.., usize::MAX, 1).unwrap();
+    let before = wal.read(0, .., usize::MAX, u64::MAX).unwrap();
+    let some = wal.read(0, 400..=600, 50, u64::MAX).unwrap();
+    let few_bytes = wal.read(0, count - 20.., usize::MAX, 1).unwrap();
     drop(wal);
 
     let wal = open(dir.path(), SEGMENT_MAX_BYTES);
     assert_eq!(before.len() as u64, count);
-    assert_eq!(wal.read(.., usize::MAX, u64::MAX).unwrap(), before);
-    assert_eq!(wal.read(400..=600, 50, u64::MAX).unwrap(), some);
-    assert_eq!(wal.read(count - 20.., usize::MAX, 1).unwrap(), few_bytes);
+    assert_eq!(wal.read(0, .., usize::MAX, u64::MAX).unwrap(), before);
+    assert_eq!(wal.read(0, 400..=600, 50, u64::MAX).unwrap(), some);
+    assert_eq!(wal.read(0, count - 20.., usize::MAX, 1).unwrap(), few_bytes);
     assert_eq!(few_bytes.len(), 1);
     assert_eq!(before.last().unwrap().log_id, log_id(2, count));
 }
@@ -293,11 +293,11 @@ async fn assert_resurrection_changes_nothing<Scenario, Done>(
 {
     let dir = tempfile::tempdir().unwrap();
     let wal = open(dir.path(), TINY_SEGMENT_BYTES);
-    wal.save_vote(Vote::new_committed(1, 1)).await.unwrap();
+    wal.save_vote(0, Vote::new_committed(1, 1)).await.unwrap();
     append_synced(&wal, blanks(1, 1..=40)).await;
     scenario(wal.clone()).await;
     let saved = copy_dir(dir.path());
-    wal.purge(purge_to).await.unwrap();
+    wal.purge(0, purge_to).await.unwrap();
     drop(wal);
     let deleted: Vec<PathBuf> = segment_paths(saved.path())
         .into_iter()
@@ -305,7 +305,7 @@ async fn assert_resurrection_changes_nothing<Scenario, Done>(
         .collect();
     assert!(!deleted.is_empty(), "the purge deletes segments");
     let clean = open(dir.path(), TINY_SEGMENT_BYTES);
-    let (clean_ids, clean_raft) = (log_ids(&clean), clean.raft_state());
+    let (clean_ids, clean_raft) = (log_ids(&clean), clean.raft_state(0));
     assert_eq!(clean_raft.purged, Some(purge_to));
     drop(clean);
 
@@ -315,7 +315,7 @@ async fn assert_resurrection_changes_nothing<Scenario, Done>(
         }
         let reopened = open(dir.path(), TINY_SEGMENT_BYTES);
         assert_eq!(log_ids(&reopened), clean_ids, "{} restored", restored.len());
-        assert_eq!(reopened.raft_state(), clean_raft);
+        assert_eq!(reopened.raft_state(0), clean_raft);
     }
 }
 
@@ -332,7 +332,7 @@ async fn segments_that_reappear_after_a_purge_replay_to_the_same_state() {
 #[tokio::test]
 async fn reappearing_segments_do_not_bring_back_truncated_entries() {
     let scenario = |wal: Wal| async move {
-        wal.truncate(20).await.unwrap();
+        wal.truncate(0, 20).await.unwrap();
         append_synced(&wal, blanks(2, 20..=45)).await;
     };
     assert_resurrection_changes_nothing(scenario, log_id(2, 30)).await;
@@ -385,7 +385,7 @@ async fn group_commit_covers_many_appends_with_few_fdatasyncs() {
         pending.push(append(&wal, blanks(1, index..=index)));
         // Readers see an entry as soon as its append returned, synced or not.
         assert_eq!(
-            wal.read(index..=index, 1, u64::MAX).unwrap()[0].log_id,
+            wal.read(0, index..=index, 1, u64::MAX).unwrap()[0].log_id,
             log_id(1, index)
         );
     }
@@ -419,7 +419,7 @@ async fn completions_run_in_append_order() {
                 let _ = sender.send(());
             }
         });
-        wal.append(blanks(1, index..=index), done).unwrap();
+        wal.append(0, blanks(1, index..=index), done).unwrap();
     }
     receiver.await.unwrap();
     assert_eq!(*order.lock().unwrap(), (1..=100).collect::<Vec<_>>());
@@ -435,6 +435,7 @@ async fn a_failed_log_refuses_writes_and_fails_their_callbacks() {
     ));
     let (sender, receiver) = oneshot::channel();
     let refused = wal.append(
+        0,
         blanks(1, 2..=2),
         Box::new(move |result| {
             let _ = sender.send(result);
@@ -448,8 +449,8 @@ async fn a_failed_log_refuses_writes_and_fails_their_callbacks() {
         receiver.await.unwrap().is_err(),
         "the callback hears of the failure"
     );
-    assert!(wal.save_vote(Vote::new_committed(1, 1)).await.is_err());
-    assert!(wal.truncate(1).await.is_err());
+    assert!(wal.save_vote(0, Vote::new_committed(1, 1)).await.is_err());
+    assert!(wal.truncate(0, 1).await.is_err());
     assert_eq!(log_ids(&wal), expected(1, 1..=1), "reads still work");
 }
 
@@ -459,13 +460,15 @@ async fn limited_reads_stop_at_the_byte_bound_but_return_at_least_one_entry() {
     let wal = open(dir.path(), TINY_SEGMENT_BYTES);
     append_synced(&wal, blanks(1, 1..=20)).await;
     let record_len = location(&wal, 1).len;
-    assert_eq!(wal.read(1..=20, usize::MAX, 1).unwrap().len(), 1);
+    assert_eq!(wal.read(0, 1..=20, usize::MAX, 1).unwrap().len(), 1);
     assert_eq!(
-        wal.read(1..=20, usize::MAX, 3 * record_len).unwrap().len(),
+        wal.read(0, 1..=20, usize::MAX, 3 * record_len)
+            .unwrap()
+            .len(),
         3
     );
-    assert_eq!(wal.read(1..=20, 5, u64::MAX).unwrap().len(), 5);
-    assert_eq!(wal.read(25.., usize::MAX, u64::MAX).unwrap().len(), 0);
+    assert_eq!(wal.read(0, 1..=20, 5, u64::MAX).unwrap().len(), 5);
+    assert_eq!(wal.read(0, 25.., usize::MAX, u64::MAX).unwrap().len(), 0);
 }
 
 #[tokio::test]
@@ -473,9 +476,9 @@ async fn out_of_order_batches_are_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let wal = open(dir.path(), SEGMENT_MAX_BYTES);
     append_synced(&wal, blanks(1, 1..=3)).await;
-    let gap = wal.append(blanks(1, 5..=5), Box::new(|_| {}));
+    let gap = wal.append(0, blanks(1, 5..=5), Box::new(|_| {}));
     assert!(matches!(gap, Err(StorageError::OutOfOrder(_))), "{gap:?}");
-    let unordered = wal.append(vec![blank(1, 4), blank(1, 6)], Box::new(|_| {}));
+    let unordered = wal.append(0, vec![blank(1, 4), blank(1, 6)], Box::new(|_| {}));
     assert!(
         matches!(unordered, Err(StorageError::OutOfOrder(_))),
         "{unordered:?}"
@@ -502,8 +505,8 @@ async fn an_entry_that_skips_an_index_is_reported_as_corrupt() {
     file.set_len(records_end).unwrap();
     drop(file);
     // A segment as a buggy writer would leave it: entry 5 after entry 3.
-    let mut bytes = head_records(&RaftState::default()).unwrap();
-    record::push_entry(&mut bytes, &blank(1, 5)).unwrap();
+    let mut bytes = head_records(&BTreeMap::from([(0, ShardLog::default())])).unwrap();
+    record::push_entry(&mut bytes, 0, &blank(1, 5)).unwrap();
     std::fs::write(dir.path().join(segment::file_name(next)), bytes).unwrap();
 
     let error = Wal::open(dir.path(), WalOptions::new(Presence::MustExist)).expect_err("a hole");
