@@ -28,9 +28,11 @@ use crate::StorageError;
 ///
 /// 5 writes an entry's command as a byte string holding its MessagePack, the
 /// bytes the leader encoded once (`encoded_command.rs`), where 4 wrote the
-/// command's map. A format 5 build reads both, so a dir of format 4 opens: its
-/// marker is rewritten to 5 before anything new is logged, and a format 4 build
-/// then refuses the dir instead of failing on the first new entry.
+/// command's map; and every log record carries its shard (`wal/record.rs`),
+/// where 4's records are all shard 0's. A format 5 build reads both, so a dir
+/// of format 4 opens as one shard: its marker is rewritten to 5 before
+/// anything new is logged, and a format 4 build then refuses the dir instead
+/// of failing on the first new record.
 pub const STORAGE_FORMAT_VERSION: u32 = 5;
 
 /// The older version this build reads as it is (see the history above).
