@@ -22,6 +22,8 @@ pub enum StorageError {
     },
     #[error("the data dir {dir} is not compatible with this build: {detail}")]
     Incompatible { dir: PathBuf, detail: String },
+    #[error("a store holds 1 to {max} shards, not {asked}")]
+    ShardCount { asked: u32, max: u32 },
     #[error("the data dir {dir} holds corrupt data: {detail}")]
     Corrupt { dir: PathBuf, detail: String },
     #[error("encoding: {0}")]

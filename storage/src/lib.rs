@@ -5,6 +5,8 @@
 //! loads the newest snapshot of `<dir>/snapshots`, and hands back the openraft
 //! [`LogStore`], the [`StateMachineStore`] and a [`SharedState`] through which
 //! the node reads the applied state and hears of every applied entry.
+//! [`open_shards`] does the same for several shards (Raft groups) sharing the
+//! one log: a store per shard, each with its own snapshots.
 //!
 //! # On disk
 //!
@@ -13,6 +15,7 @@
 //! | `<dir>/format_version` | the on-disk format version ([`STORAGE_FORMAT_VERSION`]); says "this dir holds a store" (`format.rs`) | once, after the log, durably |
 //! | `<dir>/wal/<sequence, 20 digits>.wal` | the Raft log, vote, committed and last purged ids: CRC-framed records, one `fdatasync` per group of appends, torn tail cut at open (`wal/mod.rs`) | every append |
 //! | `<dir>/snapshots/<id>.snap` | the applied state at a log id: one [`codec`] document (`snapshot.rs`) | every `snapshot_every_logs` entries, or when installed from the leader; durably before openraft purges the log behind it |
+//! | `<dir>/shards/<k>/snapshots/<id>.snap` | the same, of shard k ≥ 1 (shard 0's are the row above) | as above, per shard |
 //! | `<dir>/lock` | an advisory lock: one process per dir | at open |
 //!
 //! Every value is encoded by [`codec`] (MessagePack); the Raft RPC bodies too.
@@ -147,15 +150,32 @@ pub struct Opened {
     pub state: SharedState,
 }
 
-/// Opens (or creates) the store in `options.dir` and loads the applied state.
-/// Inside a tokio runtime (with [`Exec::Inline`], the log's group commit
-/// becomes a task of it).
+/// Most shards one store holds.
+pub const MAX_SHARDS: u32 = 1_024;
+
+/// Opens (or creates) the store in `options.dir` and loads the applied state:
+/// one Raft group, shard 0. Inside a tokio runtime (with [`Exec::Inline`],
+/// the log's group commit becomes a task of it).
 pub async fn open(options: &Options) -> Result<Opened, StorageError> {
+    let mut shards = open_shards(options, 1).await?;
+    Ok(shards.swap_remove(0))
+}
+
+/// Opens (or creates) the store in `options.dir` with `count` shards, each a
+/// Raft group of its own over the one write-ahead log, and loads each one's
+/// applied state. Shard k is at position k.
+pub async fn open_shards(options: &Options, count: u32) -> Result<Vec<Opened>, StorageError> {
+    if !(1..=MAX_SHARDS).contains(&count) {
+        return Err(StorageError::ShardCount {
+            asked: count,
+            max: MAX_SHARDS,
+        });
+    }
     let dir = options.dir.clone();
-    // Reading the log and decoding the snapshot: blocking IO.
+    // Reading the log and decoding the snapshots: blocking IO.
     let task = options.exec.blocking({
         let options = options.clone();
-        move || open_blocking(&options)
+        move || open_blocking(&options, count)
     });
     match task.await {
         Ok(opened) => opened,
@@ -167,7 +187,7 @@ pub async fn open(options: &Options) -> Result<Opened, StorageError> {
     }
 }
 
-fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
+fn open_blocking(options: &Options, count: u32) -> Result<Vec<Opened>, StorageError> {
     let dir = options.dir.as_path();
     let disk = &*options.disk;
     // Durably: a data dir whose own directory entry is lost in a power cut
@@ -181,23 +201,39 @@ fn open_blocking(options: &Options) -> Result<Opened, StorageError> {
         dir: dir.to_owned(),
         source,
     })?;
-    let lock = lock::DirLock::acquire(disk, dir)?;
+    let lock = Arc::new(lock::DirLock::acquire(disk, dir)?);
     let wal = open_wal(options)?;
+    (0..count)
+        .map(|shard| open_shard(options, shard, &lock, &wal))
+        .collect()
+}
+
+/// One shard's store: its view of the log, and its state machine at its newest
+/// snapshot.
+fn open_shard(
+    options: &Options,
+    shard: ShardId,
+    lock: &Arc<lock::DirLock>,
+    wal: &Wal,
+) -> Result<Opened, StorageError> {
+    let dir = options.dir.as_path();
     let state_machine = StateMachineStore::open(
         dir.to_owned(),
-        lock,
+        shard,
+        Arc::clone(lock),
         Arc::clone(&options.disk),
         options.exec,
     )?;
     let state = state_machine.shared();
     tracing::info!(
         dir = %dir.display(),
+        shard,
         snapshot = ?state.last_applied(),
         keys = state.read(|semaphores| semaphores.keys().len()),
         "storage opened"
     );
     Ok(Opened {
-        log: LogStore::new(wal, 0, state_machine.snapshot_reach()),
+        log: LogStore::new(wal.clone(), shard, state_machine.snapshot_reach()),
         state,
         state_machine,
     })

@@ -7,7 +7,8 @@
 //! are rebuilt on load. The version is read on its own first, so a snapshot from
 //! another build fails with "version N" rather than with whatever field changed.
 //!
-//! The bytes live in a file of `<data dir>/snapshots/`. Invariants:
+//! The bytes live in a file of `<data dir>/snapshots/` (shard 0's; shard
+//! k's in `<data dir>/shards/<k>/snapshots/`, [`snapshot_dir`]). Invariants:
 //! - a file is complete and on disk (written to a temporary name, synced,
 //!   renamed, directory synced) before openraft hears of it;
 //! - the current snapshot is the newest file; others are removed once a newer
@@ -28,13 +29,29 @@ use serde::{Deserialize, Serialize};
 use crate::disk::stream::FileWriter;
 use crate::disk::{Disk, OpenMode};
 use crate::fsync::durable_create_dir_all_on;
-use crate::{codec, NodeId, PeerNode, StorageError};
+use crate::{codec, NodeId, PeerNode, ShardId, StorageError};
 
 /// The snapshot format this build writes and reads (1 was JSON).
 pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
 
-/// The folder of snapshot files inside a data dir.
+/// The folder of snapshot files inside a data dir (or a shard's folder).
 const SNAPSHOT_DIR: &str = "snapshots";
+/// The folder of the shards past shard 0 inside a data dir.
+const SHARDS_DIR: &str = "shards";
+
+/// Where `shard`'s snapshot files live. Shard 0's stay where a data dir of one
+/// group kept them, so a dir of format 4 opens as shard 0 as it is; the others
+/// get folders of their own, outside shard 0's (whose files are cleared of
+/// everything but the current snapshot).
+pub(crate) fn snapshot_dir(data_dir: &Path, shard: ShardId) -> PathBuf {
+    match shard {
+        0 => data_dir.join(SNAPSHOT_DIR),
+        shard => data_dir
+            .join(SHARDS_DIR)
+            .join(shard.to_string())
+            .join(SNAPSHOT_DIR),
+    }
+}
 /// Extension of a complete snapshot file; `.tmp` while it is written.
 const SNAPSHOT_EXTENSION: &str = "snap";
 
@@ -127,10 +144,11 @@ pub(crate) struct SnapshotFiles {
 }
 
 impl SnapshotFiles {
-    pub fn new(disk: Arc<dyn Disk>, data_dir: &Path) -> Self {
+    /// The snapshot files of `shard` in `data_dir`.
+    pub fn new(disk: Arc<dyn Disk>, data_dir: &Path, shard: ShardId) -> Self {
         Self {
             disk,
-            dir: data_dir.join(SNAPSHOT_DIR),
+            dir: snapshot_dir(data_dir, shard),
         }
     }
 
@@ -320,7 +338,7 @@ mod tests {
     #[test]
     fn files_are_written_whole_and_only_the_current_one_is_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let files = SnapshotFiles::new(Arc::new(crate::disk::OsDisk), dir.path());
+        let files = SnapshotFiles::new(Arc::new(crate::disk::OsDisk), dir.path(), 0);
         let old = SnapshotFiles::name_of("1-1-10-1700");
         let new = SnapshotFiles::name_of("1-1-20/1800");
         assert!(!new.contains('/'));

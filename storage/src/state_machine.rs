@@ -39,7 +39,7 @@ use crate::error::{read_snapshot, read_state_machine, write_snapshot, RaftError}
 use crate::lock::DirLock;
 use crate::snapshot::{SnapshotFiles, SnapshotImage, StoredSnapshot};
 use crate::snapshot_reach::SnapshotReach;
-use crate::{snapshot, CommandResult, Exec, NodeId, PeerNode, StorageError, TypeConfig};
+use crate::{snapshot, CommandResult, Exec, NodeId, PeerNode, ShardId, StorageError, TypeConfig};
 
 /// Apply notices kept for subscribers that fall behind; a lagging subscriber gets
 /// `RecvError::Lagged` and should re-read the state.
@@ -253,21 +253,24 @@ impl Snapshots {
 pub struct StateMachineStore {
     /// Named in errors.
     dir: PathBuf,
-    /// Held while the store lives: one process per data dir.
-    _lock: DirLock,
+    /// Held while the store lives (shared by a data dir's shards): one
+    /// process per data dir.
+    _lock: Arc<DirLock>,
     shared: SharedState,
     snapshots: Snapshots,
 }
 
 impl StateMachineStore {
-    /// The state machine of data dir `dir`, at its newest snapshot (or empty).
+    /// The state machine of `shard` in data dir `dir`, at its newest
+    /// snapshot (or empty).
     pub(crate) fn open(
         dir: PathBuf,
-        lock: DirLock,
+        shard: ShardId,
+        lock: Arc<DirLock>,
         disk: Arc<dyn Disk>,
         exec: Exec,
     ) -> Result<Self, StorageError> {
-        let files = SnapshotFiles::new(disk, &dir);
+        let files = SnapshotFiles::new(disk, &dir, shard);
         let (current, state) = match files.load_newest(&dir)? {
             Some((stored, image)) => (Some(stored), AppliedState::from(image)),
             None => (None, AppliedState::default()),

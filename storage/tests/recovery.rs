@@ -5,58 +5,13 @@
 
 mod common;
 
-use std::collections::BTreeSet;
-
-use common::{blank, log_id, normal, open_dir, restart, state_bytes, Rng, Workload};
-use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{Entry, EntryPayload, Membership, RaftLogReader, RaftSnapshotBuilder};
-use permitd_core::contract::protocol::{Demand, GrantReport, PermitRequest, V1};
-use permitd_storage::{
-    open, Command, CommandResult, KeyRound, Opened, Options, StorageError, TypeConfig,
+use common::{
+    blank, log_id, normal, open_dir, restart, run_workload, state_bytes, Rng, Workload, ENTRIES,
 };
-
-const ENTRIES: u64 = 400;
-
-/// Appends and applies a workload on `opened`, in apply batches of 1 to 8 entries.
-/// Returns the entries and each one's result.
-async fn run_workload(
-    opened: &mut Opened,
-    start: u64,
-) -> (Vec<Entry<TypeConfig>>, Vec<CommandResult>) {
-    let mut workload = Workload::new(start);
-    let mut rng = Rng::new(start);
-    let members = Membership::new(vec![BTreeSet::from([1, 2, 3])], None);
-    let mut entries = vec![
-        blank(1),
-        Entry {
-            log_id: log_id(1, 2),
-            payload: EntryPayload::Membership(members),
-        },
-    ];
-    let mut results = opened.state_machine.apply(entries.clone()).await.unwrap();
-    opened.log.blocking_append(entries.clone()).await.unwrap();
-    let mut index = 3;
-    while index <= ENTRIES {
-        let batch_len = (1 + rng.below(8)).min(ENTRIES + 1 - index);
-        let batch: Vec<Entry<TypeConfig>> = (index..index + batch_len)
-            .map(|index| normal(index, workload.next_command()))
-            .collect();
-        opened.log.blocking_append(batch.clone()).await.unwrap();
-        let batch_results = opened.state_machine.apply(batch.clone()).await.unwrap();
-        for (entry, result) in batch.iter().zip(&batch_results) {
-            let EntryPayload::Normal(command) = &entry.payload else {
-                unreachable!()
-            };
-            workload.observe(command, result);
-        }
-        entries.extend(batch);
-        results.extend(batch_results);
-        index += batch_len;
-    }
-    let committed = entries.last().map(|entry| entry.log_id);
-    opened.log.save_committed(committed).await.unwrap();
-    (entries, results)
-}
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::{RaftLogReader, RaftSnapshotBuilder};
+use permitd_core::contract::protocol::{Demand, GrantReport, PermitRequest, V1};
+use permitd_storage::{open, Command, CommandResult, KeyRound, Options, StorageError};
 
 #[tokio::test]
 async fn a_restarted_store_replays_its_log_to_the_same_state() {

@@ -4,17 +4,18 @@
 //! from a starting number.
 #![allow(dead_code)] // Each test binary uses a different part.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use openraft::storage::{RaftLogStorage, RaftStateMachine};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader};
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
 use permitd_core::contract::protocol::{
     Demand, GrantReport, LeaseReport, PermitGrant, PermitRequest, PermitSync, V1,
 };
 use permitd_storage::{
-    open, Command, CommandResult, EncodedCommand, KeyRound, Opened, Options, TypeConfig,
+    open, open_shards, Command, CommandResult, EncodedCommand, KeyRound, Opened, Options,
+    TypeConfig,
 };
 
 pub const KEYS: [&str; 4] = ["alpha", "beta", "gamma", "delta"];
@@ -39,6 +40,50 @@ pub fn blank(index: u64) -> Entry<TypeConfig> {
     }
 }
 
+/// Entries [`run_workload`] writes.
+pub const ENTRIES: u64 = 400;
+
+/// Appends and applies a workload on `opened`, in apply batches of 1 to 8 entries.
+/// Returns the entries and each one's result.
+pub async fn run_workload(
+    opened: &mut Opened,
+    start: u64,
+) -> (Vec<Entry<TypeConfig>>, Vec<CommandResult>) {
+    let mut workload = Workload::new(start);
+    let mut rng = Rng::new(start);
+    let members = Membership::new(vec![BTreeSet::from([1, 2, 3])], None);
+    let mut entries = vec![
+        blank(1),
+        Entry {
+            log_id: log_id(1, 2),
+            payload: EntryPayload::Membership(members),
+        },
+    ];
+    let mut results = opened.state_machine.apply(entries.clone()).await.unwrap();
+    opened.log.blocking_append(entries.clone()).await.unwrap();
+    let mut index = 3;
+    while index <= ENTRIES {
+        let batch_len = (1 + rng.below(8)).min(ENTRIES + 1 - index);
+        let batch: Vec<Entry<TypeConfig>> = (index..index + batch_len)
+            .map(|index| normal(index, workload.next_command()))
+            .collect();
+        opened.log.blocking_append(batch.clone()).await.unwrap();
+        let batch_results = opened.state_machine.apply(batch.clone()).await.unwrap();
+        for (entry, result) in batch.iter().zip(&batch_results) {
+            let EntryPayload::Normal(command) = &entry.payload else {
+                unreachable!()
+            };
+            workload.observe(command, result);
+        }
+        entries.extend(batch);
+        results.extend(batch_results);
+        index += batch_len;
+    }
+    let committed = entries.last().map(|entry| entry.log_id);
+    opened.log.save_committed(committed).await.unwrap();
+    (entries, results)
+}
+
 /// Opens the store in `dir` as it is on disk: the newest snapshot's state.
 pub async fn open_dir(dir: &Path) -> Opened {
     open(&Options::new(dir.to_owned()))
@@ -53,6 +98,23 @@ pub async fn open_dir(dir: &Path) -> Opened {
 /// tests' logs start at 1.
 pub async fn restart(dir: &Path) -> Opened {
     let mut opened = open_dir(dir).await;
+    replay_committed(&mut opened).await;
+    opened
+}
+
+/// [`restart`] for a store of `count` shards: each one replays its own log.
+pub async fn restart_shards(dir: &Path, count: u32) -> Vec<Opened> {
+    let mut shards = open_shards(&Options::new(dir.to_owned()), count)
+        .await
+        .unwrap_or_else(|error| panic!("open {} shards in {}: {error}", count, dir.display()));
+    for opened in &mut shards {
+        replay_committed(opened).await;
+    }
+    shards
+}
+
+/// Applies the committed entries after the snapshot, as openraft's start-up does.
+async fn replay_committed(opened: &mut Opened) {
     let committed = opened.log.read_committed().await.unwrap();
     let applied = opened.state.last_applied();
     if committed > applied {
@@ -63,7 +125,6 @@ pub async fn restart(dir: &Path) -> Opened {
         assert_eq!(entries.len() as u64, until + 1 - from, "a hole in the log");
         opened.state_machine.apply(entries).await.unwrap();
     }
-    opened
 }
 
 /// The byte-exact canonical state, for comparing replicas.
