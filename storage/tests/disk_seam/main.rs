@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod fake_disk;
+mod shards;
 
 use std::future::Future;
 use std::path::Path;
@@ -42,7 +43,7 @@ async fn indexes(opened: &mut Opened) -> Vec<u64> {
 
 /// Polls `future` once. An append writes its entries and then waits for the
 /// group commit, a task that cannot run before this one yields.
-fn poll_once<F: Future>(future: Pin<&mut F>) -> Poll<F::Output> {
+fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
     future.poll(&mut Context::from_waker(Waker::noop()))
 }
 
