@@ -14,7 +14,9 @@
 //!   rounds, reports, reclaims, leases, syncs, force releases, `requestId`
 //!   replays, and the views read from it (usage, holders, events);
 //! - shared by both: the replicated key and group [`config`], log-derived
-//!   [`ids`], every maximum in [`limits`], and the API [`tokens`] registry.
+//!   [`ids`], every maximum in [`limits`], and the API [`tokens`] registry;
+//! - beside them: a key's [`shard`] ([`shard_of`]), which the TypeScript and
+//!   Python clients compute too, all three held to the same test vectors.
 //!
 //! The engine imports the contract's message types; the contract never imports
 //! the engine, but for the answer bodies it computes (usage, holders, events).
@@ -47,6 +49,7 @@ pub mod contract;
 pub mod engine;
 pub mod ids;
 pub mod limits;
+pub mod shard;
 pub mod tokens;
 
 pub use config::{GroupConfig, KeyConfig, KeyConfigUpdate, LeasePolicy, Provisioning};
@@ -55,3 +58,4 @@ pub use engine::lifecycle::Event;
 pub use engine::semaphores::{KeyLimitReached, Semaphores, StateChanges};
 pub use engine::usage::Usage;
 pub use ids::{GrantId, IdAllocator, LeaseId, LogIndex};
+pub use shard::{shard_of, ShardCountOutOfRange, MAX_SHARDS};

@@ -150,8 +150,8 @@ pub struct Opened {
     pub state: SharedState,
 }
 
-/// Most shards one store holds.
-pub const MAX_SHARDS: u32 = 1_024;
+/// Most shards one store holds: as many as a cluster may (`permitd_core::shard`).
+pub use permitd_core::shard::MAX_SHARDS;
 
 /// Opens (or creates) the store in `options.dir` and loads the applied state:
 /// one Raft group, shard 0. Inside a tokio runtime (with [`Exec::Inline`],

@@ -14,7 +14,9 @@
  *   `QueueStore` (`MemoryStore` here, `FileStore` in `@permitd/client/node`, or
  *   a Durable Object's storage);
  * - the wire types with runtime validators (`wire.ts`), checked against the
- *   Rust types by the tests.
+ *   Rust types by the tests;
+ * - `shardOf` (`shard.ts`): the shard a key belongs to, the same function as
+ *   the Rust core's, checked against its vectors by the tests.
  */
 
 export * from "./backoff.js";
@@ -24,4 +26,5 @@ export * from "./leader.js";
 export * from "./next-request.js";
 export * from "./permit.js";
 export * from "./queue/index.js";
+export * from "./shard.js";
 export * from "./wire.js";

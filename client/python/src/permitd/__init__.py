@@ -1,6 +1,7 @@
 """permitd's Python client: permits (``SemaphoreClient``, ``AsyncSemaphoreClient``),
 the durable job queue (``SemaphoreQueue``) and job-runner integrations
 (``permitd.integrations``). The wire contract is ``docs/protocol.md``.
+``shard_of`` gives the shard a key belongs to, as the cluster computes it.
 """
 
 from .client import AsyncPermit, AsyncSemaphoreClient, Permit, SemaphoreClient
@@ -18,6 +19,7 @@ from .errors import (
 )
 from .events import SseMessage
 from .queue import Admission, AdmittedItem, MemoryStore, QueueItem, SemaphoreQueue, SqliteStore
+from .shard import MAX_SHARDS, shard_of
 
 __all__ = [
     "AcquireError",
@@ -29,6 +31,7 @@ __all__ = [
     "ConfigError",
     "DeadlineExceededError",
     "InvalidItemError",
+    "MAX_SHARDS",
     "MemoryStore",
     "Permit",
     "PermitdError",
@@ -41,4 +44,5 @@ __all__ = [
     "SqliteStore",
     "SseMessage",
     "UnexpectedAnswerError",
+    "shard_of",
 ]
