@@ -1,6 +1,7 @@
 //! Operator calls of [`SemaphoreClient`] that inspect or act on the cluster:
 //! the key listing page by page, a key's holders, the admin force release of
-//! one client's footprint, the admin delete of a key, the cluster's status,
+//! one client's footprint, the admin delete of a key, the cluster's status and
+//! its shards,
 //! initialisation and membership changes (`/cluster/members`, with the
 //! secret), and backups. The calls that configure it (keys, groups, tokens)
 //! are in `client/settings.rs`.
@@ -10,7 +11,7 @@
 //! [`SemaphoreClient::keys`] follows `next` to the end.
 
 use http::Method;
-use permitd_core::contract::{paths, ClusterStatus, ErrorCode, KeyList, KeyUsage};
+use permitd_core::contract::{paths, ClusterStatus, ErrorCode, KeyList, KeyUsage, ShardMap};
 use permitd_core::engine::delete_key::KeyDeleted;
 use permitd_core::engine::force_release::ForceReleased;
 use permitd_core::engine::holders::KeyHolders;
@@ -59,6 +60,13 @@ impl SemaphoreClient {
     /// The cluster's membership, leader, term and indexes, as some node sees them.
     pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
         let path = paths::segments(paths::CLUSTER_STATUS, &[]);
+        self.call_with_query::<(), _>(Method::GET, &path, &[], None)
+            .await
+    }
+
+    /// Every shard and its leader, as some node sees them (admin).
+    pub async fn cluster_shards(&self) -> Result<ShardMap, ClientError> {
+        let path = paths::segments(paths::CLUSTER_SHARDS, &[]);
         self.call_with_query::<(), _>(Method::GET, &path, &[], None)
             .await
     }

@@ -55,7 +55,9 @@ pub use error::{AcquireError, ClientError, QueueError};
 pub use permit::AcquireOptions;
 pub use permitd_core::contract::batch::BatchItem;
 /// The wire shapes the client reads, from the one contract both sides share.
-pub use permitd_core::contract::{ClusterMember, ClusterStatus, ErrorCode, KeyUsage, MemberRole};
+pub use permitd_core::contract::{
+    ClusterMember, ClusterStatus, ErrorCode, KeyUsage, MemberRole, ShardMap, ShardStatus,
+};
 pub use permitd_core::tokens::CreatedToken;
 pub use queue::{
     Admission, AdmittedItem, EnqueueOutcome, ItemPermit, ItemStatus, QueueConfig, QueueCounts,

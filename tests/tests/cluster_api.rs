@@ -45,6 +45,20 @@ async fn requests_and_usage_through_a_follower_agree_on_every_node() {
     let fresh = cluster.usage(follower, "never-seen").await;
     assert_eq!(fresh["granted"], 0);
     assert_eq!(fresh["limit"], 100);
+
+    // The one shard served today, and its leader, as the leader and a
+    // follower see it (the follower forwarded the call above, so knows it).
+    for node in [leader, follower] {
+        let map = cluster.get(node, "/cluster/shards").await;
+        assert_eq!(map.status, 200, "{}", map.body);
+        assert_eq!(map.body["id"], node);
+        let shards = map.body["shards"].as_array().expect("a list of shards");
+        assert_eq!(shards.len(), 1, "{}", map.body);
+        assert_eq!(shards[0]["shard"], 0);
+        assert_eq!(shards[0]["leader"], leader);
+        assert_eq!(shards[0]["members"], json!([1, 2, 3]));
+        assert!(shards[0]["appliedIndex"].as_u64().unwrap_or(0) > 0);
+    }
 }
 
 async fn futures_usage(cluster: &Cluster, key: &str) -> Vec<serde_json::Value> {

@@ -24,6 +24,7 @@ use permitd_core::contract::protocol::{
 };
 use permitd_core::contract::{
     headers, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, KeyList, KeyUsage, MemberRole,
+    ShardMap, ShardStatus,
 };
 use permitd_core::engine::delete_key::KeyDeleted;
 use permitd_core::engine::force_release::ForceReleased;
@@ -208,6 +209,25 @@ fn samples() -> Value {
             ..KeyConfigUpdate::default()
         },
     ];
+    let shard_map = ShardMap {
+        id: 1,
+        shards: vec![
+            ShardStatus {
+                shard: 0,
+                leader: Some(2),
+                term: 3,
+                members: vec![1, 2, 3],
+                applied_index: Some(10),
+            },
+            ShardStatus {
+                shard: 1,
+                leader: None,
+                term: 0,
+                members: vec![1, 2, 3],
+                applied_index: None,
+            },
+        ],
+    };
     let status = ClusterStatus {
         id: 1,
         leader: Some(2),
@@ -286,6 +306,7 @@ fn samples() -> Value {
         ],
         "KeyList": lists,
         "ClusterStatus": [status],
+        "ShardMap": [shard_map],
         "ErrorAnswer": errors,
         "Contract": [contract],
     })

@@ -158,6 +158,9 @@ def test_admin_reads_tokens_and_batch(shared_cluster: Cluster) -> None:
             client.set_key_config("acct-batch", {"limit": -1})
         assert bad.value.code == "bad_request"
         assert client.cluster_status()["initialized"]
+        shards = client.cluster_shards()["shards"]
+        assert [shard["shard"] for shard in shards] == [0]
+        assert shards[0]["members"] == sorted(node.id for node in shared_cluster.nodes)
 
 
 def test_the_event_stream_resumes_from_its_cursor_on_another_node(cluster: Cluster) -> None:

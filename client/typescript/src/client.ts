@@ -28,6 +28,7 @@ import {
   type BatchItem,
   type BatchItemAnswer,
   type ClusterStatus,
+  type ShardMap,
   type GroupConfig,
   type KeyConfig,
   type KeyConfigUpdate,
@@ -246,6 +247,11 @@ export class SemaphoreClient {
 
   clusterStatus(options: CallOptions = {}): Promise<ClusterStatus> {
     return this.call("GET", ["cluster", "status"], undefined, "ClusterStatus", options);
+  }
+
+  /** Every shard and its leader, as the answering node sees them (an admin token). */
+  clusterShards(options: CallOptions = {}): Promise<ShardMap> {
+    return this.call("GET", ["cluster", "shards"], undefined, "ShardMap", options);
   }
 
   /** One call: attempts inside the deadline, parsed as the wire type `shape`. */

@@ -227,6 +227,22 @@ export interface ClusterStatus {
   members: ClusterMember[];
 }
 
+/** One shard as the answering node sees it. */
+export interface ShardStatus {
+  shard: number;
+  leader: number | null;
+  term: number;
+  /** The voters of the shard's group, ascending. */
+  members: number[];
+  appliedIndex: number | null;
+}
+
+/** `GET /cluster/shards`: every shard and its leader, in shard order (`shardOf` says a key's). */
+export interface ShardMap {
+  id: number;
+  shards: ShardStatus[];
+}
+
 /** Every error code a node answers with (`core/src/contract/errors.rs`). */
 export const ERROR_CODES = [
   "bad_request",
@@ -515,6 +531,18 @@ export const parse = {
     leases: optional(nullable(leasePolicy)),
   }),
   GroupConfig: object<GroupConfig>({ limit: optional(nullable(count)), permitted: optional(flag) }),
+  ShardMap: object<ShardMap>({
+    id: count,
+    shards: list(
+      object<ShardStatus>({
+        shard: count,
+        leader: nullable(count),
+        term: count,
+        members: list(count),
+        appliedIndex: nullable(count),
+      }),
+    ),
+  }),
   KeyDeleted: object<KeyDeleted>({
     existed: flag,
     released: object<ForceReleased>({ grants: count, leases: count, permits: count }),

@@ -15,7 +15,16 @@ import { after, before, test } from "node:test";
 import { mkdtemp, rm } from "node:fs/promises";
 import { join } from "node:path";
 
-import { AcquireError, QueueStoreFailedError, RejectedError, SemaphoreClient, SemaphoreQueue, type Admission, type AdmittedItem } from "../src/index.js";
+import {
+  AcquireError,
+  QueueStoreFailedError,
+  RejectedError,
+  SemaphoreClient,
+  SemaphoreQueue,
+  shardOf,
+  type Admission,
+  type AdmittedItem,
+} from "../src/index.js";
 import { FileStore } from "../src/node/index.js";
 import { ADMIN_TOKEN, answerDroppingProxy, Cluster, eventually } from "./harness.js";
 
@@ -115,6 +124,17 @@ test("concurrent holders stay under the limit and fences grow", async () => {
   assert.ok(second.fence > first.fence, "fences grow");
   await second.release();
   await drained(admin, "ts-acct-1");
+});
+
+test("the shard map names the one shard served today, its voters and its leader", async () => {
+  const map = await client().clusterShards();
+  assert.deepEqual(
+    map.shards.map((shard) => shard.shard),
+    [0],
+  );
+  assert.deepEqual(map.shards[0]?.members, [1, 2, 3]);
+  assert.equal(shardOf("ts-acct-1", map.shards.length), 0);
+  await eventually(10_000, async () => (await client().clusterShards()).shards[0]?.leader != null, "a leader is known");
 });
 
 test("an aborted acquisition gives back what it was granted", async () => {

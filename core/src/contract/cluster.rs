@@ -29,6 +29,36 @@ pub struct ClusterStatus {
     pub members: Vec<ClusterMember>,
 }
 
+/// The answer of `GET /cluster/shards`: every shard of the cluster (a Raft
+/// group each, over the same nodes) as the answering node sees it, in shard
+/// order. A key belongs to shard `shard_of(key, number of shards)`
+/// (docs/protocol.md, "A key's shard"); a client sends its calls on the key
+/// to that shard's leader. Today's clusters serve one shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardMap {
+    /// The answering node's id.
+    pub id: NodeId,
+    /// Shard `k` at position `k`.
+    pub shards: Vec<ShardStatus>,
+}
+
+/// One shard as the answering node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardStatus {
+    /// The shard's number, from 0.
+    pub shard: u32,
+    /// The node that leads the shard, as this node knows it, if any.
+    pub leader: Option<NodeId>,
+    /// The shard's Raft term on this node.
+    pub term: u64,
+    /// The voters of the shard's group, ascending.
+    pub members: Vec<NodeId>,
+    /// The index of the last entry of the shard that this node applied.
+    pub applied_index: Option<u64>,
+}
+
 /// One member of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]

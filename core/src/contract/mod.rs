@@ -33,7 +33,9 @@ pub mod paths;
 pub mod protocol;
 pub mod validate;
 
-pub use cluster::{ClusterMember, ClusterStatus, MemberRole, MembershipChange};
+pub use cluster::{
+    ClusterMember, ClusterStatus, MemberRole, MembershipChange, ShardMap, ShardStatus,
+};
 pub use errors::{ErrorAnswer, ErrorBody, ErrorCode};
 pub use event_stream::{EventQuery, EventRecord};
 pub use health::{Health, HealthStatus, Readiness, ReadyStatus, Serving};

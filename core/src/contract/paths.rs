@@ -34,6 +34,8 @@ pub const UI_ASSET: &str = "/ui/{asset}";
 
 /// `GET`: this node's view of the cluster ([`super::ClusterStatus`]).
 pub const CLUSTER_STATUS: &str = "/cluster/status";
+/// `GET`: this node's view of every shard and its leader ([`super::ShardMap`]).
+pub const CLUSTER_SHARDS: &str = "/cluster/shards";
 /// `POST {}`: makes every node of the config file a voter of a new cluster.
 pub const CLUSTER_INIT: &str = "/cluster/init";
 /// `POST`: adds a learner or changes the voters ([`super::MembershipChange`]).
@@ -62,7 +64,7 @@ pub const READYZ: &str = "/readyz";
 pub const OPENAPI: &str = "/openapi.json";
 
 /// Every route above, for documentation and for checks that each is described.
-pub const ALL: [&str; 23] = [
+pub const ALL: [&str; 24] = [
     SEMAPHORES,
     SEMAPHORE,
     BATCH,
@@ -75,6 +77,7 @@ pub const ALL: [&str; 23] = [
     UI,
     UI_ASSET,
     CLUSTER_STATUS,
+    CLUSTER_SHARDS,
     CLUSTER_INIT,
     CLUSTER_MEMBERS,
     CLUSTER_DEFAULTS,

@@ -141,6 +141,9 @@ class _Plans:
     def cluster_status(self) -> Plan[wire.ClusterStatus]:
         return self.core.get(_path("cluster", "status"), "ClusterStatus")
 
+    def cluster_shards(self) -> Plan[wire.ShardMap]:
+        return self.core.get(_path("cluster", "shards"), "ShardMap")
+
     def release(self, permit: PermitBase) -> Plan[None]:
         if permit.released:
             return
@@ -325,6 +328,10 @@ class SemaphoreClient:
     def cluster_status(self) -> wire.ClusterStatus:
         return cast(wire.ClusterStatus, self._run(self._plans.cluster_status()))
 
+    def cluster_shards(self) -> wire.ShardMap:
+        """Every shard and its leader, as the answering node sees them (admin token)."""
+        return cast(wire.ShardMap, self._run(self._plans.cluster_shards()))
+
     # ---- events ----
 
     def events(self, key: Optional[str] = None, from_index: Optional[int] = None) -> Iterator[SseMessage]:
@@ -491,6 +498,10 @@ class AsyncSemaphoreClient:
 
     async def cluster_status(self) -> wire.ClusterStatus:
         return cast(wire.ClusterStatus, await self._run(self._plans.cluster_status()))
+
+    async def cluster_shards(self) -> wire.ShardMap:
+        """Every shard and its leader, as the answering node sees them (admin token)."""
+        return cast(wire.ShardMap, await self._run(self._plans.cluster_shards()))
 
     # ---- events ----
 

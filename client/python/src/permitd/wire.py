@@ -156,6 +156,21 @@ class ClusterStatus(TypedDict):
     members: List[ClusterMember]
 
 
+class ShardStatus(TypedDict):
+    shard: int
+    leader: Optional[int]
+    term: int
+    members: List[int]
+    appliedIndex: Optional[int]
+
+
+class ShardMap(TypedDict):
+    """``GET /cluster/shards``: every shard and its leader, as the answering node sees them."""
+
+    id: int
+    shards: List[ShardStatus]
+
+
 JSON = Any
 """A decoded JSON value whose shape a validator below checks."""
 
@@ -426,6 +441,22 @@ PARSERS: Dict[str, Parser] = {
             "members": _list(_object({"id": _count, "addr": _text, "raftAddr": _text, "role": _one_of("voter", "learner")})),
         }
     ),
+    "ShardMap": _object(
+        {
+            "id": _count,
+            "shards": _list(
+                _object(
+                    {
+                        "shard": _count,
+                        "leader": _nullable(_count),
+                        "term": _count,
+                        "members": _list(_count),
+                        "appliedIndex": _nullable(_count),
+                    }
+                )
+            ),
+        }
+    ),
     "ErrorAnswer": _object({"error": _error_body}),
     "KeyDeleted": _object(
         {
@@ -448,6 +479,7 @@ WireTypeName = Literal[
     "GroupConfig",
     "KeyList",
     "ClusterStatus",
+    "ShardMap",
     "ErrorAnswer",
     "KeyDeleted",
 ]

@@ -11,6 +11,7 @@ use permitd_core::config::{KeyConfig, KeyConfigUpdate};
 use permitd_core::contract::validate::validate_key_config;
 use permitd_core::contract::{
     paths, ClusterMember, ClusterStatus, ErrorAnswer, ErrorCode, MemberRole, MembershipChange,
+    ShardMap, ShardStatus,
 };
 use permitd_core::InvalidInput;
 use permitd_storage::{Command, NodeId, PeerNode};
@@ -31,6 +32,37 @@ pub const INIT_DEFAULTS_TIMEOUT_MS: u64 = 15_000;
 )]
 pub async fn status(State(app): State<App>) -> Json<ClusterStatus> {
     Json(current_status(&app))
+}
+
+/// `GET /cluster/shards`: this node's view of every shard and its leader.
+#[utoipa::path(
+    get, path = paths::CLUSTER_SHARDS, tag = "cluster",
+    responses((status = 200, description = "This node's view of every shard, in shard order.", body = ShardMap)),
+)]
+pub async fn shards(State(app): State<App>) -> Json<ShardMap> {
+    Json(current_shards(&app))
+}
+
+/// The node serves one shard, shard 0, whose group is the node's Raft group
+/// (docs/scaling.md says what comes next).
+pub fn current_shards(app: &App) -> ShardMap {
+    let status = current_status(app);
+    let members = status
+        .members
+        .iter()
+        .filter(|member| member.role == MemberRole::Voter)
+        .map(|member| member.id)
+        .collect();
+    ShardMap {
+        id: status.id,
+        shards: vec![ShardStatus {
+            shard: 0,
+            leader: status.leader,
+            term: status.term,
+            members,
+            applied_index: status.last_applied,
+        }],
+    }
 }
 
 pub fn current_status(app: &App) -> ClusterStatus {

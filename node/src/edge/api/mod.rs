@@ -139,6 +139,7 @@ fn cluster_router(app: App, to_leader: &Arc<forward::ToLeader>) -> Router<App> {
         ));
     Router::new()
         .route(paths::CLUSTER_STATUS, get(cluster::status))
+        .route(paths::CLUSTER_SHARDS, get(cluster::shards))
         .route(paths::CLUSTER_INIT, post(cluster::init))
         .route(paths::CLUSTER_RESTORE, post(backup::restore))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token))

@@ -262,5 +262,9 @@ mod tests {
             action_of(&Method::GET, "/cluster/status", None),
             Some(Action::Cluster)
         );
+        assert_eq!(
+            action_of(&Method::GET, paths::CLUSTER_SHARDS, None),
+            Some(Action::Cluster)
+        );
     }
 }

@@ -60,6 +60,7 @@ const BEARER: &str = "bearer";
         super::ui::page,
         super::ui::asset,
         super::cluster::status,
+        super::cluster::shards,
         super::cluster::init,
         super::cluster::members,
         super::cluster::put_defaults,
