@@ -1,7 +1,8 @@
 // permitd dashboard: plain JavaScript, no dependencies, served from the node's
 // binary. It reads the API of the node that served it (same origin only, as the
 // page's Content-Security-Policy enforces):
-//   cluster  ← GET /cluster/status and GET /metrics (this node's view)
+//   cluster  ← GET /cluster/status, GET /cluster/shards (the leader map) and
+//              GET /metrics (this node's view)
 //   keys     ← GET /v1/semaphores (usage, groups) and …/holders per key shown
 //   events   ← GET /v1/events, read with fetch so the token travels as a header
 // and refreshes every REFRESH_MS. The token is kept in sessionStorage (this tab
@@ -109,11 +110,28 @@ function metricValue(samples, name) {
   return sample ? sample.value : undefined;
 }
 
+/** The leader map: one row per shard (GET /cluster/shards). */
+function showShards(map) {
+  $("#shards tbody").replaceChildren(
+    ...(map ? map.shards : []).map((shard) => element(
+      "tr",
+      { "data-shard": String(shard.shard) },
+      cell(shard.shard),
+      cell(shard.leader ?? "none", "leader"),
+      cell(shard.term, "num"),
+      cell(shard.appliedIndex ?? "–", "num"),
+      cell(shard.members.join(", ")),
+    )),
+  );
+}
+
 async function refreshCluster() {
-  const [status, metricsText] = await Promise.all([
+  const [status, shards, metricsText] = await Promise.all([
     getJson("/cluster/status"),
+    getJson("/cluster/shards"),
     getText("/metrics"),
   ]);
+  showShards(shards);
   const samples = metricsText ? parseMetrics(metricsText) : [];
   const lag = {};
   for (const sample of samples) {

@@ -166,6 +166,7 @@ async fn the_dashboard_shows_usage_holders_and_events_and_updates() {
         &[
             "sign-in".into(),
             format!("lag {follower}"),
+            format!("shard-leader 0 {leader}"),
             "granted ui-acct 7".into(),
             format!("screenshot {}", leader_shot.display()),
             "quit".into(),

@@ -80,6 +80,9 @@ const commands = {
       { timeout: WAIT_MS },
     );
   },
+  async "shard-leader"(shard, node) {
+    await waitForText(`#shards tr[data-shard="${shard}"] td.leader`, node);
+  },
   async open(key, clientId) {
     await page.click(`${row(key)} td.key a`);
     await page.waitForFunction(
