@@ -23,7 +23,7 @@ mod snapshot;
 mod tokens;
 
 use clap::{Args, Parser, Subcommand};
-use permitd_client::{ClientConfig, ClusterStatus, SemaphoreClient};
+use permitd_client::{ClientConfig, ClusterStatus, SemaphoreClient, ShardMap};
 use permitd_core::config::LeasePolicy;
 use permitd_core::{GroupConfig, KeyConfig, KeyConfigUpdate, Usage};
 use serde::Serialize;
@@ -69,6 +69,8 @@ enum Command {
     Keys(keys::KeysArgs),
     /// The cluster: members, leader, term, indexes.
     Status,
+    /// The leader map: every shard with its leader, term, applied index and voters.
+    Shards,
     /// API tokens (admin only).
     #[command(subcommand)]
     Token(tokens::TokenCommand),
@@ -254,6 +256,10 @@ async fn run(cli: Cli) -> CliResult {
             let status = client.cluster_status().await?;
             print(json, &status, || status_table(&status))
         }
+        Command::Shards => {
+            let map = client.cluster_shards().await?;
+            print(json, &map, || shards_table(&map))
+        }
         Command::Watch { key, interval_ms } => watch(&client, &key, json, interval_ms).await,
         Command::Token(command) => tokens::run(&client, json, command).await,
         Command::Run(args) => std::process::exit(permitd_client::run::main(&client, args).await),
@@ -421,6 +427,25 @@ fn status_table(status: &ClusterStatus) -> String {
     text.push('\n');
     text.push_str(&table(&["MEMBER", "ADDR", "RAFT ADDR", "ROLE"], &rows));
     text
+}
+
+fn shards_table(map: &ShardMap) -> String {
+    let optional = |value: Option<u64>| value.map_or("-".into(), |value| value.to_string());
+    let rows: Vec<Vec<String>> = map
+        .shards
+        .iter()
+        .map(|shard| {
+            let voters: Vec<String> = shard.members.iter().map(u64::to_string).collect();
+            vec![
+                shard.shard.to_string(),
+                optional(shard.leader),
+                shard.term.to_string(),
+                optional(shard.applied_index),
+                voters.join(","),
+            ]
+        })
+        .collect();
+    table(&["SHARD", "LEADER", "TERM", "APPLIED", "VOTERS"], &rows)
 }
 
 #[cfg(test)]
