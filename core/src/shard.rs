@@ -1,11 +1,17 @@
 //! A key's shard: which of the cluster's S Raft groups holds a key.
 //!
-//! `shard(key) = jump_consistent_hash(fnv1a_64(key's UTF-8 bytes), S)`
-//! (docs/scaling.md, "A key's shard"). Why these two functions:
+//! `shard(key) = jump_consistent_hash(mix64(fnv1a_64(key's UTF-8 bytes)), S)`
+//! (docs/scaling.md, "A key's shard"). Why these functions:
 //! - the clients route without asking, so the function is written again in
 //!   TypeScript and Python, with no library: FNV-1a and jump hash are a dozen
 //!   lines each, and their answers are fixed by their definitions. `std`'s
 //!   `DefaultHasher` is not: its output may change between Rust releases;
+//! - FNV-1a alone leaves the hashes of keys that differ only in their last
+//!   bytes correlated, and jump hash passes that on: for the keys
+//!   `"/h-qc0"`…`"/h-qc9999"`, growing from 264 to 265 shards moved 78 keys
+//!   where 38 are expected. MurmurHash3's 64-bit finalizer ([`mix64`]) in
+//!   between makes every input bit flip each output bit with probability
+//!   about one half: 39 keys moved. It is five lines in every language too;
 //! - jump consistent hash (Lamping and Veach, 2014) moves only `1/S'` of the
 //!   keys when S grows to S', and a key that moves goes to a new shard, never
 //!   from one old shard to another.
@@ -21,6 +27,9 @@ pub const MAX_SHARDS: u32 = 1024;
 const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
 /// FNV-1a's 64-bit prime.
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+/// MurmurHash3's `fmix64` multipliers.
+const MIX_MULTIPLIER_1: u64 = 0xff51_afd7_ed55_8ccd;
+const MIX_MULTIPLIER_2: u64 = 0xc4ce_b9fe_1a85_ec53;
 /// The multiplier of jump hash's linear congruential generator (the paper's).
 const JUMP_MULTIPLIER: u64 = 2_862_933_555_777_941_757;
 /// 2^31, as jump hash divides it in floating point.
@@ -38,7 +47,17 @@ pub fn shard_of(key: &str, shards: u32) -> Result<u32, ShardCountOutOfRange> {
     if !(1..=MAX_SHARDS).contains(&shards) {
         return Err(ShardCountOutOfRange { shards });
     }
-    Ok(jump_hash(fnv1a_64(key.as_bytes()), shards))
+    Ok(jump_hash(mix64(fnv1a_64(key.as_bytes())), shards))
+}
+
+/// MurmurHash3's 64-bit finalizer (`fmix64`): xor-shifts and two multiplies
+/// (wrapping) that spread every input bit over the whole output.
+pub fn mix64(mut key: u64) -> u64 {
+    key ^= key >> 33;
+    key = key.wrapping_mul(MIX_MULTIPLIER_1);
+    key ^= key >> 33;
+    key = key.wrapping_mul(MIX_MULTIPLIER_2);
+    key ^ (key >> 33)
 }
 
 /// FNV-1a, 64 bits: for each byte, xor it in, then multiply by the prime
@@ -89,6 +108,15 @@ mod tests {
         assert_eq!(fnv1a_64(b"foobar"), 0x8594_4171_f739_67e8);
     }
 
+    /// MurmurHash3's `fmix64` of these inputs, computed apart from this code.
+    #[test]
+    fn mix64_matches_murmur3s_finalizer() {
+        assert_eq!(mix64(0), 0);
+        assert_eq!(mix64(1), 0xb456_bcfc_34c2_cb2c);
+        assert_eq!(mix64(0xdead_beef), 0xd24b_d59f_862a_1dac);
+        assert_eq!(mix64(0xcbf2_9ce4_8422_2325), 0xefd0_1f60_ba99_2926);
+    }
+
     /// The values other implementations of the paper's function give
     /// (ClickHouse's `jumpConsistentHash` tests, among others).
     #[test]
@@ -129,7 +157,7 @@ mod tests {
         assert_eq!(key.len(), 5);
         assert_eq!(
             shard_of(key, 64),
-            Ok(jump_hash(fnv1a_64("caf\u{e9}".as_bytes()), 64))
+            Ok(jump_hash(mix64(fnv1a_64("caf\u{e9}".as_bytes())), 64))
         );
     }
 

@@ -11,7 +11,7 @@ from typing import Any, List
 import pytest
 
 from permitd import MAX_SHARDS, shard_of
-from permitd.shard import fnv1a_64, jump_hash
+from permitd.shard import fnv1a_64, jump_hash, mix64
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 FIXTURE = REPOSITORY / "core" / "tests" / "fixtures" / "shard_vectors.json"
@@ -38,6 +38,12 @@ def test_fnv1a_64_and_jump_hash_give_the_published_values() -> None:
     assert fnv1a_64(b"foobar") == 0x85944171F73967E8
     assert [jump_hash(1, 1), jump_hash(42, 57), jump_hash(256, 1024)] == [0, 43, 520]
     assert [jump_hash(0xDEAD10CC, 666), jump_hash(16045690984833335023, 255)] == [361, 237]
+
+
+def test_mix64_is_murmur3s_finalizer() -> None:
+    assert [mix64(0), mix64(1)] == [0, 0xB456BCFC34C2CB2C]
+    assert mix64(0xDEADBEEF) == 0xD24BD59F862A1DAC
+    assert mix64(0xCBF29CE484222325) == 0xEFD01F60BA992926
 
 
 @pytest.mark.parametrize("shards", [0, -1, MAX_SHARDS + 1, 2**64])

@@ -10,7 +10,7 @@ import { dirname, resolve } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { fnv1a64, jumpHash, MAX_SHARDS, shardOf } from "../src/index.js";
+import { fnv1a64, jumpHash, MAX_SHARDS, mix64, shardOf } from "../src/index.js";
 
 interface ShardVector {
   key: string;
@@ -29,6 +29,13 @@ test("every shard vector of the Rust core holds", () => {
     .filter(({ shard, got }) => shard !== got);
   assert.deepEqual(wrong, []);
   assert.ok(vectors.some(({ key }) => new TextEncoder().encode(key).length === 256));
+});
+
+test("mix64 is MurmurHash3's 64-bit finalizer", () => {
+  assert.equal(mix64(0n), 0n);
+  assert.equal(mix64(1n), 0xb456bcfc34c2cb2cn);
+  assert.equal(mix64(0xdeadbeefn), 0xd24bd59f862a1dacn);
+  assert.equal(mix64(0xcbf29ce484222325n), 0xefd01f60ba992926n);
 });
 
 test("fnv1a64 and jumpHash give the published values", () => {
