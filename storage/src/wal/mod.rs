@@ -669,10 +669,12 @@ impl Wal {
             }
             // The cache is a suffix of the log: once an entry came from it,
             // every later one does. A miss would be our bug; the read stops.
-            // Likewise the index only points into segments it holds (an
-            // invariant of `take_deletable`).
-            let segment = state.segments.get(&location.segment);
-            let (Some(segment), true) = (segment, located.cached.is_empty()) else {
+            if !located.cached.is_empty() {
+                break;
+            }
+            // The index only points into segments it holds (an invariant of
+            // `take_deletable`); a miss would be our bug too.
+            let Some(segment) = state.segments.get(&location.segment) else {
                 break;
             };
             located.on_disk.push((Arc::clone(segment), location));

@@ -93,7 +93,7 @@ impl Recent {
             .back()
             .is_some_and(|last| last.entry.log_id.index >= index)
         {
-            self.pop_front_or_back(false);
+            self.pop_back();
         }
     }
 
@@ -104,7 +104,7 @@ impl Recent {
             .front()
             .is_some_and(|first| first.entry.log_id.index <= index)
         {
-            self.pop_front_or_back(true);
+            self.pop_front();
         }
     }
 
@@ -117,16 +117,21 @@ impl Recent {
     fn evict(&mut self) {
         while self.entries.len() > MAX_RECENT_ENTRIES || self.record_bytes > MAX_RECENT_RECORD_BYTES
         {
-            self.pop_front_or_back(true);
+            self.pop_front();
         }
     }
 
-    fn pop_front_or_back(&mut self, front: bool) {
-        let popped = if front {
-            self.entries.pop_front()
-        } else {
-            self.entries.pop_back()
-        };
+    fn pop_front(&mut self) {
+        let popped = self.entries.pop_front();
+        self.forget(popped);
+    }
+
+    fn pop_back(&mut self) {
+        let popped = self.entries.pop_back();
+        self.forget(popped);
+    }
+
+    fn forget(&mut self, popped: Option<Cached>) {
         if let Some(cached) = popped {
             self.record_bytes -= cached.record_len;
         }
