@@ -66,9 +66,36 @@ pub struct ClusterConfig {
     pub defaults: KeyConfigUpdate,
     #[serde(default)]
     pub limits: NodeLimits,
+    #[serde(default)]
+    pub cluster: ClusterShape,
     #[serde(rename = "node")]
     pub nodes: Vec<NodeConfig>,
 }
+
+/// `[cluster]`: how the cluster's keys are laid out over Raft groups.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterShape {
+    /// Shards: Raft groups over the same voters, each holding the keys that
+    /// hash to it (`permitd_core::shard::shard_of`). Fixed when a node first
+    /// writes its data dir; a dir written with another count refuses to open
+    /// (docs/operations.md, "Changing the shard count").
+    pub shards: u32,
+}
+
+impl Default for ClusterShape {
+    fn default() -> Self {
+        Self {
+            shards: DEFAULT_SHARDS,
+        }
+    }
+}
+
+/// Shards of a cluster whose file names none (`[cluster] shards`).
+pub const DEFAULT_SHARDS: u32 = 1;
+/// Most shards a cluster may have: every node runs a Raft core, a rounds
+/// driver and timers per shard, and an idle shard still sends heartbeats.
+pub const MAX_NODE_SHARDS: u32 = 256;
 
 /// `[auth]`: who may call the public API.
 #[derive(Debug, Clone, Deserialize)]
@@ -399,6 +426,9 @@ impl ClusterConfig {
                 ))
             }
             _ => {}
+        }
+        if !(1..=MAX_NODE_SHARDS).contains(&self.cluster.shards) {
+            return invalid(format!("[cluster] shards must be 1 to {MAX_NODE_SHARDS}"));
         }
         if self.nodes.is_empty() {
             return invalid("at least one [[node]] is needed".into());

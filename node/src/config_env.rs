@@ -24,7 +24,7 @@ use toml::{Table, Value};
 pub const PREFIX: &str = "PERMITD_";
 
 /// The file's tables that variables may override.
-pub const SECTIONS: &[&str] = &["raft", "defaults", "limits", "auth", "tls"];
+pub const SECTIONS: &[&str] = &["raft", "defaults", "limits", "auth", "tls", "cluster"];
 
 /// Why an override could not be applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -58,6 +58,7 @@ mod format;
 pub mod fsync;
 mod lock;
 mod log_store;
+mod shard_count;
 mod snapshot;
 mod snapshot_metrics;
 mod snapshot_reach;
@@ -202,6 +203,7 @@ fn open_blocking(options: &Options, count: u32) -> Result<Vec<Opened>, StorageEr
         source,
     })?;
     let lock = Arc::new(lock::DirLock::acquire(disk, dir)?);
+    shard_count::check_or_record(disk, dir, count, format::is_initialised(disk, dir)?)?;
     let wal = open_wal(options)?;
     (0..count)
         .map(|shard| open_shard(options, shard, &lock, &wal))

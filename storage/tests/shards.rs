@@ -71,20 +71,22 @@ async fn each_shard_replays_to_its_own_state_after_a_restart() {
         .is_some());
 }
 
+/// A store of one group (`open`, or a dir written before shard counts were
+/// recorded) is shard 0 of one: `open_shards` with 1 gives the same state, and
+/// with more is refused, so no key is looked for in a shard that lacks it.
 #[tokio::test]
-async fn a_store_of_one_group_opens_as_shard_0_of_many() {
+async fn a_store_of_one_group_opens_as_its_only_shard() {
     let dir = tempfile::tempdir().unwrap();
     let mut single = open_dir(dir.path()).await;
     run_workload(&mut single, 5).await;
     let expected = state_bytes(&single);
     drop(single);
 
-    let shards = restart_shards(dir.path(), 4).await;
+    let shards = restart_shards(dir.path(), 1).await;
     assert_eq!(state_bytes(&shards[0]), expected);
-    for opened in &shards[1..] {
-        assert_eq!(opened.state.last_applied(), None);
-        assert_eq!(opened.state.read(|semaphores| semaphores.keys().len()), 0);
-    }
+    drop(shards);
+    let refused = open_shards(&Options::new(dir.path().to_owned()), 4).await;
+    assert!(refused.is_err(), "a one-shard store opened as four");
 }
 
 #[tokio::test]
@@ -97,4 +99,53 @@ async fn a_shard_count_out_of_range_is_refused() {
             "{asked} shards: {refused:?}"
         );
     }
+}
+
+/// A dir keeps the shard count it was written with: opening it with another
+/// is refused, and changes nothing (it still opens with its own).
+#[tokio::test]
+async fn a_store_refuses_another_shard_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = permitd_storage::Options::new(dir.path().to_owned());
+    drop(
+        permitd_storage::open_shards(&options, 3)
+            .await
+            .expect("opens with 3"),
+    );
+    for other in [1, 2, 4] {
+        let error = permitd_storage::open_shards(&options, other)
+            .await
+            .expect_err("another count is refused");
+        assert!(
+            error.to_string().contains("written with 3 shard(s)"),
+            "{error}"
+        );
+    }
+    assert_eq!(
+        permitd_storage::open_shards(&options, 3)
+            .await
+            .expect("reopens")
+            .len(),
+        3
+    );
+}
+
+/// A dir written before shard counts were recorded holds one shard, and gets
+/// its count recorded at its next open.
+#[tokio::test]
+async fn a_store_without_a_recorded_count_holds_one_shard() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = permitd_storage::Options::new(dir.path().to_owned());
+    drop(permitd_storage::open(&options).await.expect("opens"));
+    std::fs::remove_file(dir.path().join("shard_count")).expect("recorded");
+    assert!(permitd_storage::open_shards(&options, 2).await.is_err());
+    drop(
+        permitd_storage::open(&options)
+            .await
+            .expect("opens as one shard"),
+    );
+    assert!(
+        dir.path().join("shard_count").exists(),
+        "recorded at that open"
+    );
 }
