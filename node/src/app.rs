@@ -9,22 +9,17 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use permitd_core::KeyConfig;
-use permitd_storage::{NodeId, PeerNode, SharedState};
+use permitd_storage::{NodeId, PeerNode, ShardId};
 use permitd_transport::{ReqwestTransport, Transport};
 use tokio::net::TcpListener;
 use tokio::runtime::Handle;
-use tokio::sync::watch;
 
 use crate::config::{ForwardTimings, RaftTimings};
 use crate::credentials::tls::Tls;
 use crate::credentials::{AuthSettings, Secret};
-use crate::leader::leadership::{watch_leadership, Leadership};
-use crate::leader::rounds::Rounds;
-use crate::observe::event_log::EventLog;
-use crate::raft::election_guard::ElectionGuard;
 use crate::raft::network::Network;
-use crate::raft::Raft;
 use crate::seams::Seams;
+use crate::shard::{Shard, ShardStart, META_SHARD};
 
 /// Everything needed to start one node.
 #[derive(Debug, Clone)]
@@ -57,6 +52,8 @@ pub struct NodeSettings {
     pub reclaim_horizon: Duration,
     /// Clock, timer and randomness: the real world's, or the simulator's.
     pub seams: Seams,
+    /// Raft groups the keys are spread over (`[cluster] shards`).
+    pub shards: u32,
 }
 
 /// Why a node could not start.
@@ -95,10 +92,8 @@ impl std::ops::Deref for App {
 /// What a running node's handlers use.
 pub struct Node {
     pub id: NodeId,
-    pub raft: Raft,
-    pub state: SharedState,
-    pub leadership: watch::Receiver<Leadership>,
-    pub rounds: Rounds,
+    /// Every shard of the cluster, shard k at position k; never empty.
+    pub shards: Vec<Shard>,
     /// What followers forward leader-only calls with: the pooled client to
     /// the leader, unless a transport was injected.
     pub leader_transport: Transport,
@@ -111,21 +106,85 @@ pub struct Node {
     pub initial_members: Arc<BTreeMap<NodeId, PeerNode>>,
     pub defaults: Arc<KeyConfig>,
     pub metrics: PrometheusHandle,
-    /// Recent lifecycle events and the live feed of `GET /v1/events`.
-    pub events: EventLog,
-    /// Gaps between the appends received from the leader (`/raft/append`).
-    pub leader_contact: Arc<crate::raft::stall_probe::LeaderContact>,
-    /// Answers pre-votes; its task decides when this node may stand.
-    pub election_guard: Arc<ElectionGuard>,
     /// Its clock (usage reads count lease expiry from it), blocking work.
     pub seams: Seams,
+}
+
+impl Node {
+    /// The meta shard: tokens and cluster defaults (`shard.rs`).
+    pub fn meta(&self) -> &Shard {
+        &self.shards[META_SHARD as usize]
+    }
+
+    /// Shard `id`, if the cluster has it.
+    pub fn shard(&self, id: ShardId) -> Option<&Shard> {
+        self.shards.get(usize::try_from(id).ok()?)
+    }
+
+    /// The cluster's shard count.
+    pub fn shard_count(&self) -> u32 {
+        u32::try_from(self.shards.len()).unwrap_or(u32::MAX)
+    }
+
+    /// The shard a call was routed to (`edge/api/forward/`); a 400 for one
+    /// the cluster does not have (the router checks first).
+    pub fn routed(&self, id: ShardId) -> Result<&Shard, crate::edge::error::ApiError> {
+        self.shard(id).ok_or_else(|| {
+            crate::edge::error::ApiError::BadRequest(format!("no shard {id} in this cluster"))
+        })
+    }
+
+    /// The shard that holds `key`.
+    pub fn key_shard(&self, key: &str) -> &Shard {
+        let shard = permitd_core::shard::shard_of(key, self.shard_count()).unwrap_or(META_SHARD);
+        &self.shards[shard as usize]
+    }
+
+    /// Why a shard's Raft core stopped, if one did (`leader/fatal.rs`).
+    pub fn stopped(&self) -> Option<String> {
+        self.shards.iter().find_map(|shard| {
+            crate::leader::fatal::stopped(&shard.raft)
+                .map(|reason| format!("shard {}: {reason}", shard.id))
+        })
+    }
+
+    /// Resolves when any shard's Raft core stops, with the reason: a node
+    /// that can no longer apply one shard must stop as a whole.
+    pub async fn fatal(&self) -> String {
+        let waits = self.shards.iter().map(|shard| {
+            Box::pin(async move {
+                let reason = crate::leader::fatal::wait(&shard.raft).await;
+                format!("shard {}: {reason}", shard.id)
+            })
+        });
+        futures_util::future::select_all(waits).await.0
+    }
+
+    /// Fails every parked call and ends every event stream: the node stops.
+    pub fn stop_serving(&self) {
+        for shard in &self.shards {
+            shard
+                .rounds
+                .fail_all(crate::leader::propose::ProposeError::ShuttingDown);
+            shard.events.close();
+        }
+    }
+
+    /// Shuts every shard's Raft core down.
+    pub async fn shutdown_raft(&self) {
+        for shard in &self.shards {
+            if let Err(error) = shard.raft.shutdown().await {
+                tracing::error!(%error, shard = shard.id, "raft shutdown failed");
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
             .field("id", &self.id)
-            .field("leadership", &*self.leadership.borrow())
+            .field("shards", &self.shards)
             .finish_non_exhaustive()
     }
 }
@@ -151,20 +210,22 @@ pub async fn start(settings: &NodeSettings, raft_runtime: &Handle) -> Result<Sta
     })
 }
 
-/// Opens storage, starts Raft and the leader-side tasks; listens nowhere.
-/// The caller serves the routers (`edge::api`) on the connections it accepts
-/// (`edge::connection`): [`start`]'s listeners, or the simulator's.
-/// openraft's tasks, the election guard and the Raft probes are spawned on
-/// `raft_runtime` ([`crate::raft::runtime`]); the rest on the caller's runtime.
+/// Opens storage, starts every shard's Raft group and the leader-side tasks;
+/// listens nowhere. The caller serves the routers (`edge::api`) on the
+/// connections it accepts (`edge::connection`): [`start`]'s listeners, or the
+/// simulator's. openraft's tasks, the election guards and the Raft probes are
+/// spawned on `raft_runtime` ([`crate::raft::runtime`]); the rest on the
+/// caller's runtime.
 pub async fn start_unbound(
     settings: &NodeSettings,
     raft_runtime: &Handle,
 ) -> Result<App, StartError> {
     let options = settings.seams.storage(settings.data_dir.clone());
+    let count = settings.shards;
     // On the Raft runtime: the WAL's sync thread starts from the thread that
     // opens the store and inherits its CPU priority, which must be Raft's.
     let opened = raft_runtime
-        .spawn(async move { permitd_storage::open(&options).await })
+        .spawn(async move { permitd_storage::open_shards(&options, count).await })
         .await
         .map_err(|error| StartError::Storage(error.to_string()))?
         .map_err(|error| StartError::Storage(error.to_string()))?;
@@ -184,67 +245,28 @@ pub async fn start_unbound(
         })?,
     )
     .with_seams(settings.seams.clone());
-    let config = Arc::new(raft_config(settings.id, timings)?);
-    let (id, raft_network) = (settings.id, network.clone());
-    let (log, state_machine) = (opened.log, opened.state_machine);
-    let raft = raft_runtime
-        .spawn(async move { Raft::new(id, config, raft_network, log, state_machine).await })
-        .await
-        .map_err(|error| StartError::Raft(error.to_string()))?
-        .map_err(|error| StartError::Raft(error.to_string()))?;
-    let leader_contact = Arc::new(crate::raft::stall_probe::LeaderContact::default());
-    let election_guard = Arc::new(ElectionGuard::new(
-        settings.id,
-        leader_contact.clone(),
-        (
-            Duration::from_millis(timings.heartbeat_interval_ms),
-            Duration::from_millis(timings.election_timeout_min_ms),
-            Duration::from_millis(timings.election_timeout_max_ms),
-        ),
-        settings.seams.rng(RNG_ELECTION_GUARD),
-    ));
-    {
-        let _on_raft_runtime = raft_runtime.enter();
-        election_guard.clone().start(raft.clone(), network);
-        crate::raft::stall_probe::start(&raft, "raft");
+    let start = ShardStart {
+        settings,
+        raft_runtime,
+        network: &network,
+        config: Arc::new(raft_config(settings.id, timings)?),
+        shards: count,
+    };
+    let mut shards = Vec::with_capacity(opened.len());
+    for (id, opened) in (0..).zip(opened) {
+        shards.push(Shard::start(id, opened, &start).await?);
     }
-    crate::raft::stall_probe::start(&raft, "api");
-    let leadership = watch_leadership(&raft, election_guard.leader_silent());
-    let state = opened.state;
-    let rounds = Rounds::start(
-        raft.clone(),
-        state.clone(),
-        leadership.clone(),
-        settings.rounds,
-        &settings.seams,
-    );
-    crate::leader::reclaim::Reclaimer::start(
-        raft.clone(),
-        state.clone(),
-        leadership.clone(),
-        settings.reclaim_horizon,
-        settings.seams.clock.clone(),
-    );
-    crate::leader::snapshots::start(raft.clone(), settings.id, timings.snapshot_every_ms);
-    crate::leader::seed_defaults::start(
-        raft.clone(),
-        state.clone(),
-        leadership.clone(),
-        settings.defaults.clone(),
-    );
-    // Listen before reading where the state stands: openraft may be applying
-    // (replaying) entries in its own task, and an entry's notice is sent after
-    // its state, so none applied after the read is missed.
-    let applied = state.subscribe();
-    let applied_at_start = state.last_applied().map_or(0, |log_id| log_id.index);
-    let events = EventLog::new(applied_at_start);
-    crate::observe::applied_events::start(
-        state.clone(),
-        events.clone(),
-        applied,
-        settings.seams.clock.clone(),
-    );
-    crate::observe::raft_metrics::start(raft.clone());
+    // One follower of the meta shard's defaults per node, made only when
+    // another shard needs it.
+    let meta = crate::leader::seed_defaults::meta_defaults;
+    let mut meta_defaults = None;
+    for shard in &shards {
+        shard.seed_defaults(settings.defaults.clone(), || {
+            meta_defaults
+                .get_or_insert_with(|| meta(&shards[META_SHARD as usize].state))
+                .clone()
+        });
+    }
     let forward_timings = ForwardTimings::new(timings, settings.rounds.commit_timeout);
     // Dropped before the leader's listener would close it as idle, so no call
     // is sent on a connection the leader is closing.
@@ -254,10 +276,7 @@ pub async fn start_unbound(
     })?;
     Ok(App(Arc::new(Node {
         id: settings.id,
-        raft,
-        state,
-        leadership,
-        rounds,
+        shards,
         leader_transport,
         forward_timings,
         secret: settings.secret.clone(),
@@ -266,9 +285,6 @@ pub async fn start_unbound(
         initial_members: Arc::new(settings.initial_members.clone()),
         defaults: Arc::new(settings.defaults.clone()),
         metrics: crate::observe::metrics::install(),
-        events,
-        leader_contact,
-        election_guard,
         seams: settings.seams.clone(),
     })))
 }
@@ -309,9 +325,6 @@ fn leader_client(
     }
     builder.build()
 }
-
-/// The random stream of the election guard's timeout draws ([`Seams::rng`]).
-const RNG_ELECTION_GUARD: u64 = 1;
 
 /// Idle time before a keep-alive probe of a pooled connection to the leader,
 /// and between probes: the kernel counts them in whole seconds.

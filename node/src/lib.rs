@@ -49,4 +49,5 @@ pub mod leader;
 pub mod observe;
 pub mod raft;
 pub mod seams;
+pub mod shard;
 pub mod shutdown;

@@ -51,6 +51,8 @@ async fn a_stopped_raft_core_fails_healthz_and_ends_the_wait() {
             permitd_node::leader::reclaim::DEFAULT_HORIZON_MS,
         ),
         seams: permitd_node::seams::Seams::production(),
+        // The core that stops is shard 1's: one shard's is fatal to the node.
+        shards: 2,
     };
     let raft_runtime = permitd_node::raft::runtime::RaftRuntime::start().expect("raft runtime");
     let started = app::start(&settings, &raft_runtime.handle())
@@ -58,16 +60,16 @@ async fn a_stopped_raft_core_fails_healthz_and_ends_the_wait() {
         .expect("node starts");
     let app = started.app;
     assert_eq!(healthz(&app).await, StatusCode::OK);
-    assert_eq!(permitd_node::leader::fatal::stopped(&app.raft), None);
+    assert_eq!(app.stopped(), None);
 
-    app.raft.shutdown().await.expect("core stops");
+    let shard = app.shard(1).expect("shard 1");
+    shard.raft.shutdown().await.expect("core stops");
     assert_eq!(healthz(&app).await, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(permitd_node::leader::fatal::stopped(&app.raft).is_some());
-    let reason = tokio::time::timeout(
-        Duration::from_secs(5),
-        permitd_node::leader::fatal::wait(&app.raft),
-    )
-    .await
-    .expect("the wait ends once the core stopped");
+    assert!(app
+        .stopped()
+        .is_some_and(|reason| reason.starts_with("shard 1")));
+    let reason = tokio::time::timeout(Duration::from_secs(5), app.fatal())
+        .await
+        .expect("the wait ends once the core stopped");
     assert!(!reason.is_empty());
 }

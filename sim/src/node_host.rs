@@ -131,6 +131,7 @@ fn settings(id: NodeId, spec: &ClusterSpec, world: &NodeWorld) -> NodeSettings {
             disk: Some(Arc::new(world.disk.clone())),
             transport: Some(Arc::new(SimTransport)),
         },
+        shards: 1,
     }
 }
 
@@ -198,9 +199,9 @@ pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Re
     spec.trace.event(now(), &host_name(id), "started");
     let _running = spec
         .replicas
-        .running(id, app.state.clone(), world.disk.clone());
+        .running(id, app.meta().state.clone(), world.disk.clone());
     spec.disturbances.at(now());
-    if id == 1 && !app.raft.is_initialized().await? {
+    if id == 1 && !app.meta().raft.is_initialized().await? {
         permitd_node::edge::api::cluster::initialize(&app)
             .await
             .map_err(|error| error.to_string())?;
@@ -217,7 +218,7 @@ pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Re
         Connections::new(internal, &settings.edge, None, stop.clone()),
     ));
     tokio::spawn(watch_leadership(id, app.clone(), spec.clone()));
-    let reason = permitd_node::leader::fatal::wait(&app.raft).await;
+    let reason = app.fatal().await;
     spec.trace.event(
         now(),
         &host_name(id),
@@ -243,7 +244,7 @@ async fn accept(port: u16, connections: Connections) {
 
 /// Records every term this node leads, and traces its role changes.
 async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
-    let mut metrics = app.raft.metrics();
+    let mut metrics = app.meta().raft.metrics();
     let mut last = None;
     loop {
         let (term, state, leader) = {

@@ -24,7 +24,6 @@ use crate::config::{
 use crate::credentials::tls::Tls;
 use crate::credentials::{random_hex, write_private_file, AuthSettings, Secret};
 use crate::edge::serve;
-use crate::leader::propose::ProposeError;
 use crate::raft::runtime::RaftRuntime;
 use crate::shutdown::Shutdown;
 
@@ -130,6 +129,7 @@ fn clustered(path: &Path, id: u64) -> Result<NodeSettings, ServeError> {
         edge: config.limits.edge(),
         reclaim_horizon: Duration::from_millis(config.limits.reclaim_horizon_ms),
         seams: crate::seams::Seams::production(),
+        shards: config.cluster.shards,
     })
 }
 
@@ -167,6 +167,7 @@ fn embedded(args: &ServeArgs) -> Result<NodeSettings, ServeError> {
         edge: EdgeLimits::default(),
         reclaim_horizon: Duration::from_millis(crate::leader::reclaim::DEFAULT_HORIZON_MS),
         seams: crate::seams::Seams::production(),
+        shards: crate::config::DEFAULT_SHARDS,
     })
 }
 
@@ -209,7 +210,7 @@ fn embedded_secret(
 }
 
 async fn initialize_if_new(app: app::App) {
-    match app.raft.is_initialized().await {
+    match app.meta().raft.is_initialized().await {
         Ok(true) => tracing::info!("resuming from existing data"),
         Ok(false) => match crate::edge::api::cluster::initialize(&app).await {
             Ok(()) => tracing::info!("initialised a new single-node cluster"),
@@ -256,7 +257,7 @@ async fn serve_until_signal(
     // same orderly stop as a signal, so a supervisor restarts it.
     let fatal = tokio::select! {
         () = crate::shutdown::signal() => None,
-        reason = crate::leader::fatal::wait(&app.raft) => Some(reason),
+        reason = app.fatal() => Some(reason),
     };
     if let Some(reason) = &fatal {
         tracing::error!(%reason, "the Raft core stopped; stopping the node");
@@ -264,13 +265,10 @@ async fn serve_until_signal(
     // Stop taking calls, then fail the ones parked for a round: their clients
     // retry on another node. In-flight answers drain before the server returns.
     stop_api.trigger();
-    app.rounds.fail_all(ProposeError::ShuttingDown);
-    app.events.close();
+    app.stop_serving();
     let stop_timeout = Duration::from_millis(STOP_TIMEOUT_MS);
     let api_result = tokio::time::timeout(stop_timeout, api_task).await;
-    if let Err(error) = app.raft.shutdown().await {
-        tracing::error!(%error, "raft shutdown failed");
-    }
+    app.shutdown_raft().await;
     stop_raft.trigger();
     let _ = tokio::time::timeout(stop_timeout, raft_task).await;
     drop(raft_runtime);

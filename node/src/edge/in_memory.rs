@@ -119,6 +119,7 @@ fn settings(id: NodeId, dir: &std::path::Path, transport: &Arc<RouterTransport>)
             transport: Some(transport.clone()),
             ..crate::seams::Seams::production()
         },
+        shards: 1,
     }
 }
 
@@ -128,7 +129,10 @@ async fn leader_and_follower(apps: &[App]) -> (NodeId, NodeId) {
     let [first, second] = apps else {
         panic!("two nodes expected");
     };
-    let (mut first, mut second) = (first.leadership.clone(), second.leadership.clone());
+    let (mut first, mut second) = (
+        first.meta().leadership.clone(),
+        second.meta().leadership.clone(),
+    );
     let agreed = async {
         loop {
             let named = (
@@ -192,6 +196,6 @@ async fn raft_rpc_and_forwarded_calls_go_through_the_injected_transport() {
         "forwarded: {calls:?}"
     );
     for app in &apps {
-        app.raft.shutdown().await.expect("stops");
+        app.shutdown_raft().await;
     }
 }

@@ -1,23 +1,25 @@
 //! Inbound Raft RPCs: `/raft/vote`, `/raft/append`, `/raft/snapshot`, and the
-//! election guard's `/raft/prevote` (`election_guard.rs`).
+//! election guard's `/raft/prevote` (`election_guard.rs`), each for the shard
+//! its `?shard=k` names (shard 0 without one).
 //!
 //! Bodies are in the storage codec ([`crate::raft::wire`]). Each answers the local
 //! Raft's `Result`, error included, so the caller can tell a remote Raft error
 //! from a transport failure; a body that does not decode is a 400.
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
-use permitd_storage::{codec, NodeId, TypeConfig};
-use serde::Serialize;
+use permitd_storage::{codec, NodeId, ShardId, TypeConfig};
+use serde::{Deserialize, Serialize};
 
 use crate::app::App;
 use crate::raft::election_guard::PreVoteRequest;
 use crate::raft::wire::SnapshotChunk;
+use crate::shard::Shard;
 
 /// The `/raft/*` routes (the caller adds the secret check).
 pub fn router() -> Router<App> {
@@ -45,20 +47,46 @@ fn encoded(answer: &impl Serialize) -> Response {
     }
 }
 
-async fn vote(State(app): State<App>, body: Bytes) -> Response {
+/// `?shard=k` of a Raft RPC: the group it is for (none: shard 0).
+#[derive(Debug, Default, Deserialize)]
+pub struct ShardQuery {
+    #[serde(default)]
+    shard: ShardId,
+}
+
+/// The shard `query` names, or the 404 for one this node does not have (a
+/// peer configured with another shard count).
+fn shard_of<'a>(app: &'a App, query: &ShardQuery) -> Result<&'a Shard, Response> {
+    app.shard(query.shard).ok_or_else(|| {
+        let message = format!("no shard {} on this node", query.shard);
+        (StatusCode::NOT_FOUND, message).into_response()
+    })
+}
+
+async fn vote(State(app): State<App>, Query(query): Query<ShardQuery>, body: Bytes) -> Response {
+    let shard = match shard_of(&app, &query) {
+        Ok(shard) => shard,
+        Err(missing) => return missing,
+    };
     match codec::decode::<VoteRequest<NodeId>>(&body) {
         Ok(request) => {
-            app.election_guard.note_vote_request(&app.raft, &request);
-            encoded(&app.raft.vote(request).await)
+            shard
+                .election_guard
+                .note_vote_request(&shard.raft, &request);
+            encoded(&shard.raft.vote(request).await)
         }
         Err(error) => undecodable(error),
     }
 }
 
-async fn prevote(State(app): State<App>, body: Bytes) -> Response {
+async fn prevote(State(app): State<App>, Query(query): Query<ShardQuery>, body: Bytes) -> Response {
+    let shard = match shard_of(&app, &query) {
+        Ok(shard) => shard,
+        Err(missing) => return missing,
+    };
     match codec::decode::<PreVoteRequest>(&body) {
         Ok(request) => {
-            let answer = app.election_guard.answer(&app.raft, &request);
+            let answer = shard.election_guard.answer(&shard.raft, &request);
             encoded(&Ok::<_, openraft::error::Infallible>(answer))
         }
         Err(error) => undecodable(error),
@@ -69,11 +97,15 @@ async fn prevote(State(app): State<App>, body: Bytes) -> Response {
 /// heartbeats arriving meanwhile are answered in time.
 const DECODE_APART_BYTES: usize = 64 * 1024;
 
-async fn append(State(app): State<App>, body: Bytes) -> Response {
+async fn append(State(app): State<App>, Query(query): Query<ShardQuery>, body: Bytes) -> Response {
     // Taken before decoding: a large body decoded apart must not delay it.
     let arrived = tokio::time::Instant::now();
+    let shard = match shard_of(&app, &query) {
+        Ok(shard) => shard,
+        Err(missing) => return missing,
+    };
     // The leader counts as heard until this append has been handled.
-    let mut receiving = app.leader_contact.receiving();
+    let mut receiving = shard.leader_contact.receiving();
     let decoded = if body.len() < DECODE_APART_BYTES {
         codec::decode::<AppendEntriesRequest<TypeConfig>>(&body)
     } else {
@@ -88,15 +120,23 @@ async fn append(State(app): State<App>, body: Bytes) -> Response {
     match decoded {
         Ok(request) => {
             receiving.decoded(&request.vote, arrived);
-            encoded(&app.raft.append_entries(request).await)
+            encoded(&shard.raft.append_entries(request).await)
         }
         Err(error) => undecodable(error),
     }
 }
 
-async fn snapshot(State(app): State<App>, body: Bytes) -> Response {
+async fn snapshot(
+    State(app): State<App>,
+    Query(query): Query<ShardQuery>,
+    body: Bytes,
+) -> Response {
+    let shard = match shard_of(&app, &query) {
+        Ok(shard) => shard,
+        Err(missing) => return missing,
+    };
     match codec::decode::<SnapshotChunk>(&body) {
-        Ok(chunk) => encoded(&app.raft.install_snapshot(chunk.into()).await),
+        Ok(chunk) => encoded(&shard.raft.install_snapshot(chunk.into()).await),
         Err(error) => undecodable(error),
     }
 }

@@ -2,7 +2,7 @@
 //! few facts the round batcher and the API act on.
 
 use openraft::ServerState;
-use permitd_storage::NodeId;
+use permitd_storage::{NodeId, ShardId};
 use tokio::sync::watch;
 
 use crate::raft::Raft;
@@ -33,6 +33,7 @@ impl Leadership {
 pub fn watch_leadership(
     raft: &Raft,
     mut leader_silent: watch::Receiver<bool>,
+    shard: ShardId,
 ) -> watch::Receiver<Leadership> {
     let mut metrics = raft.server_metrics();
     let (sender, receiver) = watch::channel(Leadership::default());
@@ -52,12 +53,13 @@ pub fn watch_leadership(
             sender.send_if_modified(|seen| {
                 let changed = *seen != current;
                 if changed && seen.leader != current.leader {
-                    crate::observe::metrics::leader_changed(current.leader);
+                    crate::observe::metrics::leader_changed(shard, current.leader);
                 }
                 if current.is_leader && !seen.holds(&current) {
-                    // One line per term this node led: tests check from the
-                    // node logs that no term ever had two leaders.
-                    tracing::info!(term = current.term, "this node leads the cluster");
+                    // One line per term and shard this node led: tests check
+                    // from the node logs that no term of a shard ever had two
+                    // leaders.
+                    tracing::info!(term = current.term, shard, "this node leads the cluster");
                 }
                 *seen = current;
                 changed

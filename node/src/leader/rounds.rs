@@ -84,6 +84,18 @@ impl Default for RoundLimits {
 }
 
 impl RoundLimits {
+    /// One shard's share of the node's limits among `shards`: what the
+    /// node's leaders park, all shards together, stays within `[limits]`.
+    /// Per-key and in-flight limits are per shard's driver as they were.
+    pub fn per_shard(self, shards: u32) -> Self {
+        let shards = usize::try_from(shards.max(1)).unwrap_or(usize::MAX);
+        Self {
+            max_parked_messages: self.max_parked_messages.div_ceil(shards),
+            max_parked_bytes: self.max_parked_bytes.div_ceil(shards),
+            ..self
+        }
+    }
+
     fn schedule_settings(&self) -> ScheduleSettings {
         ScheduleSettings {
             max_entries_in_flight: self.entries_in_flight.clamp(1, MAX_ENTRIES_IN_FLIGHT),

@@ -194,9 +194,9 @@ pub fn early_reports(reports: usize) {
     metrics::counter!(EARLY_REPORTS).increment(reports as u64);
 }
 
-pub fn leader_changed(leader: Option<u64>) {
-    tracing::info!(?leader, "leader changed");
-    metrics::counter!(LEADER_CHANGES).increment(1);
+pub fn leader_changed(shard: u32, leader: Option<u64>) {
+    tracing::info!(?leader, shard, "leader changed");
+    metrics::counter!(LEADER_CHANGES, "shard" => shard.to_string()).increment(1);
 }
 
 pub fn blocked(reason: &'static str, count: u64) {
@@ -216,7 +216,7 @@ const TOTALS_REUSED_FOR: Duration = Duration::from_secs(1);
 /// of every key's last usage kept between scrapes (80 B per key). Blocking: at
 /// 100,000 keys it takes a few milliseconds of CPU, at most once per
 /// [`TOTALS_REUSED_FOR`].
-pub fn publish_totals(state: &permitd_storage::SharedState, clock: &crate::clock::Clock) {
+pub fn publish_totals(states: &[permitd_storage::SharedState], clock: &crate::clock::Clock) {
     static LAST_WALK: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
     // Held for the whole walk: concurrent scrapes wait for it and then reuse it.
     let mut last_walk = LAST_WALK
@@ -227,17 +227,21 @@ pub fn publish_totals(state: &permitd_storage::SharedState, clock: &crate::clock
     }
     let now_ms = clock.now_ms();
     let mut totals = permitd_core::engine::usage::UsageCounts::default();
-    let mut after: Option<std::sync::Arc<str>> = None;
-    loop {
-        let (slice, next) = state
-            .read(|semaphores| semaphores.add_up_usage(after.as_deref(), KEYS_PER_READ, now_ms));
-        totals += slice;
-        match next {
-            Some(key) => after = Some(key),
-            None => break,
+    let mut held = 0;
+    for state in states {
+        let mut after: Option<std::sync::Arc<str>> = None;
+        loop {
+            let (slice, next) = state.read(|semaphores| {
+                semaphores.add_up_usage(after.as_deref(), KEYS_PER_READ, now_ms)
+            });
+            totals += slice;
+            match next {
+                Some(key) => after = Some(key),
+                None => break,
+            }
         }
+        held += state.read(|semaphores| semaphores.keys().len());
     }
-    let held = state.read(|semaphores| semaphores.keys().len());
     metrics::gauge!(KEYS_HELD).set(held as f64);
     metrics::gauge!(KEYS_GRANTED).set(totals.granted as f64);
     metrics::gauge!(KEYS_LEASED).set(totals.leased as f64);

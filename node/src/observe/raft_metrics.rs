@@ -102,7 +102,7 @@ pub fn majority_index(mut matched: Vec<u64>) -> u64 {
 }
 
 /// Starts the sampling task; it ends when Raft shuts down.
-pub fn start(raft: Raft) {
+pub fn start(raft: Raft, shard: u32) {
     crate::seams::spawn(async move {
         let mut ticker = tokio::time::interval(Duration::from_millis(SAMPLE_INTERVAL_MS));
         let mut exported_lag: BTreeSet<NodeId> = BTreeSet::new();
@@ -113,7 +113,7 @@ pub fn start(raft: Raft) {
                 return; // Raft shut down.
             }
             let current = sample(&metrics.borrow_and_update());
-            publish(&current, &mut exported_lag);
+            publish(&current, &shard.to_string(), &mut exported_lag);
         }
     });
 }
@@ -126,25 +126,28 @@ fn flag(value: bool) -> f64 {
     }
 }
 
-fn publish(sample: &RaftSample, exported_lag: &mut BTreeSet<NodeId>) {
-    metrics::gauge!(HAS_LEADER).set(flag(sample.has_leader));
-    metrics::gauge!(IS_LEADER).set(flag(sample.is_leader));
-    metrics::gauge!(TERM).set(sample.term as f64);
-    metrics::gauge!(LAST_LOG_INDEX).set(sample.last_log_index as f64);
-    metrics::gauge!(APPLIED_INDEX).set(sample.applied_index as f64);
-    metrics::gauge!(SNAPSHOT_INDEX).set(sample.snapshot_index as f64);
+/// Every series carries the `shard` label: each shard is a Raft group.
+fn publish(sample: &RaftSample, shard: &str, exported_lag: &mut BTreeSet<NodeId>) {
+    let label = || ("shard", shard.to_owned());
+    metrics::gauge!(HAS_LEADER, &[label()]).set(flag(sample.has_leader));
+    metrics::gauge!(IS_LEADER, &[label()]).set(flag(sample.is_leader));
+    metrics::gauge!(TERM, &[label()]).set(sample.term as f64);
+    metrics::gauge!(LAST_LOG_INDEX, &[label()]).set(sample.last_log_index as f64);
+    metrics::gauge!(APPLIED_INDEX, &[label()]).set(sample.applied_index as f64);
+    metrics::gauge!(SNAPSHOT_INDEX, &[label()]).set(sample.snapshot_index as f64);
     if let Some(committed) = sample.committed_index {
-        metrics::gauge!(COMMITTED_INDEX).set(committed as f64);
+        metrics::gauge!(COMMITTED_INDEX, &[label()]).set(committed as f64);
     }
     let age_seconds = sample.quorum_ack_age_ms.unwrap_or(0) as f64 / 1_000.0;
-    metrics::gauge!(QUORUM_ACK_AGE).set(age_seconds);
+    metrics::gauge!(QUORUM_ACK_AGE, &[label()]).set(age_seconds);
+    let lag = |id: &NodeId| [label(), ("follower", id.to_string())];
     for id in exported_lag.iter() {
         if !sample.follower_lag.contains_key(id) {
-            metrics::gauge!(FOLLOWER_LAG, "follower" => id.to_string()).set(0.0);
+            metrics::gauge!(FOLLOWER_LAG, &lag(id)).set(0.0);
         }
     }
-    for (id, lag) in &sample.follower_lag {
-        metrics::gauge!(FOLLOWER_LAG, "follower" => id.to_string()).set(*lag as f64);
+    for (id, value) in &sample.follower_lag {
+        metrics::gauge!(FOLLOWER_LAG, &lag(id)).set(*value as f64);
         exported_lag.insert(*id);
     }
 }

@@ -41,7 +41,7 @@ use openraft::raft::{
 };
 use openraft::{LogId, Vote};
 use permitd_core::contract::headers;
-use permitd_storage::{codec, NodeId, PeerNode, TypeConfig};
+use permitd_storage::{codec, NodeId, PeerNode, ShardId, TypeConfig};
 use permitd_transport::{Deadline, Transport, TransportError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -86,6 +86,10 @@ pub struct Network {
     peer_logs: PeerLogs,
     /// Where a large append is encoded ([`Seams::blocking`]).
     seams: Seams,
+    /// The Raft group whose RPCs this network carries: named in the query of
+    /// every call (`?shard=k`; none for shard 0, so a one-shard cluster's
+    /// calls are what they always were).
+    shard: ShardId,
 }
 
 impl Network {
@@ -107,6 +111,17 @@ impl Network {
             scheme,
             peer_logs: PeerLogs::default(),
             seams: Seams::production(),
+            shard: 0,
+        }
+    }
+
+    /// This network for `shard`'s group: same transport (one connection
+    /// pool per peer for every shard), its own record of the peers' logs.
+    pub fn for_shard(&self, shard: ShardId) -> Self {
+        Self {
+            shard,
+            peer_logs: PeerLogs::default(),
+            ..self.clone()
         }
     }
 
@@ -380,7 +395,11 @@ where
     Resp: DeserializeOwned,
     Err: std::error::Error + DeserializeOwned,
 {
-    let url = format!("{}://{}/raft/{path}", network.scheme, target_node.raft_addr);
+    let (scheme, addr) = (network.scheme, &target_node.raft_addr);
+    let url = match network.shard {
+        0 => format!("{scheme}://{addr}/raft/{path}"),
+        shard => format!("{scheme}://{addr}/raft/{path}?shard={shard}"),
+    };
     let mut request = Request::post(url)
         .header(SECRET_HEADER, bearer(network.secret.expose()))
         .header(headers::SENDER, network.id)

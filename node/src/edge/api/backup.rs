@@ -11,9 +11,9 @@
 //! refuses it when the cluster holds any key already, and checks every row.
 
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use permitd_core::contract::paths;
 use permitd_core::engine::restore::{BackupFile, Restored, BACKUP_FORMAT};
 use permitd_storage::Command;
@@ -22,22 +22,28 @@ use serde_json::json;
 use super::extract::ApiJson;
 use super::semaphores::{linearizable, write};
 use crate::app::App;
+use crate::edge::api::forward::RouteShard;
 use crate::edge::error::ApiError;
+use crate::shard::META_SHARD;
 
 /// `GET /cluster/snapshot`.
 #[utoipa::path(
     get, path = paths::CLUSTER_SNAPSHOT, tag = "cluster",
     responses((status = 200, description = "A backup of the leader's applied state.", body = BackupFile)),
 )]
-pub async fn save(State(app): State<App>) -> Result<Response, ApiError> {
-    linearizable(&app).await?;
-    let applied_index = app
+pub async fn save(
+    State(app): State<App>,
+    Extension(RouteShard(shard)): Extension<RouteShard>,
+) -> Result<Response, ApiError> {
+    let shard = app.routed(shard)?;
+    linearizable(shard).await?;
+    let applied_index = shard
         .raft
         .metrics()
         .borrow()
         .last_applied
         .map_or(0, |log_id| log_id.index);
-    let body = app.state.read(|semaphores| {
+    let body = shard.state.read(|semaphores| {
         let file = json!({
             "format": BACKUP_FORMAT,
             "appliedIndex": applied_index,
@@ -46,7 +52,12 @@ pub async fn save(State(app): State<App>) -> Result<Response, ApiError> {
         serde_json::to_vec(&file)
     });
     let body = body.map_err(|error| ApiError::Internal(error.to_string()))?;
-    tracing::info!(applied_index, bytes = body.len(), "backup saved");
+    tracing::info!(
+        applied_index,
+        shard = shard.id,
+        bytes = body.len(),
+        "backup saved"
+    );
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
@@ -58,8 +69,11 @@ pub async fn save(State(app): State<App>) -> Result<Response, ApiError> {
 )]
 pub async fn restore(
     State(app): State<App>,
+    headers: HeaderMap,
     ApiJson(file): ApiJson<BackupFile>,
 ) -> Result<Json<Restored>, ApiError> {
+    let shard = crate::edge::api::forward::named_shard(&headers, app.shard_count())?;
+    let shard = app.routed(shard.unwrap_or(META_SHARD))?;
     if file.format != BACKUP_FORMAT {
         return Err(ApiError::BadRequest(format!(
             "unknown backup format {:?}; this node reads {BACKUP_FORMAT:?}",
@@ -70,15 +84,15 @@ pub async fn restore(
     file.state
         .check()
         .map_err(|error| ApiError::BadRequest(error.to_string()))?;
-    let leadership = *app.leadership.borrow();
+    let leadership = *shard.leadership.borrow();
     if !leadership.is_leader {
         return Err(ApiError::NotLeader {
             leader: leadership.leader,
         });
     }
     let command = Command::Restore { backup: file.state };
-    let keys = write(&app, command).await?.into_restored()?;
-    app.rounds.wake_all();
+    let keys = write(shard, command).await?.into_restored()?;
+    shard.rounds.wake_all();
     tracing::warn!(keys, from_index = file.applied_index, "backup restored");
     Ok(Json(Restored {
         restored_keys: keys,

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::Json;
+use axum::{Extension, Json};
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use permitd_core::config::{KeyConfig, KeyConfigUpdate};
 use permitd_core::contract::validate::validate_key_config;
@@ -20,7 +20,9 @@ use tokio::time::Instant;
 use super::extract::ApiJson;
 use super::semaphores::write;
 use crate::app::App;
+use crate::edge::api::forward::RouteShard;
 use crate::edge::error::ApiError;
+use crate::shard::{Shard, META_SHARD};
 
 /// How long `/cluster/init` waits for the first leader to write the defaults.
 pub const INIT_DEFAULTS_TIMEOUT_MS: u64 = 15_000;
@@ -43,30 +45,39 @@ pub async fn shards(State(app): State<App>) -> Json<ShardMap> {
     Json(current_shards(&app))
 }
 
-/// The node serves one shard, shard 0, whose group is the node's Raft group
-/// (docs/scaling.md says what comes next).
+/// Every shard as this node sees it: its leader, term, voters and applied index.
 pub fn current_shards(app: &App) -> ShardMap {
-    let status = current_status(app);
-    let members = status
-        .members
+    let shards = app
+        .shards
         .iter()
-        .filter(|member| member.role == MemberRole::Voter)
-        .map(|member| member.id)
+        .map(|shard| {
+            let status = shard_status(app, shard);
+            let members = status
+                .members
+                .iter()
+                .filter(|member| member.role == MemberRole::Voter)
+                .map(|member| member.id)
+                .collect();
+            ShardStatus {
+                shard: shard.id,
+                leader: status.leader,
+                term: status.term,
+                members,
+                applied_index: status.last_applied,
+            }
+        })
         .collect();
-    ShardMap {
-        id: status.id,
-        shards: vec![ShardStatus {
-            shard: 0,
-            leader: status.leader,
-            term: status.term,
-            members,
-            applied_index: status.last_applied,
-        }],
-    }
+    ShardMap { id: app.id, shards }
 }
 
+/// This node's view of the cluster: the meta shard's group, whose
+/// membership every shard shares.
 pub fn current_status(app: &App) -> ClusterStatus {
-    let metrics = app.raft.metrics().borrow().clone();
+    shard_status(app, app.meta())
+}
+
+fn shard_status(app: &App, shard: &Shard) -> ClusterStatus {
+    let metrics = shard.raft.metrics().borrow().clone();
     let membership = metrics.membership_config.membership();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
     let members = membership
@@ -86,7 +97,7 @@ pub fn current_status(app: &App) -> ClusterStatus {
         id: app.id,
         // The node's view (`leader/leadership.rs`): no leader once the one openraft
         // names has been silent past the lease, as `/readyz` says.
-        leader: app.leadership.borrow().leader,
+        leader: shard.leadership.borrow().leader,
         term: metrics.current_term,
         last_log_index: metrics.last_log_index,
         last_applied: metrics.last_applied.map(|log_id| log_id.index),
@@ -113,30 +124,40 @@ pub async fn init(
     Ok(Json(current_status(&app)))
 }
 
-/// Initialises a new cluster of the configured members and waits for its
-/// defaults. The leader writes them (`crate::leader::seed_defaults`), and every later
-/// leader again until one write is applied, so a failure here is not final.
+/// Initialises a new cluster of the configured members, every shard of it,
+/// and waits for its defaults. The leaders write them
+/// (`crate::leader::seed_defaults`), and every later leader again until one
+/// write is applied, so a failure here is not final. The meta shard first: a
+/// node refused there (already initialised) touches no other shard.
 pub async fn initialize(app: &App) -> Result<(), ApiError> {
-    let members = (*app.initial_members).clone();
-    match app.raft.initialize(members).await {
-        Ok(()) => {}
-        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
-            return Err(ApiError::Conflict {
-                code: ErrorCode::AlreadyInitialized,
-                message: "this node already belongs to an initialised cluster".into(),
-            })
+    for shard in &app.shards {
+        let members = (*app.initial_members).clone();
+        match shard.raft.initialize(members).await {
+            Ok(()) => {}
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) if shard.id == META_SHARD => {
+                return Err(ApiError::Conflict {
+                    code: ErrorCode::AlreadyInitialized,
+                    message: "this node already belongs to an initialised cluster".into(),
+                })
+            }
+            // A shard initialised by an earlier, interrupted init.
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+            Err(error) => return Err(ApiError::Internal(error.to_string())),
         }
-        Err(error) => return Err(ApiError::Internal(error.to_string())),
     }
-    tracing::info!(members = ?app.initial_members.keys(), "cluster initialised");
+    tracing::info!(members = ?app.initial_members.keys(), shards = app.shards.len(), "cluster initialised");
     wait_for_defaults(app).await
 }
 
-/// Waits until this node has applied a `SetDefaults`.
+/// Waits until this node has applied a `SetDefaults` in every shard.
 async fn wait_for_defaults(app: &App) -> Result<(), ApiError> {
     let deadline = Instant::now() + Duration::from_millis(INIT_DEFAULTS_TIMEOUT_MS);
     while Instant::now() < deadline {
-        if app.state.read(|semaphores| semaphores.defaults_written()) {
+        let written = app
+            .shards
+            .iter()
+            .all(|shard| shard.state.read(|semaphores| semaphores.defaults_written()));
+        if written {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -159,8 +180,8 @@ pub async fn put_defaults(
     let command = Command::SetDefaults {
         defaults: defaults.clone(),
     };
-    write(&app, command).await?.into_done()?;
-    app.rounds.wake_all();
+    write(app.meta(), command).await?.into_done()?;
+    app.meta().rounds.wake_all();
     Ok(Json(defaults))
 }
 
@@ -175,8 +196,10 @@ pub async fn put_defaults(
 )]
 pub async fn members(
     State(app): State<App>,
+    Extension(RouteShard(shard)): Extension<RouteShard>,
     ApiJson(change): ApiJson<MembershipChange>,
 ) -> Result<Json<ClusterStatus>, ApiError> {
+    let shard = app.routed(shard)?;
     let result = match change {
         MembershipChange::AddLearner {
             id,
@@ -187,18 +210,18 @@ pub async fn members(
                 api_addr,
                 raft_addr,
             };
-            app.raft.add_learner(id, node, true).await
+            shard.raft.add_learner(id, node, true).await
         }
         MembershipChange::ChangeMembership { voters } => {
             if voters.is_empty() {
                 let field = "voters".into();
                 return Err(InvalidInput::Empty { field }.into());
             }
-            app.raft.change_membership(voters, false).await
+            shard.raft.change_membership(voters, false).await
         }
     };
     match result {
-        Ok(_) => Ok(Json(current_status(&app))),
+        Ok(_) => Ok(Json(shard_status(&app, shard))),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
             Err(ApiError::to_leader(forward.leader_id))
         }

@@ -64,9 +64,10 @@ pub async fn delete_key(
         force: query.force,
         request_id: query.request_id.clone(),
     };
-    let deleted = write(&app, command).await?.into_key_deleted()?;
+    let shard = app.key_shard(&key);
+    let deleted = write(shard, command).await?.into_key_deleted()?;
     // The key now runs with the defaults, which may serve its held requests.
-    app.rounds.wake(&key);
+    shard.rounds.wake(&key);
     tracing::warn!(key, force = query.force, ?deleted, "operator deleted a key");
     Ok(Json(deleted))
 }
@@ -75,7 +76,8 @@ pub async fn delete_key(
 /// proposed. A replay of a remembered delete is not refused: apply answers it
 /// as the first time, whatever the key holds now.
 fn refuse_in_use(app: &App, key: &str, request_id: Option<&str>) -> Result<(), ApiError> {
-    let (remembered, mut in_use) = app.state.read(|semaphores| {
+    let shard = app.key_shard(key);
+    let (remembered, mut in_use) = shard.state.read(|semaphores| {
         let remembered = request_id.is_some_and(|id| {
             semaphores
                 .deletes()
@@ -84,7 +86,7 @@ fn refuse_in_use(app: &App, key: &str, request_id: Option<&str>) -> Result<(), A
         });
         (remembered, semaphores.in_use(key))
     });
-    in_use.waiting = app.rounds.waiting_count(key) as u64;
+    in_use.waiting = shard.rounds.waiting_count(key) as u64;
     if remembered || in_use == KeyInUse::default() {
         return Ok(());
     }

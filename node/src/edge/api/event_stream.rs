@@ -24,8 +24,8 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 use permitd_core::contract::event_stream::STREAM_ERROR_EVENT;
-use permitd_core::contract::paths;
 use permitd_core::contract::validate::validate_key;
+use permitd_core::contract::{headers, paths};
 use permitd_core::contract::{ErrorAnswer, ErrorCode, EventQuery};
 use permitd_core::limits::EVENT_KEEP_ALIVE_SECONDS;
 use tokio::sync::broadcast::error::RecvError;
@@ -33,6 +33,8 @@ use tokio::sync::broadcast::error::RecvError;
 use crate::app::App;
 use crate::edge::error::ApiError;
 use crate::observe::event_log::{matches, KeptEvent, SubscribeError, Subscription};
+use crate::shard::META_SHARD;
+use permitd_storage::ShardId;
 
 /// The header a reconnecting `EventSource` sends.
 const LAST_EVENT_ID: &str = "last-event-id";
@@ -64,13 +66,33 @@ pub async fn stream(
         Some(id) => Some(id.saturating_add(1)),
         None => query.from,
     };
-    let subscription = app
+    let shard = match &query.key {
+        Some(key) => app.key_shard(key),
+        None => app.routed(stream_shard(&app, &headers)?)?,
+    };
+    let subscription = shard
         .events
         .subscribe(query.key.as_deref(), from)
         .map_err(refusal)?;
     let events = messages(subscription, query.key, from.unwrap_or(0));
     let keep_alive = KeepAlive::new().interval(Duration::from_secs(EVENT_KEEP_ALIVE_SECONDS));
     Ok(Sse::new(events).keep_alive(keep_alive).into_response())
+}
+
+/// The shard a stream of every key follows: the one [`headers::SHARD`]
+/// names. Each shard numbers its events by its own log index, so a stream
+/// of a cluster of several shards follows one of them; a client that wants
+/// them all opens one per shard (docs/protocol.md, "Events").
+fn stream_shard(app: &App, headers: &HeaderMap) -> Result<ShardId, ApiError> {
+    match crate::edge::api::forward::named_shard(headers, app.shard_count())? {
+        Some(shard) => Ok(shard),
+        None if app.shard_count() == 1 => Ok(META_SHARD),
+        None => Err(ApiError::BadRequest(format!(
+            "this cluster has {} shards: name a key, or a shard in {}",
+            app.shard_count(),
+            headers::SHARD
+        ))),
+    }
 }
 
 fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {

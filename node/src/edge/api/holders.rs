@@ -35,9 +35,10 @@ pub async fn get(
     ApiPath(key): ApiPath<String>,
 ) -> Result<Json<KeyHolders>, ApiError> {
     validate_key(&key)?;
-    linearizable(&app).await?;
-    let waiting = app.rounds.waiting(&key);
-    let view = app
+    let shard = app.key_shard(&key);
+    linearizable(shard).await?;
+    let waiting = shard.rounds.waiting(&key);
+    let view = shard
         .state
         .read(|semaphores| holders(&key, semaphores.key(&key), &waiting));
     Ok(Json(view))
@@ -61,7 +62,7 @@ pub async fn force_release(
         key: key.clone(),
         client_id: client_id.clone(),
     };
-    let released = write(&app, command).await?.into_released()?;
+    let released = write(app.key_shard(&key), command).await?.into_released()?;
     tracing::warn!(key, client_id, ?released, "operator force release");
     Ok(Json(released))
 }

@@ -175,9 +175,10 @@ async fn require_secret(State(app): State<App>, request: Request, next: Next) ->
     responses((status = 200, description = "Prometheus text.", content_type = "text/plain", body = String)),
 )]
 async fn metrics(State(app): State<App>) -> impl IntoResponse {
-    let (state, clock) = (app.state.clone(), app.seams.clock.clone());
+    let states: Vec<_> = app.shards.iter().map(|shard| shard.state.clone()).collect();
+    let clock = app.seams.clock.clone();
     // Adding up every key's usage is CPU work: keep it off the async workers.
-    let publish = move || crate::observe::metrics::publish_totals(&state, &clock);
+    let publish = move || crate::observe::metrics::publish_totals(&states, &clock);
     if let Err(error) = app.seams.blocking(publish).await {
         tracing::warn!(%error, "adding up the usage gauges failed");
     }
@@ -194,7 +195,7 @@ async fn metrics(State(app): State<App>) -> impl IntoResponse {
     responses((status = 200, description = "The node serves and its Raft core runs.", body = Health)),
 )]
 async fn healthz(State(app): State<App>) -> Result<Json<Health>, ApiError> {
-    match crate::leader::fatal::stopped(&app.raft) {
+    match app.stopped() {
         None => Ok(Json(Health {
             status: HealthStatus::Ok,
         })),
@@ -215,22 +216,34 @@ async fn healthz(State(app): State<App>) -> Result<Json<Health>, ApiError> {
 async fn readyz(
     State((app, to_leader)): State<(App, Arc<forward::ToLeader>)>,
 ) -> Result<Json<Readiness>, ApiError> {
-    let leadership = *app.leadership.borrow();
-    let leader = leadership.leader.ok_or(ApiError::NoQuorum)?;
-    let serving = if leadership.is_leader {
-        if let Some(stalled) = app.rounds.stalled() {
-            return Err(stalled.into());
-        }
-        Serving::Local
-    } else {
-        let last = to_leader.reach.with(leader).map(|(contact, _)| contact);
-        forward::reach::follower_serving(leader, last)?
-    };
+    let mut ready = None;
+    for shard in &app.shards {
+        let serving = shard_serving(shard, &to_leader)?;
+        ready.get_or_insert(serving);
+    }
+    let (leader, serving) = ready.ok_or(ApiError::NoQuorum)?;
     Ok(Json(Readiness {
         status: ReadyStatus::Ready,
         leader,
         serving: Some(serving),
     }))
+}
+
+/// Whether this node answers `shard`'s calls, and through which leader.
+fn shard_serving(
+    shard: &crate::shard::Shard,
+    to_leader: &forward::ToLeader,
+) -> Result<(u64, Serving), ApiError> {
+    let leadership = *shard.leadership.borrow();
+    let leader = leadership.leader.ok_or(ApiError::NoQuorum)?;
+    if leadership.is_leader {
+        if let Some(stalled) = shard.rounds.stalled() {
+            return Err(stalled.into());
+        }
+        return Ok((leader, Serving::Local));
+    }
+    let last = to_leader.reach.with(leader).map(|(contact, _)| contact);
+    Ok((leader, forward::reach::follower_serving(leader, last)?))
 }
 
 async fn not_found(request: Request) -> ApiError {

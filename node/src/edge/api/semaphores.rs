@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::Json;
+use axum::{Extension, Json};
 use permitd_core::config::{GroupConfig, KeyConfig, KeyConfigUpdate};
 use permitd_core::contract::protocol::{SemaphoreRequest, SemaphoreResponse};
 use permitd_core::contract::validate::{
@@ -21,8 +21,10 @@ use permitd_storage::{Command, CommandResult, Refused};
 
 use super::extract::{ApiJson, ApiPath, JsonBytes};
 use crate::app::App;
+use crate::edge::api::forward::RouteShard;
 use crate::edge::error::ApiError;
 use crate::leader::propose::propose;
+use crate::shard::Shard;
 
 /// How long a linearizable read waits for the leader to confirm its leadership.
 pub const LINEARIZABLE_TIMEOUT_MS: u64 = 5_000;
@@ -71,13 +73,14 @@ pub(crate) async fn deliver(
     message: SemaphoreRequest,
     bytes: usize,
 ) -> Result<SemaphoreResponse, ApiError> {
-    check_room_for(app, key)?;
+    let shard = app.key_shard(key);
+    check_room_for(shard, key)?;
     Ok(match message {
         SemaphoreRequest::Request(request) => {
-            SemaphoreResponse::Grant(app.rounds.request(key, request, bytes).await?)
+            SemaphoreResponse::Grant(shard.rounds.request(key, request, bytes).await?)
         }
         SemaphoreRequest::Sync(sync) => {
-            SemaphoreResponse::Synced(app.rounds.sync(key, sync, bytes).await?)
+            SemaphoreResponse::Synced(shard.rounds.sync(key, sync, bytes).await?)
         }
     })
 }
@@ -111,10 +114,12 @@ pub(crate) async fn parse_off_the_runtime<T: Send + 'static>(
         .map_err(ApiError::from)
 }
 
-/// A new key may not push the cluster past its key limit. Checked before proposing
-/// so a full cluster answers at once; apply checks again (`Semaphores::room_for`).
-fn check_room_for(app: &App, key: &str) -> Result<(), ApiError> {
-    app.state
+/// A new key may not push its shard past the key limit. Checked before
+/// proposing so a full shard answers at once; apply checks again
+/// (`Semaphores::room_for`).
+fn check_room_for(shard: &Shard, key: &str) -> Result<(), ApiError> {
+    shard
+        .state
         .read(|semaphores| semaphores.room_for([key]))
         .map_err(|error| Refused::KeyLimit(error).into())
 }
@@ -130,10 +135,13 @@ pub async fn usage(
     ApiPath(key): ApiPath<String>,
 ) -> Result<Json<Usage>, ApiError> {
     validate_key(&key)?;
-    linearizable(&app).await?;
+    let shard = app.key_shard(&key);
+    linearizable(shard).await?;
     let now_ms = app.seams.clock.now_ms();
     Ok(Json(
-        app.state.read(|semaphores| semaphores.usage(&key, now_ms)),
+        shard
+            .state
+            .read(|semaphores| semaphores.usage(&key, now_ms)),
     ))
 }
 
@@ -148,9 +156,12 @@ pub async fn get_config(
     ApiPath(key): ApiPath<String>,
 ) -> Result<Json<KeyConfig>, ApiError> {
     validate_key(&key)?;
-    linearizable(&app).await?;
+    let shard = app.key_shard(&key);
+    linearizable(shard).await?;
     Ok(Json(
-        app.state.read(|semaphores| semaphores.config(&key).clone()),
+        shard
+            .state
+            .read(|semaphores| semaphores.config(&key).clone()),
     ))
 }
 
@@ -170,18 +181,19 @@ pub async fn put_config(
     ApiJson(update): ApiJson<KeyConfigUpdate>,
 ) -> Result<Json<KeyConfig>, ApiError> {
     validate_key(&key)?;
-    let resolved = app
+    let shard = app.key_shard(&key);
+    let resolved = shard
         .state
         .read(|semaphores| update.resolve(semaphores.defaults()));
     validate_key_config(&resolved)?;
-    check_room_for(&app, &key)?;
+    check_room_for(shard, &key)?;
     let command = Command::SetKeyConfig {
         key: key.clone(),
         update,
     };
-    let config = write(&app, command).await?.into_key_config()?;
+    let config = write(shard, command).await?.into_key_config()?;
     // A raised limit may serve the requests the leader holds for the key.
-    app.rounds.wake(&key);
+    shard.rounds.wake(&key);
     Ok(Json(config))
 }
 
@@ -203,14 +215,15 @@ pub async fn put_group(
     validate_key(&key)?;
     validate_group(&group)?;
     validate_group_config(&config)?;
-    check_room_for(&app, &key)?;
+    let shard = app.key_shard(&key);
+    check_room_for(shard, &key)?;
     let command = Command::SetGroup {
         key: key.clone(),
         group,
         config: config.clone(),
     };
-    write(&app, command).await?.into_done()?;
-    app.rounds.wake(&key);
+    write(shard, command).await?.into_done()?;
+    shard.rounds.wake(&key);
     Ok(Json(config))
 }
 
@@ -231,8 +244,9 @@ pub async fn delete_group(
         key: key.clone(),
         group,
     };
-    write(&app, command).await?.into_done()?;
-    app.rounds.wake(&key);
+    let shard = app.key_shard(&key);
+    write(shard, command).await?.into_done()?;
+    shard.rounds.wake(&key);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -244,16 +258,18 @@ pub async fn delete_group(
 )]
 pub async fn list(
     State(app): State<App>,
+    Extension(RouteShard(shard)): Extension<RouteShard>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<KeyList>, ApiError> {
+    let shard = app.routed(shard)?;
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
     let limit = query
         .limit
         .unwrap_or(DEFAULT_LIST_KEYS)
         .clamp(1, MAX_LIST_KEYS);
-    linearizable(&app).await?;
+    linearizable(shard).await?;
     let now_ms = app.seams.clock.now_ms();
-    let list = app.state.read(|semaphores| {
+    let list = shard.state.read(|semaphores| {
         let mut keys: Vec<KeyUsage> = semaphores
             .keys_after(query.after.as_deref())
             .take(limit + 1)
@@ -276,13 +292,13 @@ pub async fn list(
 
 /// Waits until this node has confirmed it still leads, so a read that follows sees
 /// every entry committed before the call.
-pub async fn linearizable(app: &App) -> Result<(), ApiError> {
+pub async fn linearizable(shard: &Shard) -> Result<(), ApiError> {
     use openraft::error::{CheckIsLeaderError, RaftError};
     let started = tokio::time::Instant::now();
     let timeout = Duration::from_millis(LINEARIZABLE_TIMEOUT_MS);
     let confirm_until = started + Duration::from_millis(CONFIRM_LEADERSHIP_FOR_MS);
     loop {
-        let result = tokio::time::timeout_at(started + timeout, app.raft.ensure_linearizable())
+        let result = tokio::time::timeout_at(started + timeout, shard.raft.ensure_linearizable())
             .await
             .map_err(|_| ApiError::NoQuorum)?;
         return match result {
@@ -306,7 +322,7 @@ pub async fn linearizable(app: &App) -> Result<(), ApiError> {
 /// Proposes `command` and hands back its result; the caller reads it with the
 /// accessor of the command it proposed (`into_key_config`, `into_done`, ...),
 /// which turns a rejection inside apply into a 400 naming the field.
-pub async fn write(app: &App, command: Command) -> Result<CommandResult, ApiError> {
-    let (result, _) = propose(&app.raft, &app.leadership, command).await?;
+pub async fn write(shard: &Shard, command: Command) -> Result<CommandResult, ApiError> {
+    let (result, _) = propose(&shard.raft, &shard.leadership, command).await?;
     Ok(result)
 }

@@ -46,7 +46,8 @@ pub async fn create(
     ApiJson(spec): ApiJson<TokenSpec>,
 ) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
     validate_token_spec(&spec)?;
-    if app.state.read_tokens(|tokens| tokens.len()) >= MAX_TOKENS {
+    let meta = app.meta();
+    if meta.state.read_tokens(|tokens| tokens.len()) >= MAX_TOKENS {
         return Err(ApiError::Conflict {
             code: ErrorCode::TooManyTokens,
             message: format!("the cluster already holds {MAX_TOKENS} tokens; revoke one first"),
@@ -58,7 +59,7 @@ pub async fn create(
         hash: to_hex(&hash_token(&token)),
         spec,
     };
-    let info = write(&app, command).await?.into_token_created()?;
+    let info = write(meta, command).await?.into_token_created()?;
     tracing::info!(id = info.id, name = %info.spec.name, role = ?info.spec.role, "token created");
     Ok((StatusCode::CREATED, Json(CreatedToken { token, info })))
 }
@@ -69,8 +70,9 @@ pub async fn create(
     responses((status = 200, description = "Every live token, without secrets or hashes.", body = TokenList)),
 )]
 pub async fn list(State(app): State<App>) -> Result<Json<TokenList>, ApiError> {
-    linearizable(&app).await?;
+    linearizable(app.meta()).await?;
     let tokens = app
+        .meta()
         .state
         .read_tokens(|tokens| tokens.list().map(TokenInfo::from).collect());
     Ok(Json(TokenList { tokens }))
@@ -90,12 +92,13 @@ pub async fn revoke(
     ApiPath(id): ApiPath<u64>,
 ) -> Result<StatusCode, ApiError> {
     let known = app
+        .meta()
         .state
         .read_tokens(|tokens| tokens.list().any(|token| token.id == id));
     if !known {
         return Err(ApiError::NotFound(format!("no token {id}")));
     }
-    write(&app, Command::RevokeToken { id })
+    write(app.meta(), Command::RevokeToken { id })
         .await?
         .into_done()?;
     tracing::info!(id, "token revoked");

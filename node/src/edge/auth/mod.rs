@@ -55,7 +55,8 @@ pub fn authenticate(app: &App, token: &str) -> Option<Principal> {
         }
     }
     let hex = to_hex(&hash);
-    app.state
+    app.meta()
+        .state
         .read_tokens(|tokens| tokens.by_hash(&hex).cloned())
         .map(Principal::Token)
 }

@@ -20,19 +20,21 @@
 pub mod deadline;
 pub mod reach;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{to_bytes, Body, Bytes};
-use axum::extract::{FromRequestParts, MatchedPath, Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use permitd_core::contract::{headers, paths};
 use permitd_core::limits::MAX_BODY_BYTES;
 
-use permitd_storage::{NodeId, PeerNode, SharedState};
+use permitd_core::shard::shard_of;
+use permitd_storage::{NodeId, PeerNode, ShardId, SharedState};
 use permitd_transport::{Deadline, Transport, TransportError, TransportErrorKind};
 use tokio::sync::watch;
 
@@ -44,9 +46,10 @@ use crate::edge::api::extract::ApiPath;
 use crate::edge::error::ApiError;
 use crate::leader::leadership::Leadership;
 use crate::raft::Raft;
+use crate::shard::META_SHARD;
 
 /// Headers copied in both directions; everything else is hop-by-hop or ours.
-const REQUEST_HEADERS: &[HeaderName] = &[header::CONTENT_TYPE, header::AUTHORIZATION];
+const REQUEST_HEADERS: &[&str] = &["content-type", "authorization", headers::SHARD];
 const RESPONSE_HEADERS: &[HeaderName] = &[header::CONTENT_TYPE, header::RETRY_AFTER];
 
 /// What forwarding needs from the node, built with the node (`app.rs`), so this
@@ -57,22 +60,36 @@ const RESPONSE_HEADERS: &[HeaderName] = &[header::CONTENT_TYPE, header::RETRY_AF
 pub struct ToLeader {
     /// This node, named in [`headers::LEADER`] when it leads.
     pub id: NodeId,
-    pub leadership: watch::Receiver<Leadership>,
-    /// Where the current membership says the leader listens.
-    pub raft: Raft,
+    /// Every shard's leadership and state, shard k at position k.
+    pub shards: Vec<ShardRoute>,
     /// `http` or `https`: how this node reaches its peers' listeners.
     pub scheme: &'static str,
-    /// The replicated state: a key's round timings bound how long its calls
-    /// may wait ([`deadline::may_wait`]).
-    pub state: SharedState,
     /// What calls reach the leader through: the node's pooled client to the
     /// leader (TLS-configured when the cluster uses TLS; built in `app.rs`,
     /// with the limits of [`deadline`]), or the simulator's network.
     pub transport: Transport,
     pub timings: ForwardTimings,
-    /// What calls and probes last found about reaching the leader.
+    /// What calls and probes last found about reaching each leader.
     pub reach: Arc<LeaderReach>,
 }
+
+/// What forwarding needs of one shard.
+#[derive(Clone)]
+#[allow(missing_debug_implementations)] // openraft's handle and the state print nothing useful
+pub struct ShardRoute {
+    pub leadership: watch::Receiver<Leadership>,
+    /// Where the current membership says the leader listens.
+    pub raft: Raft,
+    /// The replicated state: a key's round timings bound how long its calls
+    /// may wait ([`deadline::may_wait`]).
+    pub state: SharedState,
+}
+
+/// The shard a call was routed to, in the request's extensions for the
+/// handler: the key's shard, else the one [`headers::SHARD`] names, else the
+/// meta shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteShard(pub ShardId);
 
 impl std::fmt::Debug for ToLeader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,25 +100,41 @@ impl std::fmt::Debug for ToLeader {
 }
 
 impl ToLeader {
-    /// Forwarding for `app`'s node, with its probe of the leader started.
+    /// Forwarding for `app`'s node, with its probe of the leaders started.
     pub fn start(app: &App) -> Arc<Self> {
+        let shards = app
+            .shards
+            .iter()
+            .map(|shard| ShardRoute {
+                leadership: shard.leadership.clone(),
+                raft: shard.raft.clone(),
+                state: shard.state.clone(),
+            })
+            .collect();
         let to = Arc::new(Self {
             id: app.id,
-            leadership: app.leadership.clone(),
-            raft: app.raft.clone(),
+            shards,
             scheme: app.scheme,
-            state: app.state.clone(),
             transport: app.leader_transport.clone(),
             timings: app.forward_timings,
             reach: Arc::default(),
         });
-        crate::seams::spawn(probe_leader(to.clone()));
+        crate::seams::spawn(probe_leaders(to.clone()));
         to
+    }
+
+    /// The shard count.
+    pub fn count(&self) -> u32 {
+        u32::try_from(self.shards.len()).unwrap_or(u32::MAX)
+    }
+
+    fn route(&self, shard: ShardId) -> &ShardRoute {
+        &self.shards[usize::try_from(shard).unwrap_or(0)]
     }
 
     /// The peer entry of `id` in the current membership.
     fn peer(&self, id: NodeId) -> Option<PeerNode> {
-        let metrics = self.raft.metrics();
+        let metrics = self.shards[0].raft.metrics();
         let metrics = metrics.borrow();
         metrics
             .membership_config
@@ -111,9 +144,22 @@ impl ToLeader {
     }
 
     /// `scheme://api_addr` of `leader` in the current membership.
-    fn base_of(&self, leader: NodeId) -> Option<String> {
+    pub fn base_of(&self, leader: NodeId) -> Option<String> {
         let peer = self.peer(leader)?;
         Some(format!("{}://{}", self.scheme, peer.api_addr))
+    }
+
+    /// The shard the call of `parts` is about ([`RouteShard`]).
+    async fn shard_of_call(&self, parts: &mut Parts) -> Result<ShardId, ApiError> {
+        let params = RawPathParams::from_request_parts(parts, &()).await.ok();
+        let key = params
+            .as_ref()
+            .and_then(|params| params.iter().find(|(name, _)| *name == "key"))
+            .map(|(_, key)| key);
+        if let Some(key) = key {
+            return Ok(shard_of(key, self.count()).unwrap_or(META_SHARD));
+        }
+        named_shard(&parts.headers, self.count()).map(|named| named.unwrap_or(META_SHARD))
     }
 
     /// How long the call of `parts` with `body` may wait on the leader.
@@ -139,7 +185,8 @@ impl ToLeader {
             None => Call::Other,
         };
         may_wait(call, |key| {
-            self.state.read(|semaphores| {
+            let shard = shard_of(key, self.count()).unwrap_or(META_SHARD);
+            self.route(shard).state.read(|semaphores| {
                 let config = semaphores.config(key);
                 (config.round_wait_ms, config.round_period_ms)
             })
@@ -147,15 +194,47 @@ impl ToLeader {
     }
 }
 
-/// While this node follows, asks its leader's `/readyz` whenever no call
-/// answered within `timings.reach`, and at once when the leader changes
-/// ([`reach`]); a probe gets two reaches (connecting, answering).
-async fn probe_leader(to: Arc<ToLeader>) {
-    let mut leadership = to.leadership.clone();
+/// The shard [`headers::SHARD`] names, if any; a 400 when it names none of
+/// the cluster's `count`.
+pub fn named_shard(headers: &HeaderMap, count: u32) -> Result<Option<ShardId>, ApiError> {
+    let Some(value) = headers.get(headers::SHARD) else {
+        return Ok(None);
+    };
+    let shard = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.parse::<ShardId>().ok())
+        .filter(|shard| *shard < count);
+    match shard {
+        Some(shard) => Ok(Some(shard)),
+        None => Err(ApiError::BadRequest(format!(
+            "{} must name a shard from 0 to {}",
+            headers::SHARD,
+            count.saturating_sub(1)
+        ))),
+    }
+}
+
+/// While this node follows some shard, asks each leader it does not hear
+/// from's `/readyz` whenever no call answered within `timings.reach`, and at
+/// once when the meta shard's leader changes ([`reach`]); a probe gets two
+/// reaches (connecting, answering).
+async fn probe_leaders(to: Arc<ToLeader>) {
+    let mut meta = to.shards[0].leadership.clone();
     loop {
-        let now = *leadership.borrow_and_update();
-        let leader = now.leader.filter(|_| !now.is_leader);
-        if let Some(leader) = leader.filter(|leader| to.reach.due(*leader, to.timings.reach)) {
+        meta.borrow_and_update();
+        let leaders: BTreeSet<NodeId> = to
+            .shards
+            .iter()
+            .filter_map(|shard| {
+                let now = *shard.leadership.borrow();
+                now.leader.filter(|_| !now.is_leader)
+            })
+            .collect();
+        for leader in leaders {
+            if !to.reach.due(leader, to.timings.reach) {
+                continue;
+            }
             let contact = match to.base_of(leader) {
                 Some(base) => reach::probe(&to.transport, &base, 2 * to.timings.reach).await,
                 None => Contact::Unreached,
@@ -163,15 +242,38 @@ async fn probe_leader(to: Arc<ToLeader>) {
             to.reach.record(leader, contact);
         }
         tokio::select! {
-            changed = leadership.changed() => if changed.is_err() { return },
+            changed = meta.changed() => if changed.is_err() { return },
             () = tokio::time::sleep(to.timings.reach) => {}
         }
     }
 }
 
-/// Middleware: serve locally on the leader, forward from a follower.
+/// Middleware: serve locally on the leader of the call's shard, forward to it
+/// from any other node.
 pub async fn to_leader(State(to): State<Arc<ToLeader>>, request: Request, next: Next) -> Response {
-    let leadership = *to.leadership.borrow();
+    let (mut parts, body) = request.into_parts();
+    let shard = match to.shard_of_call(&mut parts).await {
+        Ok(shard) => shard,
+        Err(error) => return error.into_response(),
+    };
+    parts.extensions.insert(RouteShard(shard));
+    // Named for the leader too, should the call go on to it.
+    parts
+        .headers
+        .insert(headers::SHARD, HeaderValue::from(shard));
+    let request = Request::from_parts(parts, body);
+    let mut response = route(&to, shard, request, next).await;
+    let headers = response.headers_mut();
+    headers.insert(headers::SHARD, HeaderValue::from(shard));
+    if to.count() > 1 {
+        headers.insert(headers::SHARDS, HeaderValue::from(to.count()));
+    }
+    response
+}
+
+async fn route(to: &Arc<ToLeader>, shard: ShardId, request: Request, next: Next) -> Response {
+    let route = to.route(shard);
+    let leadership = *route.leadership.borrow();
     if leadership.is_leader {
         let mut response = next.run(request).await;
         response
@@ -191,10 +293,10 @@ pub async fn to_leader(State(to): State<Arc<ToLeader>>, request: Request, next: 
     let Some(base) = to.base_of(leader) else {
         return ApiError::NoQuorum.into_response();
     };
-    let forwarded = forward(&to, &base, request);
+    let forwarded = forward(to, &base, request);
     // A leader this node stops naming (another won, or it fell silent past
     // the lease) will not answer in a way anyone waits for.
-    let mut leadership = to.leadership.clone();
+    let mut leadership = route.leadership.clone();
     let replaced = leadership.wait_for(|now| now.leader != Some(leader));
     let result = tokio::select! {
         result = forwarded => result,
@@ -281,8 +383,8 @@ fn outgoing(
     let headers = outgoing.headers_mut();
     headers.insert(headers::FORWARDED, HeaderValue::from_static("1"));
     for name in REQUEST_HEADERS {
-        if let Some(value) = parts.headers.get(name) {
-            headers.insert(name, value.clone());
+        if let Some(value) = parts.headers.get(*name) {
+            headers.insert(*name, value.clone());
         }
     }
     outgoing.extensions_mut().insert(deadline);

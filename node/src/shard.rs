@@ -1,0 +1,177 @@
+//! One shard on this node: a Raft group of its own over the cluster's voters,
+//! with its own store (over the node's one write-ahead log), leadership, rounds
+//! driver, reclaim timers, election guard and event log.
+//!
+//! A cluster of S shards runs S of these on every node; a key lives in
+//! `shard_of(key, S)` (`permitd_core::shard`). Shard 0 is also the meta group:
+//! it alone holds the tokens and the cluster defaults written through the API,
+//! and each other shard's leader copies those defaults into its own log
+//! ([`crate::leader::seed_defaults`]), so every shard's apply stays a pure
+//! function of its own log (docs/architecture.md, "Shards").
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use permitd_core::KeyConfig;
+use permitd_storage::{Opened, ShardId, SharedState};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use crate::app::{NodeSettings, StartError};
+use crate::leader::leadership::{watch_leadership, Leadership};
+use crate::leader::rounds::Rounds;
+use crate::observe::event_log::EventLog;
+use crate::raft::election_guard::ElectionGuard;
+use crate::raft::network::Network;
+use crate::raft::stall_probe::LeaderContact;
+use crate::raft::Raft;
+
+/// The shard that holds the tokens and the cluster defaults.
+pub const META_SHARD: ShardId = 0;
+
+/// One shard's running parts on this node.
+pub struct Shard {
+    pub id: ShardId,
+    pub raft: Raft,
+    pub state: SharedState,
+    pub leadership: watch::Receiver<Leadership>,
+    pub rounds: Rounds,
+    /// Gaps between the appends received from this shard's leader.
+    pub leader_contact: Arc<LeaderContact>,
+    /// Answers this shard's pre-votes; decides when this node may stand.
+    pub election_guard: Arc<ElectionGuard>,
+    /// Recent lifecycle events of this shard's keys (`GET /v1/events`).
+    pub events: EventLog,
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard")
+            .field("id", &self.id)
+            .field("leadership", &*self.leadership.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every shard of a node shares when it starts.
+pub(crate) struct ShardStart<'a> {
+    pub settings: &'a NodeSettings,
+    pub raft_runtime: &'a Handle,
+    pub network: &'a Network,
+    pub config: Arc<openraft::Config>,
+    /// The node's shard count: the parked-work limits are shared out over it.
+    pub shards: u32,
+}
+
+impl Shard {
+    /// Starts shard `id` over its opened store: its Raft core and its tasks.
+    pub(crate) async fn start(
+        id: ShardId,
+        opened: Opened,
+        start: &ShardStart<'_>,
+    ) -> Result<Self, StartError> {
+        let settings = start.settings;
+        let network = start.network.for_shard(id);
+        let (node, config, raft_network) = (settings.id, start.config.clone(), network.clone());
+        let (log, state_machine) = (opened.log, opened.state_machine);
+        let raft = start
+            .raft_runtime
+            .spawn(async move { Raft::new(node, config, raft_network, log, state_machine).await })
+            .await
+            .map_err(|error| StartError::Raft(error.to_string()))?
+            .map_err(|error| StartError::Raft(error.to_string()))?;
+        let leader_contact = Arc::new(LeaderContact::default());
+        let timings = &settings.timings;
+        let election_guard = Arc::new(ElectionGuard::new(
+            settings.id,
+            leader_contact.clone(),
+            (
+                Duration::from_millis(timings.heartbeat_interval_ms),
+                Duration::from_millis(timings.election_timeout_min_ms),
+                Duration::from_millis(timings.election_timeout_max_ms),
+            ),
+            settings
+                .seams
+                .rng(RNG_ELECTION_GUARD + u64::from(id) * RNG_STREAMS_PER_SHARD),
+        ));
+        {
+            let _on_raft_runtime = start.raft_runtime.enter();
+            election_guard.clone().start(raft.clone(), network);
+            if id == META_SHARD {
+                crate::raft::stall_probe::start(&raft, "raft");
+            }
+        }
+        if id == META_SHARD {
+            crate::raft::stall_probe::start(&raft, "api");
+        }
+        let leadership = watch_leadership(&raft, election_guard.leader_silent(), id);
+        let state = opened.state;
+        let rounds = Rounds::start(
+            raft.clone(),
+            state.clone(),
+            leadership.clone(),
+            settings.rounds.per_shard(start.shards),
+            &settings.seams,
+        );
+        crate::leader::reclaim::Reclaimer::start(
+            raft.clone(),
+            state.clone(),
+            leadership.clone(),
+            settings.reclaim_horizon,
+            settings.seams.clock.clone(),
+        );
+        crate::leader::snapshots::start(raft.clone(), settings.id, timings.snapshot_every_ms);
+        let events = start_events(&state, &settings.seams.clock);
+        crate::observe::raft_metrics::start(raft.clone(), id);
+        Ok(Self {
+            id,
+            raft,
+            state,
+            leadership,
+            rounds,
+            leader_contact,
+            election_guard,
+            events,
+        })
+    }
+
+    /// Starts the task that writes the cluster defaults into this shard:
+    /// the file's `[defaults]` into the meta shard until any are written,
+    /// and the meta shard's into every other (`leader/seed_defaults.rs`).
+    /// `meta` is the meta shard's defaults ([`crate::leader::seed_defaults::meta_defaults`]).
+    pub(crate) fn seed_defaults(
+        &self,
+        file: KeyConfig,
+        meta: impl FnOnce() -> watch::Receiver<Option<KeyConfig>>,
+    ) {
+        let source = match self.id {
+            META_SHARD => crate::leader::seed_defaults::Source::File(file),
+            _ => crate::leader::seed_defaults::Source::Meta(meta()),
+        };
+        crate::leader::seed_defaults::start(
+            self.raft.clone(),
+            self.state.clone(),
+            self.leadership.clone(),
+            source,
+        );
+    }
+}
+
+/// The shard's event log, fed from its applied entries.
+fn start_events(state: &SharedState, clock: &crate::clock::Clock) -> EventLog {
+    // Listen before reading where the state stands: openraft may be applying
+    // (replaying) entries in its own task, and an entry's notice is sent after
+    // its state, so none applied after the read is missed.
+    let applied = state.subscribe();
+    let applied_at_start = state.last_applied().map_or(0, |log_id| log_id.index);
+    let events = EventLog::new(applied_at_start);
+    crate::observe::applied_events::start(state.clone(), events.clone(), applied, clock.clone());
+    events
+}
+
+/// The random stream of shard 0's election guard's timeout draws
+/// ([`crate::seams::Seams::rng`]); shard k's is `k` streams of
+/// [`RNG_STREAMS_PER_SHARD`] further on.
+const RNG_ELECTION_GUARD: u64 = 1;
+/// Streams set aside per shard.
+const RNG_STREAMS_PER_SHARD: u64 = 16;
