@@ -104,7 +104,17 @@ impl Shard {
         if id == META_SHARD {
             crate::raft::stall_probe::start(&raft, "api");
         }
-        let leadership = watch_leadership(&raft, election_guard.leader_silent(), id);
+        let (stepping_down, stepping) = watch::channel(false);
+        let leadership = watch_leadership(&raft, election_guard.leader_silent(), stepping, id);
+        crate::leader::handover::Handover {
+            shard: id,
+            raft: raft.clone(),
+            network: start.network.for_shard(id),
+            stepping_down,
+            lease: Duration::from_millis(timings.election_timeout_max_ms),
+            heartbeat: Duration::from_millis(timings.heartbeat_interval_ms),
+        }
+        .start();
         let state = opened.state;
         let rounds = Rounds::start(
             raft.clone(),

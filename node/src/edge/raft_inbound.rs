@@ -17,6 +17,7 @@ use permitd_storage::{codec, NodeId, ShardId, TypeConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::app::App;
+use crate::leader::handover::{elect_after, ElectRequest};
 use crate::raft::election_guard::PreVoteRequest;
 use crate::raft::wire::SnapshotChunk;
 use crate::shard::Shard;
@@ -28,6 +29,7 @@ pub fn router() -> Router<App> {
         .route("/raft/prevote", post(prevote))
         .route("/raft/append", post(append))
         .route("/raft/snapshot", post(snapshot))
+        .route("/raft/elect", post(elect))
 }
 
 /// The 400 for a body that does not decode.
@@ -56,17 +58,17 @@ pub struct ShardQuery {
 
 /// The shard `query` names, or the 404 for one this node does not have (a
 /// peer configured with another shard count).
-fn shard_of<'a>(app: &'a App, query: &ShardQuery) -> Result<&'a Shard, Response> {
+fn shard_of<'a>(app: &'a App, query: &ShardQuery) -> Result<&'a Shard, (StatusCode, String)> {
     app.shard(query.shard).ok_or_else(|| {
         let message = format!("no shard {} on this node", query.shard);
-        (StatusCode::NOT_FOUND, message).into_response()
+        (StatusCode::NOT_FOUND, message)
     })
 }
 
 async fn vote(State(app): State<App>, Query(query): Query<ShardQuery>, body: Bytes) -> Response {
     let shard = match shard_of(&app, &query) {
         Ok(shard) => shard,
-        Err(missing) => return missing,
+        Err(missing) => return missing.into_response(),
     };
     match codec::decode::<VoteRequest<NodeId>>(&body) {
         Ok(request) => {
@@ -82,7 +84,7 @@ async fn vote(State(app): State<App>, Query(query): Query<ShardQuery>, body: Byt
 async fn prevote(State(app): State<App>, Query(query): Query<ShardQuery>, body: Bytes) -> Response {
     let shard = match shard_of(&app, &query) {
         Ok(shard) => shard,
-        Err(missing) => return missing,
+        Err(missing) => return missing.into_response(),
     };
     match codec::decode::<PreVoteRequest>(&body) {
         Ok(request) => {
@@ -102,7 +104,7 @@ async fn append(State(app): State<App>, Query(query): Query<ShardQuery>, body: B
     let arrived = tokio::time::Instant::now();
     let shard = match shard_of(&app, &query) {
         Ok(shard) => shard,
-        Err(missing) => return missing,
+        Err(missing) => return missing.into_response(),
     };
     // The leader counts as heard until this append has been handled.
     let mut receiving = shard.leader_contact.receiving();
@@ -126,6 +128,21 @@ async fn append(State(app): State<App>, Query(query): Query<ShardQuery>, body: B
     }
 }
 
+/// A shard's leader hands the shard over to this node (`leader/handover.rs`).
+async fn elect(State(app): State<App>, Query(query): Query<ShardQuery>, body: Bytes) -> Response {
+    let shard = match shard_of(&app, &query) {
+        Ok(shard) => shard,
+        Err(missing) => return missing.into_response(),
+    };
+    match codec::decode::<ElectRequest>(&body) {
+        Ok(request) => {
+            elect_after(shard.raft.clone(), request);
+            encoded(&Ok::<_, openraft::error::Infallible>(()))
+        }
+        Err(error) => undecodable(error),
+    }
+}
+
 async fn snapshot(
     State(app): State<App>,
     Query(query): Query<ShardQuery>,
@@ -133,7 +150,7 @@ async fn snapshot(
 ) -> Response {
     let shard = match shard_of(&app, &query) {
         Ok(shard) => shard,
-        Err(missing) => return missing,
+        Err(missing) => return missing.into_response(),
     };
     match codec::decode::<SnapshotChunk>(&body) {
         Ok(chunk) => encoded(&shard.raft.install_snapshot(chunk.into()).await),

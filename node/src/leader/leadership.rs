@@ -33,6 +33,7 @@ impl Leadership {
 pub fn watch_leadership(
     raft: &Raft,
     mut leader_silent: watch::Receiver<bool>,
+    mut stepping_down: watch::Receiver<bool>,
     shard: ShardId,
 ) -> watch::Receiver<Leadership> {
     let mut metrics = raft.server_metrics();
@@ -42,12 +43,16 @@ pub fn watch_leadership(
             let current = {
                 let metrics = metrics.borrow_and_update();
                 let silent = *leader_silent.borrow_and_update();
+                // A leader handing the shard over (`handover.rs`) names no
+                // leader: nothing is proposed or answered here meanwhile.
+                let stepping = *stepping_down.borrow_and_update();
                 let is_leader = metrics.state == ServerState::Leader;
                 Leadership {
-                    leader: metrics.current_leader.filter(|_| is_leader || !silent),
+                    leader: metrics
+                        .current_leader
+                        .filter(|_| (is_leader && !stepping) || (!is_leader && !silent)),
                     term: metrics.vote.leader_id().get_term(),
-                    is_leader: metrics.state == ServerState::Leader
-                        && metrics.current_leader == Some(metrics.id),
+                    is_leader: is_leader && !stepping && metrics.current_leader == Some(metrics.id),
                 }
             };
             sender.send_if_modified(|seen| {
@@ -68,6 +73,7 @@ pub fn watch_leadership(
                 changed = metrics.changed() => changed.is_ok(),
                 // The guard lives as long as Raft; if it is gone, metrics decide.
                 _ = leader_silent.changed() => true,
+                _ = stepping_down.changed() => true,
             };
             if !changed {
                 // Raft shut down: nobody leads any more from here.

@@ -17,10 +17,13 @@
 //!   never had any written;
 //! - [`propose`] and [`leadership`]: proposing an entry, and failing at once
 //!   when leadership is lost;
+//! - [`handover`]: a shard's leader steps down for the shard's preferred
+//!   leader once that node has every entry, so leaders spread over the voters;
 //! - [`snapshots`] (when to build one) and [`fatal`] (a Raft core that stopped).
 
 pub mod deadlines;
 pub mod fatal;
+pub mod handover;
 pub mod leadership;
 pub mod propose;
 pub mod reclaim;

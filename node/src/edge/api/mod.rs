@@ -66,6 +66,10 @@ pub fn public_router(app: App) -> Router {
         .route_layer(middleware::from_fn_with_state(
             to_leader.clone(),
             forward::to_leader,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            to_leader.clone(),
+            forward::scatter::every_shard,
         ));
     // Answered by the node called, from its own state: never forwarded.
     let local = Router::new()
@@ -100,7 +104,11 @@ pub fn internal_router(app: App) -> Router {
         .route_layer(middleware::from_fn_with_state(app.clone(), require_secret));
     let restore = Router::new()
         .route(paths::CLUSTER_RESTORE, post(backup::restore))
-        .route_layer(middleware::from_fn_with_state(app.clone(), require_token));
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
+        .route_layer(middleware::from_fn_with_state(
+            forward::ToLeader::new(&app),
+            forward::scatter::every_shard,
+        ));
     Router::new()
         .merge(raft)
         .merge(restore)
@@ -136,13 +144,24 @@ fn cluster_router(app: App, to_leader: &Arc<forward::ToLeader>) -> Router<App> {
         .route_layer(middleware::from_fn_with_state(
             to_leader.clone(),
             forward::to_leader,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            to_leader.clone(),
+            forward::scatter::every_shard,
+        ));
+    let restore = Router::new()
+        .route(paths::CLUSTER_RESTORE, post(backup::restore))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
+        .route_layer(middleware::from_fn_with_state(
+            to_leader.clone(),
+            forward::scatter::every_shard,
         ));
     Router::new()
         .route(paths::CLUSTER_STATUS, get(cluster::status))
         .route(paths::CLUSTER_SHARDS, get(cluster::shards))
         .route(paths::CLUSTER_INIT, post(cluster::init))
-        .route(paths::CLUSTER_RESTORE, post(backup::restore))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_token))
+        .merge(restore)
         .merge(leader_only)
 }
 

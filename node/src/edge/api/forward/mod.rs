@@ -19,6 +19,7 @@
 
 pub mod deadline;
 pub mod reach;
+pub mod scatter;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -102,6 +103,14 @@ impl std::fmt::Debug for ToLeader {
 impl ToLeader {
     /// Forwarding for `app`'s node, with its probe of the leaders started.
     pub fn start(app: &App) -> Arc<Self> {
+        let to = Self::new(app);
+        crate::seams::spawn(probe_leaders(to.clone()));
+        to
+    }
+
+    /// Forwarding for `app`'s node, without a probe (the internal router's,
+    /// which only restores shard by shard).
+    pub fn new(app: &App) -> Arc<Self> {
         let shards = app
             .shards
             .iter()
@@ -111,16 +120,14 @@ impl ToLeader {
                 state: shard.state.clone(),
             })
             .collect();
-        let to = Arc::new(Self {
+        Arc::new(Self {
             id: app.id,
             shards,
             scheme: app.scheme,
             transport: app.leader_transport.clone(),
             timings: app.forward_timings,
             reach: Arc::default(),
-        });
-        crate::seams::spawn(probe_leaders(to.clone()));
-        to
+        })
     }
 
     /// The shard count.
@@ -147,6 +154,13 @@ impl ToLeader {
     pub fn base_of(&self, leader: NodeId) -> Option<String> {
         let peer = self.peer(leader)?;
         Some(format!("{}://{}", self.scheme, peer.api_addr))
+    }
+
+    /// `scheme://raft_addr` of `leader` in the current membership: its
+    /// internal listener.
+    pub fn raft_base_of(&self, leader: NodeId) -> Option<String> {
+        let peer = self.peer(leader)?;
+        Some(format!("{}://{}", self.scheme, peer.raft_addr))
     }
 
     /// The shard the call of `parts` is about ([`RouteShard`]).
