@@ -23,6 +23,16 @@
 //! The same `/metrics` pages give the followers' leader contact gaps over the
 //! window ([`super::gaps`]): whether heartbeats kept coming under the load.
 //!
+//! With shards every node leads some groups and follows the others, so the
+//! split by one leader says little; each window also keeps every node's own
+//! share ([`NodeCost`]): its CPU, its WAL's group commits
+//! (`permitd_wal_syncs_total`, one `fdatasync` each) and the calls its peer
+//! listener served (`permitd_http_requests_total{listener="raft"}` on
+//! `/raft/*` routes: the other nodes' Raft RPCs, each an HTTP request and its
+//! answer), and the log entries of every shard: the growth of the sum of
+//! `appliedIndex` over `GET /cluster/shards` on the window's node, whose
+//! `lastLogIndex` above counts one group only.
+//!
 //! The readings are ordered so the bench's own polls fall outside the CPU
 //! window: an opening reads HTTP first and CPU last, a closing CPU first.
 //! Resolution is one clock tick (10 ms at 100 Hz) per process and end.
@@ -34,7 +44,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use super::gaps::{ContactGaps, GapBuckets};
-use super::stats::last_log_index;
+use super::stats::{last_log_index, shard_map};
 use crate::Cluster;
 
 /// Clock ticks per second of `/proc/<pid>/stat` times: `getconf CLK_TCK`,
@@ -120,10 +130,51 @@ struct Reading {
     /// Calls so far: `(leader's, followers')` served, or the client counter
     /// as the leader's share.
     calls: Option<Stamped<(u64, u64)>>,
-    /// Each follower's contact gap histogram so far.
+    /// Each node's contact gap histogram so far.
     gaps: Vec<(u64, GapBuckets)>,
     /// The highest term any node reports ([`max_term`]).
     term: u64,
+    /// Each node's own counters ([`NodeCounters`]).
+    counters: Option<Stamped<Vec<(u64, NodeCounters)>>>,
+    /// Every shard's applied index and term, summed ([`ShardTotals`]).
+    shards: Option<Stamped<ShardTotals>>,
+}
+
+/// One node's counters in its `/metrics` page.
+#[derive(Debug, Clone, Copy, Default)]
+struct NodeCounters {
+    syncs: u64,
+    peer_calls: u64,
+}
+
+impl NodeCounters {
+    fn parse(page: &str) -> Self {
+        Self {
+            syncs: series_sum(page, WAL_SYNCS, |_| true),
+            peer_calls: series_sum(page, HTTP_REQUESTS, |labels| {
+                labels.contains("listener=\"raft\"") && labels.contains("route=\"/raft/")
+            }),
+        }
+    }
+}
+
+/// Sums over every shard one node serves: the entries it applied and the
+/// terms it saw (each election begins a term in its shard).
+#[derive(Debug, Clone, Copy)]
+struct ShardTotals {
+    applied: u64,
+    terms: u64,
+}
+
+/// Node `id`'s [`ShardTotals`]; `None` when it does not answer.
+async fn shard_totals(cluster: &Cluster, id: u64) -> Option<Stamped<ShardTotals>> {
+    let map = shard_map(cluster, id).await?;
+    let shards = map.shards.iter();
+    let totals = ShardTotals {
+        applied: shards.clone().filter_map(|shard| shard.applied_index).sum(),
+        terms: shards.map(|shard| shard.term).sum(),
+    };
+    Some((Instant::now(), totals))
 }
 
 /// A measured window in progress (see the module comment).
@@ -146,9 +197,11 @@ impl Window {
             .filter_map(|node| Some((node.id, ProcessCpu::of(node.pid()?))))
             .collect();
         let last_index = (Instant::now(), last_log_index(cluster, leader).await);
+        let shards = shard_totals(cluster, leader).await;
         let pages = metrics_pages(cluster).await;
         let served = served_calls(pages.as_ref(), leader, &calls);
-        let gaps = follower_gaps(pages.as_ref(), leader);
+        let gaps = node_gaps(pages.as_ref());
+        let counters = node_counters(pages.as_ref());
         let term = max_term(cluster).await;
         let cpu = read_cpu(&processes);
         let calls_now = client_calls(&calls).or(served);
@@ -162,17 +215,20 @@ impl Window {
                 calls: calls_now,
                 gaps,
                 term,
+                counters,
+                shards,
             },
         }
     }
 
-    /// Closes the window (CPU and client calls first, then the log index,
+    /// Closes the window (CPU and client calls first, then the log indexes,
     /// then the nodes' metrics and terms): what it cost, its cycles still to be named
     /// ([`Cost::with_cycles_per_s`]).
     pub async fn close(self, cluster: &Cluster) -> Cost {
         let cpu = read_cpu(&self.processes);
         let calls_now = client_calls(&self.calls);
         let last_index = (Instant::now(), last_log_index(cluster, self.leader).await);
+        let shards = shard_totals(cluster, self.leader).await;
         let pages = metrics_pages(cluster).await;
         let calls_now =
             calls_now.or_else(|| served_calls(pages.as_ref(), self.leader, &self.calls));
@@ -180,8 +236,10 @@ impl Window {
             cpu,
             last_index,
             calls: calls_now,
-            gaps: follower_gaps(pages.as_ref(), self.leader),
+            gaps: node_gaps(pages.as_ref()),
             term: max_term(cluster).await,
+            counters: node_counters(pages.as_ref()),
+            shards,
         };
         let contact_gaps = window_gaps(&self.start.gaps, &end.gaps);
         let ticks = clock_ticks_per_s() as f64;
@@ -190,6 +248,7 @@ impl Window {
         };
         let mut leader_cpu_s = None;
         let mut followers_cpu_s = Vec::new();
+        let mut nodes = Vec::new();
         for ((id, from), (_, to)) in self.start.cpu.1.nodes.iter().zip(&end.cpu.1.nodes) {
             let used = seconds(*from, *to);
             if *id == self.leader {
@@ -197,7 +256,18 @@ impl Window {
             } else {
                 followers_cpu_s.push((*id, used));
             }
+            nodes.push(node_cost(*id, used, &self.start, &end));
         }
+        let stamped_span = |from: Option<Instant>, to: Option<Instant>| match (from, to) {
+            (Some(from), Some(to)) => (to - from).as_secs_f64(),
+            _ => f64::NAN,
+        };
+        let counted_at = |reading: &Reading| reading.counters.as_ref().map(|(at, _)| *at);
+        let shards_at = |reading: &Reading| reading.shards.map(|(at, _)| at);
+        let shard_growth = |total: fn(&ShardTotals) -> u64| {
+            let (from, to) = (self.start.shards?.1, end.shards?.1);
+            Some(total(&to).saturating_sub(total(&from)))
+        };
         let calls = match (self.start.calls, end.calls) {
             (
                 Some((from_at, (leader_from, followers_from))),
@@ -229,7 +299,32 @@ impl Window {
             },
             contact_gaps,
             elections: end.term.saturating_sub(self.start.term),
+            nodes,
+            nodes_window_s: stamped_span(counted_at(&self.start), counted_at(&end)),
+            shard_entries: shard_growth(|totals| totals.applied),
+            shard_entries_window_s: stamped_span(shards_at(&self.start), shards_at(&end)),
+            shard_elections: shard_growth(|totals| totals.terms),
         }
+    }
+}
+
+/// Node `id`'s share of the window between `start` and `end`: `cpu_s`, and
+/// its counters' growth where both ends read them.
+fn node_cost(id: u64, cpu_s: Option<f64>, start: &Reading, end: &Reading) -> NodeCost {
+    let counters = |reading: &Reading| {
+        let (_, nodes) = reading.counters.as_ref()?;
+        nodes
+            .iter()
+            .find(|(node, _)| *node == id)
+            .map(|(_, counters)| *counters)
+    };
+    let (from, to) = (counters(start), counters(end));
+    let growth = |count: fn(&NodeCounters) -> u64| Some(count(&to?).saturating_sub(count(&from?)));
+    NodeCost {
+        id,
+        cpu_s,
+        syncs: growth(|counters| counters.syncs),
+        peer_calls: growth(|counters| counters.peer_calls),
     }
 }
 
@@ -290,22 +385,32 @@ fn served_calls(
     Some((*at, (at_leader, at_followers)))
 }
 
-/// Each follower's contact gap histogram (none when the pages are missing).
-fn follower_gaps(
-    pages: Option<&Stamped<Vec<(u64, String)>>>,
-    leader: u64,
-) -> Vec<(u64, GapBuckets)> {
+/// Each node's contact gap histogram (none when the pages are missing). A
+/// node records none while it leads, so with one group these are the
+/// followers'; with shards, every node follows some.
+fn node_gaps(pages: Option<&Stamped<Vec<(u64, String)>>>) -> Vec<(u64, GapBuckets)> {
     pages.map_or_else(Vec::new, |(_, pages)| {
         pages
             .iter()
-            .filter(|(id, _)| *id != leader)
             .map(|(id, page)| (*id, GapBuckets::parse(page)))
             .collect()
     })
 }
 
-/// The followers' gaps between the two readings, summed; `None` unless both
-/// ends read the same followers.
+/// Each node's [`NodeCounters`] (none when the pages are missing).
+fn node_counters(
+    pages: Option<&Stamped<Vec<(u64, String)>>>,
+) -> Option<Stamped<Vec<(u64, NodeCounters)>>> {
+    let (at, pages) = pages?;
+    let counters = pages
+        .iter()
+        .map(|(id, page)| (*id, NodeCounters::parse(page)))
+        .collect();
+    Some((*at, counters))
+}
+
+/// The nodes' gaps between the two readings, summed; `None` unless both
+/// ends read the same nodes.
 fn window_gaps(start: &[(u64, GapBuckets)], end: &[(u64, GapBuckets)]) -> Option<ContactGaps> {
     let ids =
         |readings: &[(u64, GapBuckets)]| readings.iter().map(|(id, _)| *id).collect::<Vec<_>>();
@@ -321,21 +426,49 @@ fn window_gaps(start: &[(u64, GapBuckets)], end: &[(u64, GapBuckets)]) -> Option
     Some(ContactGaps { buckets })
 }
 
+/// The nodes' HTTP call counter (`node/src/observe/http_metrics.rs`).
+const HTTP_REQUESTS: &str = "permitd_http_requests_total";
+/// A node's WAL group commits (`storage/src/wal/metrics.rs`).
+const WAL_SYNCS: &str = "permitd_wal_syncs_total";
+
 /// Sum of `permitd_http_requests_total` over the public listener's
 /// `/v1/semaphores…` and `/v1/batch` routes (a queue sends a poll's reports
 /// for several keys as one batch) in a Prometheus text page.
 fn semaphore_calls(metrics: &str) -> u64 {
-    let semaphore_route = |line: &&str| {
-        line.contains("route=\"/v1/semaphores") || line.contains("route=\"/v1/batch\"")
-    };
-    metrics
-        .lines()
-        .filter(|line| line.starts_with("permitd_http_requests_total{"))
-        .filter(|line| line.contains("listener=\"api\""))
-        .filter(semaphore_route)
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+    series_sum(metrics, HTTP_REQUESTS, |labels| {
+        let route =
+            labels.contains("route=\"/v1/semaphores") || labels.contains("route=\"/v1/batch\"");
+        labels.contains("listener=\"api\"") && route
+    })
+}
+
+/// Sum of the series of counter `name` whose labels (the text between the
+/// braces; empty for a series without labels) pass `labels`, in a Prometheus
+/// text page.
+fn series_sum(page: &str, name: &str, labels: impl Fn(&str) -> bool) -> u64 {
+    page.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let (labelled, value) = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            labels(labelled).then(|| value.trim().parse::<f64>().ok())?
+        })
         .map(|value| value as u64)
         .sum()
+}
+
+/// One node's share of a window.
+#[derive(Debug, Clone, Default)]
+pub struct NodeCost {
+    pub id: u64,
+    /// CPU seconds over the CPU window; `None` when a reading failed.
+    pub cpu_s: Option<f64>,
+    /// WAL group commits (one `fdatasync` each) over the nodes' window.
+    pub syncs: Option<u64>,
+    /// Calls its peer listener served (the other nodes' Raft RPCs).
+    pub peer_calls: Option<u64>,
 }
 
 /// What one window cost. Every quantity is a rate over its own reading
@@ -368,6 +501,16 @@ pub struct Cost {
     /// Term increases over the window: anything but 0 means the leader the
     /// costs are split by was not the leader all along.
     pub elections: u64,
+    /// Every node's own share, in node order.
+    pub nodes: Vec<NodeCost>,
+    /// Between the two readings of the nodes' counters.
+    pub nodes_window_s: f64,
+    /// Log entries applied in every shard (on the window's node), and over
+    /// how long; `None` when a reading failed.
+    pub shard_entries: Option<u64>,
+    pub shard_entries_window_s: f64,
+    /// Term increases summed over the shards: elections in any of them.
+    pub shard_elections: Option<u64>,
 }
 
 impl Cost {
@@ -393,6 +536,23 @@ impl Cost {
 
     pub fn entries_per_s(&self) -> f64 {
         self.entries as f64 / self.entries_window_s
+    }
+
+    /// Log entries per second, every shard's together (`NaN` when unread).
+    pub fn shard_entries_per_s(&self) -> f64 {
+        self.shard_entries.map_or(f64::NAN, |entries| {
+            entries as f64 / self.shard_entries_window_s
+        })
+    }
+
+    /// `count` per second over the nodes' window (`NaN` when unread).
+    pub fn node_rate(&self, count: Option<u64>) -> f64 {
+        count.map_or(f64::NAN, |count| count as f64 / self.nodes_window_s)
+    }
+
+    /// µs of `cpu_s` per log entry of any shard (`NaN` without entries).
+    pub fn us_per_shard_entry(&self, cpu_s: Option<f64>) -> f64 {
+        per(self.cores(cpu_s), self.shard_entries_per_s())
     }
 
     pub fn messages_per_cycle(&self) -> Option<f64> {
@@ -466,6 +626,17 @@ impl Cost {
                 "client": finite(per(self.client_cpu_s)),
                 "total": finite(per(self.total_s()))})
         };
+        let nodes: Vec<Value> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                json!({"id": node.id, "cores": finite(self.cores(node.cpu_s)),
+                    "cpuUsPerCycle": finite(self.us_per_cycle(node.cpu_s)),
+                    "cpuUsPerShardEntry": finite(self.us_per_shard_entry(node.cpu_s)),
+                    "fsyncsPerS": finite(self.node_rate(node.syncs)),
+                    "peerCallsPerS": finite(self.node_rate(node.peer_calls))})
+            })
+            .collect();
         json!({"cpuWindowS": self.cpu_window_s, "cyclesPerS": finite(self.cycles_per_s),
             "entries": self.entries, "entriesWindowS": self.entries_window_s,
             "entriesPerS": finite(self.entries_per_s()), "clockTicksPerS": clock_ticks_per_s(),
@@ -477,12 +648,15 @@ impl Cost {
             "messagesSource": self.messages_source,
             "messagesViaFollowers": self.messages_via_followers,
             "followerContactGaps": self.contact_gaps.as_ref().map(ContactGaps::to_json),
-            "electionsInWindow": self.elections})
+            "electionsInWindow": self.elections, "nodes": nodes,
+            "nodesWindowS": finite(self.nodes_window_s), "shardEntries": self.shard_entries,
+            "shardEntriesPerS": finite(self.shard_entries_per_s()),
+            "shardElectionsInWindow": self.shard_elections})
     }
 }
 
 /// µs per event of `cores` busy at `rate` events per second.
-fn per(cores: f64, rate: f64) -> f64 {
+pub(crate) fn per(cores: f64, rate: f64) -> f64 {
     if rate > 0.0 {
         cores * 1e6 / rate
     } else {
@@ -500,7 +674,7 @@ fn ratio(value: f64) -> String {
 }
 
 /// `NaN` as JSON `null`.
-fn finite(value: f64) -> Value {
+pub(crate) fn finite(value: f64) -> Value {
     if value.is_finite() {
         json!(value)
     } else {
@@ -509,7 +683,7 @@ fn finite(value: f64) -> Value {
 }
 
 /// µs, with a decimal below 10.
-fn us(value: f64) -> String {
+pub(crate) fn us(value: f64) -> String {
     if !value.is_finite() {
         "n/a".into()
     } else if value < 10.0 {
@@ -553,5 +727,18 @@ mod tests {
             permitd_http_requests_total{listener=\"api\",route=\"/cluster/status\",method=\"GET\",status=\"200\"} 9\n\
             permitd_http_requests_total{listener=\"raft\",route=\"/raft/append\",method=\"POST\",status=\"200\"} 400\n";
         assert_eq!(semaphore_calls(page), 127);
+    }
+
+    #[test]
+    fn node_counters_are_fsyncs_and_raft_calls() {
+        let page = "# TYPE permitd_wal_syncs_total counter\n\
+            permitd_wal_syncs_total 310\n\
+            permitd_wal_syncs_total_extra 9\n\
+            permitd_http_requests_total{listener=\"raft\",route=\"/raft/append\",method=\"POST\",status=\"200\"} 400\n\
+            permitd_http_requests_total{listener=\"raft\",route=\"/raft/vote\",method=\"POST\",status=\"200\"} 2\n\
+            permitd_http_requests_total{listener=\"raft\",route=\"/cluster/restore\",method=\"POST\",status=\"200\"} 1\n\
+            permitd_http_requests_total{listener=\"api\",route=\"/v1/semaphores/{key}\",method=\"POST\",status=\"200\"} 120\n";
+        let counters = NodeCounters::parse(page);
+        assert_eq!((counters.syncs, counters.peer_calls), (310, 402));
     }
 }

@@ -76,6 +76,19 @@ struct ClientTally {
 
 /// Runs `run` against `cluster`'s `leader`; `tag` keeps its keys apart.
 pub async fn run(cluster: &Cluster, leader: u64, run: &GrantRun, tag: &str) -> GrantResult {
+    run_routed(cluster, leader, run, tag, |_| leader).await
+}
+
+/// [`run`] with each key's calls sent to the node `route` names for the key
+/// (with shards: the key's shard leader, as a client that routes by key
+/// would). `leader` takes the defaults and opens the window.
+pub async fn run_routed(
+    cluster: &Cluster,
+    leader: u64,
+    run: &GrantRun,
+    tag: &str,
+    route: impl Fn(&str) -> u64,
+) -> GrantResult {
     let wait = run.round_wait_ms;
     set_defaults(
         cluster,
@@ -85,14 +98,15 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &GrantRun, tag: &str) -> G
     )
     .await;
     let http = bench_http(cluster);
-    let url = cluster.node(leader).url();
     let started = Instant::now();
     let window_start = started + run.warmup;
     let window_end = window_start + run.measure;
     let calls = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(run.clients);
     for client in 0..run.clients {
-        let endpoint = format!("{url}/v1/semaphores/{tag}-{}", client % run.keys);
+        let key = format!("{tag}-{}", client % run.keys);
+        let url = cluster.node(route(&key)).url();
+        let endpoint = format!("{url}/v1/semaphores/{key}");
         tasks.push(tokio::spawn(client_loop(
             http.clone(),
             endpoint,

@@ -3,7 +3,9 @@
 //! whole permit cycle: enqueue → permit (a drawn lease permit, or a claimed
 //! grant) → admit → release → reported back to the holder.
 //!
-//! A feeder per runner keeps a backlog queued; cycles are counted in `admit`,
+//! A run's runners share one key, or are spread over several (runner `r` on
+//! the key's `r mod keys`-th variant, [`LeaseRun::key_of`]). A feeder per
+//! runner keeps a backlog queued; cycles are counted in `admit`,
 //! and those admitted under a drawn lease permit apart, so a run shows whether
 //! leases were issued at all. Contended runs (more runners than permits) also
 //! time every admission, for the reuse gap ([`super::reuse`]).
@@ -37,6 +39,8 @@ const FEED_PAUSE: Duration = Duration::from_millis(2);
 #[derive(Debug, Clone)]
 pub struct LeaseRun {
     pub runners: usize,
+    /// Keys the runners are spread over, each with `limit`.
+    pub keys: usize,
     pub limit: u64,
     /// Strict leases on the key; otherwise grants only.
     pub leases: bool,
@@ -49,9 +53,18 @@ pub struct LeaseRun {
 }
 
 impl LeaseRun {
-    /// More runners than permits: every freed permit has a taker waiting.
+    /// More runners on a key than its permits: every freed permit has a
+    /// taker waiting.
     pub fn contended(&self) -> bool {
-        self.runners as u64 > self.limit
+        (self.runners / self.keys.max(1)) as u64 > self.limit
+    }
+
+    /// Runner `runner`'s key: `key` itself when the run has one.
+    pub fn key_of(&self, key: &str, runner: usize) -> String {
+        match self.keys {
+            0 | 1 => key.to_owned(),
+            keys => format!("{key}-{}", runner % keys),
+        }
     }
 }
 
@@ -103,7 +116,7 @@ impl Admission<u8> for Releaser {
     }
 }
 
-/// Runs `run` on key `key`.
+/// Runs `run` on key `key` (or its variants, [`LeaseRun::key_of`]).
 pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> LeaseResult {
     let wait = run.round_wait_ms;
     let leases = run.leases.then(
@@ -111,15 +124,19 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
     );
     let config = json!({"limit": run.limit, "roundWaitMs": wait, "roundPeriodMs": wait,
         "grantTimeoutMs": 60_000, "leases": leases});
-    set_key_config(cluster, leader, key, &config).await;
+    for runner in 0..run.keys.max(1) {
+        set_key_config(cluster, leader, &run.key_of(key, runner), &config).await;
+    }
     let mut client_config = ClientConfig::new(cluster.nodes.iter().map(|node| node.url()));
     client_config.token = Some(ADMIN_TOKEN.to_string());
     super::transport::transport().client(cluster, &mut client_config);
     let client = SemaphoreClient::new(client_config).expect("client");
     let cycles = Arc::new(AtomicU64::new(0));
     let lease_cycles = Arc::new(AtomicU64::new(0));
-    let admitted_at =
-        (run.contended() && reuse::install()).then(|| Arc::new(Mutex::new(Vec::new())));
+    // The gaps match a key's returns to its admissions, which are timed
+    // together: one key only.
+    let admitted_at = (run.contended() && run.keys <= 1 && reuse::install())
+        .then(|| Arc::new(Mutex::new(Vec::new())));
     reuse::take_returns(key);
     let started = Instant::now();
     let window_start = started + run.warmup;
@@ -140,7 +157,7 @@ pub async fn run(cluster: &Cluster, leader: u64, run: &LeaseRun, key: &str) -> L
         *slot.lock().expect("queue slot") = Arc::downgrade(&queue);
         runners.push(tokio::spawn(feed(
             queue,
-            key.to_owned(),
+            run.key_of(key, runner),
             runner,
             run.backlog,
             window_end,

@@ -14,7 +14,11 @@
 //!    ([`reuse`]): a freed permit's idle time before it is admitted again;
 //! 5. failover ([`failover`]): SIGKILL of the leader to the first grant;
 //! 6. scale ([`scale`]): round overhead and leader RSS with 1 to 100,000 keys,
-//!    on a fresh cluster.
+//!    on a fresh cluster;
+//! 7. shards ([`shards`]): fresh clusters of S Raft groups, each idle, then
+//!    under the grant path (256 clients, 100 keys) and queue runners spread
+//!    over 64 keys, with every node's CPU, fsyncs and peer calls; more S idle
+//!    only.
 //!
 //! Every throughput row also says what it cost ([`cpu`]): CPU µs per permit
 //! cycle of the leader, the followers, the clients (the bench process) and in
@@ -35,6 +39,7 @@ pub mod lease;
 mod report;
 pub mod reuse;
 pub mod scale;
+pub mod shards;
 pub mod stats;
 pub mod transport;
 
@@ -61,8 +66,17 @@ pub struct Profile {
     pub failover_kills: usize,
     pub scale_sizes: Vec<usize>,
     pub scale_probe: Duration,
+    /// Shard counts of the shards section's clusters, each measured idle and
+    /// under load ([`shards`]).
+    pub shard_counts: Vec<u32>,
+    /// Shard counts measured idle only (what S groups cost with no load).
+    pub idle_shard_counts: Vec<u32>,
+    /// Clients of the shards section's grant row.
+    pub shard_grant_clients: usize,
+    /// The shards section's window with no load.
+    pub idle_window: Duration,
     /// Sections to run (all when empty): floor, grant, messages, lease,
-    /// failover, scale.
+    /// failover, scale, shards.
     pub only: Vec<String>,
 }
 
@@ -100,6 +114,10 @@ impl Profile {
             failover_kills: 10,
             scale_sizes: vec![1, 1_000, 100_000],
             scale_probe: Duration::from_secs(3),
+            shard_counts: vec![1, 3, 16],
+            idle_shard_counts: vec![64],
+            shard_grant_clients: 256,
+            idle_window: Duration::from_secs(5),
             only: Vec::new(),
         }
     }
@@ -120,6 +138,10 @@ impl Profile {
             failover_kills: 2,
             scale_sizes: vec![1, 1_000],
             scale_probe: Duration::from_secs(1),
+            shard_counts: vec![1, 3],
+            idle_shard_counts: vec![64],
+            shard_grant_clients: 256,
+            idle_window: Duration::from_secs(2),
             only: Vec::new(),
         }
     }
@@ -242,6 +264,7 @@ pub async fn run(profile: &Profile) -> Report {
         for (index, &(runners, limit, leases, backlog)) in profile.lease_runs.iter().enumerate() {
             let run = lease::LeaseRun {
                 runners,
+                keys: 1,
                 limit,
                 leases,
                 backlog,
@@ -279,6 +302,9 @@ pub async fn run(profile: &Profile) -> Report {
         let points = scale::run(&cluster, &profile.scale_sizes, profile.scale_probe).await;
         calm_terms += cpu::max_term(&cluster).await.saturating_sub(from);
         report.scale(&points);
+    }
+    if profile.runs("shards") {
+        report.shards(&shards::run(profile).await);
     }
     report.leader_changes(calm_terms);
     report.finish(started.elapsed());

@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::cpu::Cost;
+use super::cpu::{finite, us, Cost};
 use super::failover::FailoverResult;
 use super::floor::FloorResult;
 use super::grant::{GrantResult, GrantRun};
 use super::lease::{LeaseResult, LeaseRun};
 use super::scale::ScalePoint;
+use super::shards::{Load, ShardRow};
 
 /// Permit cycles per second through leases, 16 runners, limit 1,000.
 const TARGET_LEASE_PER_S: f64 = 105_000.0;
@@ -33,6 +34,11 @@ const TARGET_FAILOVER_MS_MAX: f64 = 800.0;
 const TARGET_REUSE_GAP_MS_P50: f64 = 3.0;
 /// Resident memory per idle key.
 const TARGET_RSS_BYTES_PER_KEY: f64 = 1_024.0;
+/// Every node's CPU within this share of the nodes' mean, under load with shards.
+const TARGET_NODE_CPU_SPREAD: f64 = 0.25;
+/// Permits/s at [`TARGET_RATIO_SHARDS`] shards over one shard's.
+const TARGET_SHARDS_RATIO: f64 = 1.3;
+const TARGET_RATIO_SHARDS: u32 = 3;
 
 /// One table row.
 #[derive(Debug, Clone)]
@@ -365,6 +371,45 @@ impl Report {
         }
     }
 
+    /// The shards section: a row per window, then every S's permits/s over
+    /// S = 1's beside the model's ratio.
+    pub fn shards(&mut self, rows: &[ShardRow]) {
+        for row in rows {
+            let one = one_shard(rows, row);
+            let table_row = self.shard_row(row, one);
+            self.rows.push(table_row);
+            self.json.push(shard_json(row, one));
+        }
+        if let Some(summary) = shard_ratios(rows) {
+            self.rows.push(summary);
+        }
+    }
+
+    fn shard_row(&self, row: &ShardRow, one: Option<&ShardRow>) -> Row {
+        let (p50, p99) = match &row.load {
+            Load::Grant(_, result) => (
+                format!("+{}", self.latency(result.overhead_ms_p50)),
+                format!("+{}", self.latency(result.overhead_ms_p99)),
+            ),
+            _ => ("—".into(), "—".into()),
+        };
+        Row {
+            section: "7 shards",
+            scenario: shard_scenario(row),
+            throughput: match row.load {
+                Load::Idle => "idle".into(),
+                _ => format!("{} permits/s", thousands(row.permits_per_s())),
+            },
+            p50,
+            p99,
+            notes: shard_notes(row, one),
+            target: shard_target(row, one),
+            cpu: shard_cpu_cell(row),
+            entries: shard_entries_cell(row),
+            gaps: row.cost.gaps_cell(),
+        }
+    }
+
     /// Elections outside the failover section, as term increases (expected 0).
     pub fn leader_changes(&mut self, count: u64) {
         self.leader_changes = Some(count);
@@ -390,7 +435,8 @@ impl Report {
              clients per cycle (grant and messages rows: counted by the clients; lease \
              rows: `/v1/semaphores` calls the nodes served). follower contact gap: time \
              between consecutive AppendEntries (heartbeats or appends) a follower received \
-             from the leader over the window, both followers together, from the nodes' \
+             from a leader over the window, every node's together (a node records none for \
+             the group it leads), from the nodes' \
              `permitd_raft_leader_contact_gap_seconds` histogram, so p99.9 and max are \
              given as their bucket (heartbeats are due every 40 ms; openraft sends them \
              about every 60 ms).\n\n",
@@ -473,6 +519,258 @@ pub fn target_dir() -> PathBuf {
                 .map(Path::to_path_buf)
         })
         .unwrap_or_else(|| PathBuf::from("target"))
+}
+
+/// The row of one shard with `row`'s load, unless `row` is one.
+fn one_shard<'a>(rows: &'a [ShardRow], row: &ShardRow) -> Option<&'a ShardRow> {
+    let same = |other: &&ShardRow| other.shards == 1 && other.kind() == row.kind();
+    rows.iter().find(same).filter(|_| row.shards != 1)
+}
+
+/// `row`'s permits/s over `one`'s.
+fn shard_ratio(row: &ShardRow, one: Option<&ShardRow>) -> Option<f64> {
+    let ratio = row.permits_per_s() / one?.permits_per_s();
+    ratio.is_finite().then_some(ratio)
+}
+
+fn shard_scenario(row: &ShardRow) -> String {
+    let served = if row.served == row.shards as usize {
+        String::new()
+    } else {
+        format!(" (**the nodes serve {} shard(s)**)", row.served)
+    };
+    let what =
+        match &row.load {
+            Load::Idle => format!("idle, {:.0} s", row.cost.cpu_window_s),
+            Load::Grant(run, _) => format!(
+                "grant path, {} clients, {} keys, wait {} ms, limit {}, each key's calls to its \
+             shard's leader",
+                run.clients, run.keys, run.round_wait_ms, run.limit
+            ),
+            Load::Lease(run, _) => format!(
+            "SemaphoreQueue, {}, {} runners over {} keys, limit {}, {} permits/lease, backlog {}",
+            if run.leases { "strict leases" } else { "no leases" },
+            run.runners,
+            run.keys,
+            run.limit,
+            run.permits_per_lease,
+            run.backlog
+        ),
+        };
+    format!("S = {}: {what}{served}", row.shards)
+}
+
+/// Each node's CPU, fsyncs and peer calls, the leader map, every shard's
+/// entries, and for an idle row its cost over S = 1's.
+fn shard_notes(row: &ShardRow, one: Option<&ShardRow>) -> String {
+    let cost = &row.cost;
+    let nodes: Vec<String> = cost
+        .nodes
+        .iter()
+        .map(|node| {
+            format!(
+                "n{}: {:.2} cores, {} fsyncs/s, {} peer calls/s",
+                node.id,
+                cost.cores(node.cpu_s),
+                thousands(cost.node_rate(node.syncs)),
+                thousands(cost.node_rate(node.peer_calls))
+            )
+        })
+        .collect();
+    let leads: Vec<String> = row.leads.iter().map(|(_, led)| led.to_string()).collect();
+    let mut notes = format!(
+        "{}; leads {} of {} shard(s); Σ shards {} entries/s",
+        nodes.join("; "),
+        leads.join("/"),
+        row.served,
+        thousands(cost.shard_entries_per_s())
+    );
+    match &row.load {
+        Load::Grant(_, result) => notes.push_str(&errors(result.errors)),
+        Load::Lease(_, result) => {
+            let under_leases = thousands(result.lease_cycles_per_s);
+            let _ = write!(notes, "; {under_leases} permits/s under leases");
+        }
+        Load::Idle => {}
+    }
+    if let (Load::Idle, Some(one)) = (&row.load, one) {
+        let peer = |row: &ShardRow| row.node_mean(|node| row.cost.node_rate(node.peer_calls));
+        let cores = |row: &ShardRow| row.node_mean(|node| row.cost.cores(node.cpu_s));
+        let _ = write!(
+            notes,
+            "; over S = 1 (node means): peer calls ×{:.1}, CPU ×{:.1}",
+            peer(row) / peer(one),
+            cores(row) / cores(one)
+        );
+    }
+    match cost.shard_elections {
+        Some(0) => {}
+        Some(count) => {
+            let _ = write!(notes, "; **{count} election(s) during the window**");
+        }
+        None => notes.push_str("; elections not read"),
+    }
+    notes
+}
+
+/// Loaded rows: the nodes' CPU spread against ±25 %, and S = 3 against 1.3× S = 1.
+fn shard_target(row: &ShardRow, one: Option<&ShardRow>) -> String {
+    if matches!(row.load, Load::Idle) {
+        return "—".into();
+    }
+    let mut target = match row.cpu_spread() {
+        Some((above, below)) => format!(
+            "node CPU within ±{:.0}% of the mean: {:+.0}% / {:+.0}%: {}",
+            TARGET_NODE_CPU_SPREAD * 100.0,
+            above * 100.0,
+            below * 100.0,
+            if above <= TARGET_NODE_CPU_SPREAD && below >= -TARGET_NODE_CPU_SPREAD {
+                "met"
+            } else {
+                "**missed**"
+            }
+        ),
+        None => "node CPU spread: n/a".into(),
+    };
+    match shard_ratio(row, one) {
+        Some(ratio) if row.shards == TARGET_RATIO_SHARDS => {
+            let _ = write!(
+                target,
+                "; ≥ {TARGET_SHARDS_RATIO}× S = 1: {ratio:.2}×, {}",
+                at_least(ratio, TARGET_SHARDS_RATIO)
+            );
+        }
+        Some(ratio) => {
+            let _ = write!(target, "; {ratio:.2}× S = 1");
+        }
+        None => {}
+    }
+    target
+}
+
+/// CPU µs per permit of each node, the clients and all (loaded), or each
+/// node's share of a core (idle).
+fn shard_cpu_cell(row: &ShardRow) -> String {
+    let cost = &row.cost;
+    let idle = matches!(row.load, Load::Idle);
+    let nodes: Vec<String> = cost
+        .nodes
+        .iter()
+        .map(|node| match idle {
+            true => format!("n{} {:.1}%", node.id, cost.cores(node.cpu_s) * 100.0),
+            false => format!("n{} {}", node.id, us(cost.us_per_cycle(node.cpu_s))),
+        })
+        .collect();
+    match idle {
+        true => format!("{} of a core", nodes.join(" · ")),
+        false => format!(
+            "{} · C {} · Σ {}",
+            nodes.join(" · "),
+            us(cost.us_per_cycle(cost.client_cpu_s)),
+            us(cost.us_per_cycle(cost.total_s()))
+        ),
+    }
+}
+
+/// Every shard's log entries per second, the CPU of all processes per entry,
+/// and the clients' calls per permit.
+fn shard_entries_cell(row: &ShardRow) -> String {
+    let cost = &row.cost;
+    let mut cell = format!(
+        "{} entries/s (Σ shards) · Σ {} µs/entry",
+        thousands(cost.shard_entries_per_s()),
+        us(cost.us_per_shard_entry(cost.total_s()))
+    );
+    if let Some(per_cycle) = cost.messages_per_cycle() {
+        let _ = write!(cell, " · {per_cycle:.2} msgs/cycle");
+    }
+    cell
+}
+
+fn shard_json(row: &ShardRow, one: Option<&ShardRow>) -> Value {
+    let cost = &row.cost;
+    let (overhead_p50, overhead_p99, errors) = match &row.load {
+        Load::Grant(_, result) => (
+            Some(result.overhead_ms_p50),
+            Some(result.overhead_ms_p99),
+            Some(result.errors),
+        ),
+        _ => (None, None, None),
+    };
+    let leads: serde_json::Map<String, Value> = row
+        .leads
+        .iter()
+        .map(|(id, led)| (id.to_string(), json!(led)))
+        .collect();
+    let spread = row
+        .cpu_spread()
+        .map(|(above, below)| json!({"maxOverMeanMinus1": above, "minOverMeanMinus1": below}));
+    let model = row.model_ratio().map(|(leader, follower, ratio)| {
+        json!({"leaderUsPerPermit": leader, "followerUsPerPermit": follower, "ratio": ratio})
+    });
+    json!({"section": "shards", "kind": row.kind(), "shards": row.shards,
+        "shardsServed": row.served, "clients": row.clients(), "keys": row.keys(),
+        "permitsPerS": row.permits_per_s(), "entriesPerS": finite(cost.shard_entries_per_s()),
+        "overheadMsP50": overhead_p50, "overheadMsP99": overhead_p99, "errors": errors,
+        "leads": leads, "nodeCpuSpread": spread,
+        "ratioToOneShard": shard_ratio(row, one), "model": model, "cost": cost.to_json()})
+}
+
+/// The summary: every loaded S's permits/s over S = 1's, the model's ratio
+/// from S = 1's grant row, and S = 3 against the target; `None` without
+/// rows of one shard and more.
+fn shard_ratios(rows: &[ShardRow]) -> Option<Row> {
+    let loaded = |row: &&ShardRow| !matches!(row.load, Load::Idle);
+    let ratios: Vec<(u32, &str, f64)> = rows
+        .iter()
+        .filter(loaded)
+        .filter_map(|row| {
+            Some((
+                row.shards,
+                row.kind(),
+                shard_ratio(row, one_shard(rows, row))?,
+            ))
+        })
+        .collect();
+    if ratios.is_empty() {
+        return None;
+    }
+    let measured: Vec<String> = ratios
+        .iter()
+        .map(|(shards, kind, ratio)| format!("S = {shards} {kind} {ratio:.2}×"))
+        .collect();
+    let at_target: Vec<String> = ratios
+        .iter()
+        .filter(|(shards, _, _)| *shards == TARGET_RATIO_SHARDS)
+        .map(|(_, kind, ratio)| format!("{kind} {}", at_least(*ratio, TARGET_SHARDS_RATIO)))
+        .collect();
+    let model = rows.iter().find_map(ShardRow::model_ratio).map_or_else(
+        || "model: n/a".to_owned(),
+        |(leader, follower, ratio)| {
+            format!(
+                "model (S ≥ N, leaders spread): N·l / (l + (N − 1)·f) = {ratio:.2}× with S = 1's \
+                 l {} and f {} µs/permit (grant row); on a machine whose cores all nodes share, \
+                 the machine bounds it first (docs/scaling.md)",
+                us(leader),
+                us(follower)
+            )
+        },
+    );
+    Some(Row {
+        section: "7 shards",
+        scenario: "permits/s over S = 1, same run".into(),
+        throughput: measured.join(", "),
+        p50: "—".into(),
+        p99: "—".into(),
+        notes: model,
+        target: format!(
+            "≥ {TARGET_SHARDS_RATIO}× at S = {TARGET_RATIO_SHARDS}: {}",
+            at_target.join("; ")
+        ),
+        cpu: NO_COST.into(),
+        entries: NO_COST.into(),
+        gaps: NO_COST.into(),
+    })
 }
 
 fn at_least(value: f64, wanted: f64) -> String {

@@ -1,8 +1,10 @@
 //! Small helpers: quantiles of samples, HTTP calls with the admin token,
-//! the leader's log index and a process's resident memory.
+//! the leader's log index, a node's leader map and a process's resident memory.
 
 use std::time::{Duration, Instant};
 
+use permitd_core::contract::paths::CLUSTER_SHARDS;
+use permitd_core::contract::ShardMap;
 use serde_json::Value;
 
 use crate::{Cluster, ADMIN_TOKEN};
@@ -73,6 +75,21 @@ pub async fn last_log_index(cluster: &Cluster, leader: u64) -> u64 {
         .await
         .and_then(|status| status["lastLogIndex"].as_u64())
         .unwrap_or(0)
+}
+
+/// Node `id`'s view of every shard (`GET /cluster/shards`), or `None` when it
+/// does not answer.
+pub async fn shard_map(cluster: &Cluster, id: u64) -> Option<ShardMap> {
+    let url = format!("{}{CLUSTER_SHARDS}", cluster.node(id).url());
+    let answer = cluster
+        .http
+        .get(url)
+        .bearer_auth(ADMIN_TOKEN)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    answer.json().await.ok()
 }
 
 /// `VmRSS` of a process, in bytes, from `/proc/<pid>/status`.
