@@ -5,7 +5,8 @@
 //!
 //! For every S of the profile, on a cluster of its own:
 //! 1. idle: once every shard has a leader all nodes agree on, every node has
-//!    applied all of every shard and the leaders are spread ([`settle`]), a
+//!    applied all of every shard and the leaders are spread
+//!    ([`Sharded::settle`]), a
 //!    window with no load: what S groups' heartbeats cost each node (CPU,
 //!    peer calls, fsyncs);
 //! 2. the grant path ([`super::grant`]), 256 clients over 100 keys, each
@@ -42,7 +43,7 @@ const GRANT_KEYS: usize = 100;
 const LEASE_RUNNERS: usize = 64;
 /// Limit of every key of the lease row (the contended row's).
 const LEASE_LIMIT: u64 = 32;
-/// How long [`settle`] waits for the leaders to spread (each shard's leader
+/// How long [`Sharded::settle`] waits for the leaders to spread (each shard's leader
 /// hands it to its preferred node a lease after that node caught up) before
 /// it measures them as they are.
 const SPREAD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -164,45 +165,81 @@ pub async fn run(profile: &Profile) -> Vec<ShardRow> {
     let mut rows = Vec::new();
     for &shards in &profile.shard_counts {
         eprintln!("bench: shards, S = {shards}");
-        let cluster = start(shards).await;
-        rows.push(idle(&cluster, shards, profile.idle_window).await);
-        rows.push(grant_row(&cluster, shards, profile).await);
-        rows.push(lease_row(&cluster, shards, profile).await);
+        let mut sharded = Sharded::start(shards).await;
+        rows.push(idle(&mut sharded, profile.idle_window).await);
+        rows.push(grant_row(&mut sharded, profile).await);
+        rows.push(lease_row(&mut sharded, profile).await);
     }
     for &shards in &profile.idle_shard_counts {
         eprintln!("bench: shards, S = {shards}, idle");
-        let cluster = start(shards).await;
-        rows.push(idle(&cluster, shards, profile.idle_window).await);
+        let mut sharded = Sharded::start(shards).await;
+        rows.push(idle(&mut sharded, profile.idle_window).await);
     }
     rows
 }
 
-/// A fresh bench cluster of `shards` shards.
-async fn start(shards: u32) -> Cluster {
-    let base = super::settings();
-    let extra_toml = format!("{}\n[cluster]\nshards = {shards}\n", base.extra_toml);
-    let cluster = Cluster::start(Settings { extra_toml, ..base }).await;
-    cluster.wait_for_leader().await;
-    cluster
+/// One of the section's clusters.
+struct Sharded {
+    cluster: Cluster,
+    /// Its `[cluster] shards`.
+    shards: u32,
+    /// Whether [`Sharded::settle`] still waits for the leaders to spread:
+    /// once they did not in [`SPREAD_TIMEOUT`], the cluster's later rows
+    /// measure them as they are without waiting again.
+    await_spread: bool,
 }
 
-/// Waits until every running node serves the same shards with the same
-/// leaders, every shard has one, every node has applied what the others have
-/// of every shard (nothing in flight) and the leaders are spread; returns
-/// that leader map. Leaders not spread after [`SPREAD_TIMEOUT`] are measured
-/// as they are (the rows say who led what); a cluster that never agrees
-/// fails the bench after [`START_TIMEOUT`].
-async fn settle(cluster: &Cluster) -> ShardMap {
-    let ids: Vec<u64> = cluster.nodes.iter().map(|node| node.id).collect();
-    let spread = |maps: &[Option<ShardMap>]| agreed(maps) && balanced(&ids, maps);
-    let (held, maps) = agreement(cluster, SPREAD_TIMEOUT, spread).await;
-    if held {
-        return maps.into_iter().flatten().next().expect("a node answered");
+impl Sharded {
+    /// A fresh bench cluster of `shards` shards.
+    async fn start(shards: u32) -> Self {
+        let base = super::settings();
+        let extra_toml = format!("{}\n[cluster]\nshards = {shards}\n", base.extra_toml);
+        let cluster = Cluster::start(Settings { extra_toml, ..base }).await;
+        cluster.wait_for_leader().await;
+        Self {
+            cluster,
+            shards,
+            await_spread: true,
+        }
     }
-    eprintln!("bench: the shards' leaders did not spread in {SPREAD_TIMEOUT:?}");
-    let (settled, maps) = agreement(cluster, START_TIMEOUT, agreed).await;
-    assert!(settled, "the shards never settled: {maps:?}");
-    maps.into_iter().flatten().next().expect("a node answered")
+
+    /// Waits until every running node serves the same shards with the same
+    /// leaders, every shard has one, every node has applied what the others
+    /// have of every shard (nothing in flight) and the leaders are spread;
+    /// returns that leader map. Leaders not spread after [`SPREAD_TIMEOUT`]
+    /// are measured as they are (the rows say who led what); a cluster that
+    /// never agrees fails the bench after [`START_TIMEOUT`].
+    async fn settle(&mut self) -> ShardMap {
+        let cluster = &self.cluster;
+        let ids: Vec<u64> = cluster.nodes.iter().map(|node| node.id).collect();
+        if self.await_spread {
+            let spread = |maps: &[Option<ShardMap>]| agreed(maps) && balanced(&ids, maps);
+            let (held, maps) = agreement(cluster, SPREAD_TIMEOUT, spread).await;
+            if let (true, Some(map)) = (held, maps.into_iter().flatten().next()) {
+                return map;
+            }
+            self.await_spread = false;
+        }
+        let (settled, maps) = agreement(cluster, START_TIMEOUT, agreed).await;
+        assert!(settled, "the shards never settled: {maps:?}");
+        let map = maps.into_iter().flatten().next().expect("a node answered");
+        if !self.await_spread && !balanced(&ids, &[Some(map.clone())]) {
+            let leads = leads(cluster, &map);
+            eprintln!("bench: S = {}, leaders not spread: {leads:?}", self.shards);
+        }
+        map
+    }
+
+    /// A row of this cluster, its leaders as in `map`.
+    fn row(&self, map: &ShardMap, load: Load, cost: Cost) -> ShardRow {
+        ShardRow {
+            shards: self.shards,
+            served: map.shards.len(),
+            leads: leads(&self.cluster, map),
+            load,
+            cost,
+        }
+    }
 }
 
 /// Polls every running node's leader map until `holds` says yes or
@@ -276,42 +313,33 @@ fn leader_of(map: &ShardMap, key: &str) -> u64 {
 }
 
 /// A settled cluster with no load for `window`.
-async fn idle(cluster: &Cluster, shards: u32, window: Duration) -> ShardRow {
-    let map = settle(cluster).await;
+async fn idle(sharded: &mut Sharded, window: Duration) -> ShardRow {
+    let map = sharded.settle().await;
+    let cluster = &sharded.cluster;
     let leader = cluster.wait_for_leader().await;
     let no_calls = Calls::Client(Arc::new(AtomicU64::new(0)));
     let opened = Window::open(cluster, leader, no_calls).await;
     tokio::time::sleep(window).await;
-    ShardRow {
-        shards,
-        served: map.shards.len(),
-        leads: leads(cluster, &map),
-        load: Load::Idle,
-        cost: opened.close(cluster).await,
-    }
+    let cost = opened.close(cluster).await;
+    sharded.row(&map, Load::Idle, cost)
 }
 
 /// The grant row, each key's calls to its shard's leader.
-async fn grant_row(cluster: &Cluster, shards: u32, profile: &Profile) -> ShardRow {
-    let map = settle(cluster).await;
-    let leader = cluster.wait_for_leader().await;
+async fn grant_row(sharded: &mut Sharded, profile: &Profile) -> ShardRow {
+    let map = sharded.settle().await;
+    let leader = sharded.cluster.wait_for_leader().await;
     let run = super::grant_run(profile, profile.shard_grant_clients, GRANT_KEYS, 1, false);
-    let tag = format!("s{shards}-grant");
+    let tag = format!("s{}-grant", sharded.shards);
     let route = |key: &str| leader_of(&map, key);
-    let result = grant::run_routed(cluster, leader, &run, &tag, route).await;
-    ShardRow {
-        shards,
-        served: map.shards.len(),
-        leads: leads(cluster, &map),
-        cost: result.cost.clone(),
-        load: Load::Grant(run, Box::new(result)),
-    }
+    let result = grant::run_routed(&sharded.cluster, leader, &run, &tag, route).await;
+    let cost = result.cost.clone();
+    sharded.row(&map, Load::Grant(run, Box::new(result)), cost)
 }
 
 /// The lease row: one runner per key.
-async fn lease_row(cluster: &Cluster, shards: u32, profile: &Profile) -> ShardRow {
-    let map = settle(cluster).await;
-    let leader = cluster.wait_for_leader().await;
+async fn lease_row(sharded: &mut Sharded, profile: &Profile) -> ShardRow {
+    let map = sharded.settle().await;
+    let leader = sharded.cluster.wait_for_leader().await;
     let run = LeaseRun {
         runners: LEASE_RUNNERS,
         keys: LEASE_RUNNERS,
@@ -323,14 +351,10 @@ async fn lease_row(cluster: &Cluster, shards: u32, profile: &Profile) -> ShardRo
         warmup: profile.warmup * 2,
         measure: profile.lease_measure,
     };
-    let result = lease::run(cluster, leader, &run, &format!("s{shards}-lease")).await;
-    ShardRow {
-        shards,
-        served: map.shards.len(),
-        leads: leads(cluster, &map),
-        cost: result.cost.clone(),
-        load: Load::Lease(run, Box::new(result)),
-    }
+    let key = format!("s{}-lease", sharded.shards);
+    let result = lease::run(&sharded.cluster, leader, &run, &key).await;
+    let cost = result.cost.clone();
+    sharded.row(&map, Load::Lease(run, Box::new(result)), cost)
 }
 
 #[cfg(test)]
