@@ -126,14 +126,6 @@ impl Node {
         u32::try_from(self.shards.len()).unwrap_or(u32::MAX)
     }
 
-    /// The shard a call was routed to (`edge/api/forward/`); a 400 for one
-    /// the cluster does not have (the router checks first).
-    pub fn routed(&self, id: ShardId) -> Result<&Shard, crate::edge::error::ApiError> {
-        self.shard(id).ok_or_else(|| {
-            crate::edge::error::ApiError::BadRequest(format!("no shard {id} in this cluster"))
-        })
-    }
-
     /// The shard that holds `key`.
     pub fn key_shard(&self, key: &str) -> &Shard {
         let shard = permitd_core::shard::shard_of(key, self.shard_count()).unwrap_or(META_SHARD);
@@ -246,7 +238,11 @@ pub async fn start_unbound(
     )
     .with_seams(settings.seams.clone());
     let start = ShardStart {
-        settings,
+        node: settings.id,
+        timings,
+        rounds: settings.rounds,
+        reclaim_horizon: settings.reclaim_horizon,
+        seams: &settings.seams,
         raft_runtime,
         network: &network,
         config: Arc::new(raft_config(settings.id, timings)?),
@@ -254,7 +250,8 @@ pub async fn start_unbound(
     };
     let mut shards = Vec::with_capacity(opened.len());
     for (id, opened) in (0..).zip(opened) {
-        shards.push(Shard::start(id, opened, &start).await?);
+        let shard = Shard::start(id, opened, &start).await;
+        shards.push(shard.map_err(|error| StartError::Raft(error.to_string()))?);
     }
     // One follower of the meta shard's defaults per node, made only when
     // another shard needs it.

@@ -1,4 +1,5 @@
-//! The permitd node: one member of a Raft group serving the v1 API.
+//! The permitd node: one member of every Raft group of a cluster (one per
+//! shard, [`shard`]) serving the v1 API.
 //!
 //! Where things are, top to bottom (a module uses only those below it;
 //! `scripts/module-arrows` checks that there is no cycle):
@@ -7,7 +8,9 @@
 //!   follower forwards v1 and membership calls to the leader in one hop
 //!   ([`edge::api::forward`]); [`edge::auth`] checks tokens; peers call
 //!   [`edge::raft_inbound`];
-//! - [`app`]: one running node, the state every handler shares;
+//! - [`app`]: one running node, the state every handler shares, and
+//!   [`shard`]: one shard's Raft group and tasks on it (a key lives in
+//!   `shard_of(key, S)`; shard 0 also holds tokens and defaults);
 //! - [`config`] with [`config_env`]: the cluster file and its environment
 //!   overrides, and the settings a node is started with;
 //! - [`leader`]: on the leader, a `request` is parked in its key's pending list

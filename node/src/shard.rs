@@ -13,12 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use permitd_core::KeyConfig;
-use permitd_storage::{Opened, ShardId, SharedState};
+use permitd_storage::{NodeId, Opened, ShardId, SharedState};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
-use crate::app::{NodeSettings, StartError};
+use crate::config::RaftTimings;
 use crate::leader::leadership::{watch_leadership, Leadership};
+use crate::leader::rounds::RoundLimits;
 use crate::leader::rounds::Rounds;
 use crate::observe::event_log::EventLog;
 use crate::raft::election_guard::ElectionGuard;
@@ -42,6 +43,9 @@ pub struct Shard {
     pub election_guard: Arc<ElectionGuard>,
     /// Recent lifecycle events of this shard's keys (`GET /v1/events`).
     pub events: EventLog,
+    /// Handovers this node started for the shard (`leader/handover.rs`):
+    /// each is an election on purpose.
+    pub handovers: watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -53,9 +57,22 @@ impl std::fmt::Debug for Shard {
     }
 }
 
+/// Why a shard's Raft core could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("shard {shard}: {detail}")]
+pub struct ShardStartError {
+    pub shard: ShardId,
+    pub detail: String,
+}
+
 /// What every shard of a node shares when it starts.
 pub(crate) struct ShardStart<'a> {
-    pub settings: &'a NodeSettings,
+    pub node: NodeId,
+    pub timings: &'a RaftTimings,
+    /// The node's `[limits]`, shared out over its shards.
+    pub rounds: RoundLimits,
+    pub reclaim_horizon: Duration,
+    pub seams: &'a crate::seams::Seams,
     pub raft_runtime: &'a Handle,
     pub network: &'a Network,
     pub config: Arc<openraft::Config>,
@@ -69,28 +86,28 @@ impl Shard {
         id: ShardId,
         opened: Opened,
         start: &ShardStart<'_>,
-    ) -> Result<Self, StartError> {
-        let settings = start.settings;
+    ) -> Result<Self, ShardStartError> {
         let network = start.network.for_shard(id);
-        let (node, config, raft_network) = (settings.id, start.config.clone(), network.clone());
+        let (node, config, raft_network) = (start.node, start.config.clone(), network.clone());
+        let failed = |detail: String| ShardStartError { shard: id, detail };
         let (log, state_machine) = (opened.log, opened.state_machine);
         let raft = start
             .raft_runtime
             .spawn(async move { Raft::new(node, config, raft_network, log, state_machine).await })
             .await
-            .map_err(|error| StartError::Raft(error.to_string()))?
-            .map_err(|error| StartError::Raft(error.to_string()))?;
+            .map_err(|error| failed(error.to_string()))?
+            .map_err(|error| failed(error.to_string()))?;
         let leader_contact = Arc::new(LeaderContact::default());
-        let timings = &settings.timings;
+        let timings = start.timings;
         let election_guard = Arc::new(ElectionGuard::new(
-            settings.id,
+            start.node,
             leader_contact.clone(),
             (
                 Duration::from_millis(timings.heartbeat_interval_ms),
                 Duration::from_millis(timings.election_timeout_min_ms),
                 Duration::from_millis(timings.election_timeout_max_ms),
             ),
-            settings
+            start
                 .seams
                 .rng(RNG_ELECTION_GUARD + u64::from(id) * RNG_STREAMS_PER_SHARD),
         ));
@@ -106,6 +123,7 @@ impl Shard {
         }
         let (stepping_down, stepping) = watch::channel(false);
         let leadership = watch_leadership(&raft, election_guard.leader_silent(), stepping, id);
+        let (started, handovers) = watch::channel(0);
         crate::leader::handover::Handover {
             shard: id,
             raft: raft.clone(),
@@ -113,25 +131,26 @@ impl Shard {
             stepping_down,
             lease: Duration::from_millis(timings.election_timeout_max_ms),
             heartbeat: Duration::from_millis(timings.heartbeat_interval_ms),
+            started,
         }
-        .start();
+        .start(start.shards);
         let state = opened.state;
         let rounds = Rounds::start(
             raft.clone(),
             state.clone(),
             leadership.clone(),
-            settings.rounds.per_shard(start.shards),
-            &settings.seams,
+            start.rounds.per_shard(start.shards),
+            start.seams,
         );
         crate::leader::reclaim::Reclaimer::start(
             raft.clone(),
             state.clone(),
             leadership.clone(),
-            settings.reclaim_horizon,
-            settings.seams.clock.clone(),
+            start.reclaim_horizon,
+            start.seams.clock.clone(),
         );
-        crate::leader::snapshots::start(raft.clone(), settings.id, timings.snapshot_every_ms);
-        let events = start_events(&state, &settings.seams.clock);
+        crate::leader::snapshots::start(raft.clone(), start.node, timings.snapshot_every_ms);
+        let events = start_events(&state, &start.seams.clock);
         crate::observe::raft_metrics::start(raft.clone(), id);
         Ok(Self {
             id,
@@ -142,6 +161,7 @@ impl Shard {
             leader_contact,
             election_guard,
             events,
+            handovers,
         })
     }
 

@@ -56,6 +56,8 @@ pub struct ClusterSpec {
     pub start_failures: Arc<Mutex<Vec<String>>>,
     /// The running nodes' applied states, for the replay check.
     pub replicas: Replicas,
+    /// `[cluster] shards` of every node.
+    pub shards: u32,
 }
 
 impl ClusterSpec {
@@ -86,6 +88,7 @@ impl ClusterSpec {
             rounds: RoundLimits::default(),
             start_failures: Arc::default(),
             replicas: Replicas::default(),
+            shards: 1,
         }
     }
 }
@@ -131,7 +134,7 @@ fn settings(id: NodeId, spec: &ClusterSpec, world: &NodeWorld) -> NodeSettings {
             disk: Some(Arc::new(world.disk.clone())),
             transport: Some(Arc::new(SimTransport)),
         },
-        shards: 1,
+        shards: spec.shards,
     }
 }
 
@@ -199,7 +202,7 @@ pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Re
     spec.trace.event(now(), &host_name(id), "started");
     let _running = spec
         .replicas
-        .running(id, app.meta().state.clone(), world.disk.clone());
+        .running(id, shard_states(&app), world.disk.clone());
     spec.disturbances.at(now());
     if id == 1 && !app.meta().raft.is_initialized().await? {
         permitd_node::edge::api::cluster::initialize(&app)
@@ -242,9 +245,17 @@ async fn accept(port: u16, connections: Connections) {
     }
 }
 
-/// Records every term this node leads, and traces its role changes.
+/// Every shard's applied state, in shard order.
+fn shard_states(app: &App) -> Vec<permitd_storage::SharedState> {
+    app.shards.iter().map(|shard| shard.state.clone()).collect()
+}
+
+/// Records every term this node leads in the meta shard (each shard has
+/// terms of its own; the election checks follow one group), and traces its
+/// role changes.
 async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
     let mut metrics = app.meta().raft.metrics();
+    let mut handovers = app.meta().handovers.clone();
     let mut last = None;
     loop {
         let (term, state, leader) = {
@@ -261,8 +272,16 @@ async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
             );
             last = Some((term, state));
         }
-        if metrics.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return },
+            // A handover is an election on purpose: it explains the next term.
+            changed = handovers.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                spec.disturbances.at(at);
+                spec.trace.event(at, &host_name(id), "hands the meta shard over");
+            }
         }
     }
 }

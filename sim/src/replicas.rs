@@ -5,7 +5,8 @@
 //! end of a history, with no step in flight, [`Replicas::check`] opens a copy
 //! of each running node's disk as a fresh store would (its newest snapshot),
 //! applies that store's log up to the id the node has applied, and compares
-//! the result with the node's memory (`permitd_storage::audit::check_live`):
+//! the result with the node's memory, shard by shard
+//! (`permitd_storage::audit::check_live_shards`):
 //! semaphores, tokens, applied id and membership. A difference is a bug of
 //! determinism, of the snapshot's encoding, of an install, or of a log that
 //! lost or changed an entry the node had applied.
@@ -32,7 +33,8 @@ struct Registry {
 
 #[derive(Debug)]
 struct Replica {
-    state: SharedState,
+    /// Every shard's applied state, in shard order.
+    state: Vec<SharedState>,
     disk: SimDisk,
     start: u64,
 }
@@ -66,7 +68,7 @@ impl Replicas {
     }
 
     /// Registers node `id`'s process until the returned guard drops.
-    pub fn running(&self, id: NodeId, state: SharedState, disk: SimDisk) -> Running {
+    pub fn running(&self, id: NodeId, state: Vec<SharedState>, disk: SimDisk) -> Running {
         let mut registry = self.lock();
         registry.starts += 1;
         let start = registry.starts;
@@ -81,7 +83,7 @@ impl Replicas {
     /// Checks every running node against a replay of its log. Call it
     /// between steps of the simulation (at the end of a run).
     pub fn check(&self) -> Vec<Violation> {
-        let replicas: Vec<(NodeId, SharedState, SimDisk)> = self
+        let replicas: Vec<(NodeId, Vec<SharedState>, SimDisk)> = self
             .lock()
             .running
             .iter()
@@ -104,7 +106,7 @@ impl Replicas {
             .filter_map(|(id, state, disk)| {
                 let store =
                     Options::with_disk(crate::node_host::DATA_DIR, Arc::new(disk), Exec::Inline);
-                let checked = runtime.block_on(audit::check_live(&state, &store));
+                let checked = runtime.block_on(audit::check_live_shards(&state, &store));
                 checked.err().map(|error| Violation {
                     kind: "replica_differs_from_its_log",
                     detail: format!("node{id}: {error}"),

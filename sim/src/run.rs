@@ -45,6 +45,8 @@ pub struct RunOptions {
     pub limit: Duration,
     /// Events the outcome keeps (the last ones).
     pub kept_events: usize,
+    /// `[cluster] shards` of the simulated cluster.
+    pub shards: u32,
 }
 
 impl RunOptions {
@@ -63,6 +65,7 @@ impl RunOptions {
             fault_window: (Duration::from_secs(1), Duration::from_secs(6)),
             limit: Duration::from_secs(90),
             kept_events: 200,
+            shards: 1,
         }
     }
 }
@@ -141,7 +144,8 @@ pub fn run(options: &RunOptions) -> Outcome {
 
 fn run_seeded(options: &RunOptions) -> Outcome {
     let trace = Trace::keeping(options.kept_events);
-    let spec = ClusterSpec::new(options.seed, options.nodes, trace.clone());
+    let mut spec = ClusterSpec::new(options.seed, options.nodes, trace.clone());
+    spec.shards = options.shards;
     let worlds: BTreeMap<NodeId, NodeWorld> = (1..=options.nodes)
         .map(|id| (id, NodeWorld::default()))
         .collect();

@@ -10,6 +10,7 @@
 //! - `SIM_THREADS=n`: seeds run on n threads at once (default: one per core).
 //! - `SIM_SECONDS=s`: runs seeds until s seconds of wall time have passed (a
 //!   soak), however many `SIM_SEEDS` says.
+//! - `SIM_SHARDS=n`: every simulated cluster runs n shards (default 1).
 //!
 //! Each seed prints `seed <n> trace <hash>`; a failed seed prints the
 //! violations, the last events and the command that replays it.
@@ -24,6 +25,11 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name)
         .ok()
         .and_then(|value| value.parse().ok())
+}
+
+/// `SIM_SHARDS`: the simulated cluster's shard count (default 1).
+fn shards() -> u32 {
+    env_u64("SIM_SHARDS").map_or(1, |shards| shards.clamp(1, 64) as u32)
 }
 
 /// Log lines stamped with simulated time, so that two replays line up.
@@ -72,6 +78,7 @@ fn seeds() {
         }
         let options = RunOptions {
             kept_events: usize::MAX,
+            shards: shards(),
             ..RunOptions::ci(seed)
         };
         let first = run(&options);
@@ -131,6 +138,7 @@ fn seeds() {
                 let options = RunOptions {
                     // A replayed seed keeps every event, to show where two runs part.
                     kept_events: if replayed { usize::MAX } else { 200 },
+                    shards: shards(),
                     ..RunOptions::ci(seed)
                 };
                 let outcome = run(&options);

@@ -24,7 +24,7 @@ use std::path::Path;
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{Entry, LogId, RaftLogReader};
 
-use crate::{open, NodeId, Opened, Options, SharedState, StorageError, TypeConfig};
+use crate::{open_shards, NodeId, Opened, Options, SharedState, StorageError, TypeConfig};
 
 /// What a successful check covered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,11 +40,26 @@ pub struct Audit {
 }
 
 /// Replays `dir`'s log after its snapshot, on the store itself and on a fresh
-/// one in `scratch`, and compares the two states; a hole in the log or a
-/// difference is [`StorageError::Corrupt`].
-pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Audit, StorageError> {
-    let mut stored = open(&Options::new(dir)).await?;
-    let mut replay = open(&Options::new(scratch)).await?;
+/// one in `scratch`, and compares the two states, shard by shard (the count
+/// the dir was written with); a hole in a log or a difference is
+/// [`StorageError::Corrupt`]. One [`Audit`] per shard, in shard order.
+pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Vec<Audit>, StorageError> {
+    let count = crate::shard_count::recorded(&crate::OsDisk, dir)?;
+    let stored = open_shards(&Options::new(dir), count).await?;
+    let replays = open_shards(&Options::new(scratch), count).await?;
+    let mut audits = Vec::with_capacity(stored.len());
+    for (mut stored, mut replay) in stored.into_iter().zip(replays) {
+        audits.push(check_shard_replay(dir, &mut stored, &mut replay).await?);
+    }
+    Ok(audits)
+}
+
+/// One shard of [`check_replay`].
+async fn check_shard_replay(
+    dir: &Path,
+    stored: &mut Opened,
+    replay: &mut Opened,
+) -> Result<Audit, StorageError> {
     let corrupt = corrupt_in(dir);
     let raft = |error: openraft::StorageError<NodeId>| corrupt(error.to_string());
     let snapshot_id = stored.state.last_applied();
@@ -65,7 +80,7 @@ pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Audit, StorageEr
     }
     // openraft does the same when the committed id was not synced yet.
     let last_applied = committed.max(snapshot_id);
-    let entries = entries_after(&mut stored, dir, snapshot_id, last_applied).await?;
+    let entries = entries_after(stored, dir, snapshot_id, last_applied).await?;
     let entries_replayed = entries.len() as u64;
     stored
         .state_machine
@@ -88,8 +103,31 @@ pub async fn check_replay(dir: &Path, scratch: &Path) -> Result<Audit, StorageEr
 /// snapshot past the live state (an install between its file and memory) is
 /// [`StorageError::Corrupt`] too: call this between steps, not during one.
 pub async fn check_live(live: &SharedState, store: &Options) -> Result<Audit, StorageError> {
-    let dir = store.dir.as_path();
-    let mut stored = open(store).await?;
+    let mut audits = check_live_shards(std::slice::from_ref(live), store).await?;
+    Ok(audits.remove(0))
+}
+
+/// [`check_live`] for a replica of `live.len()` shards, `live[k]` shard k's
+/// applied state: one [`Audit`] per shard, in shard order.
+pub async fn check_live_shards(
+    live: &[SharedState],
+    store: &Options,
+) -> Result<Vec<Audit>, StorageError> {
+    let count = u32::try_from(live.len()).unwrap_or(u32::MAX);
+    let stored = open_shards(store, count).await?;
+    let mut audits = Vec::with_capacity(live.len());
+    for (live, mut stored) in live.iter().zip(stored) {
+        audits.push(check_shard_live(live, &mut stored, store.dir.as_path()).await?);
+    }
+    Ok(audits)
+}
+
+/// One shard of [`check_live_shards`].
+async fn check_shard_live(
+    live: &SharedState,
+    stored: &mut Opened,
+    dir: &Path,
+) -> Result<Audit, StorageError> {
     let raft = |error: openraft::StorageError<NodeId>| corrupt_in(dir)(error.to_string());
     let snapshot_id = stored.state.last_applied();
     let last_applied = live.last_applied();
@@ -100,7 +138,7 @@ pub async fn check_live(live: &SharedState, store: &Options) -> Result<Audit, St
             "the stored snapshot at {snapshot_id:?} is past the applied {last_applied:?}"
         )));
     }
-    let entries = entries_after(&mut stored, dir, snapshot_id, last_applied).await?;
+    let entries = entries_after(stored, dir, snapshot_id, last_applied).await?;
     let entries_replayed = entries.len() as u64;
     stored.state_machine.apply(entries).await.map_err(raft)?;
     compare(live, &stored.state).map_err(corrupt_in(dir))?;

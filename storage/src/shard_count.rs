@@ -48,6 +48,12 @@ pub(crate) fn check_or_record(
     })
 }
 
+/// The shard count of the initialised store in `dir`: recorded, or 1 for a
+/// store written before counts were recorded.
+pub(crate) fn recorded(disk: &dyn Disk, dir: &Path) -> Result<u32, StorageError> {
+    Ok(read(disk, dir)?.unwrap_or(1))
+}
+
 fn read(disk: &dyn Disk, dir: &Path) -> Result<Option<u32>, StorageError> {
     let path = dir.join(COUNT_FILE);
     match disk.read(&path) {

@@ -47,6 +47,18 @@ pub struct Settings {
     /// ([`netns::Lan`], [`Cluster::lan`]); needs root: check
     /// [`netns::unavailable`] first.
     pub namespaces: bool,
+    /// `[cluster] shards`: [`SHARDS_ENV`] when set (the whole suite at
+    /// another shard count), else the node's default (1).
+    pub shards: Option<u32>,
+}
+
+/// The environment variable that runs every test cluster with its number of
+/// shards (`PERMITD_TEST_SHARDS=8 cargo test`; docs/operations.md, "Shards").
+pub const SHARDS_ENV: &str = "PERMITD_TEST_SHARDS";
+
+/// The shard count [`SHARDS_ENV`] asks for, if any.
+pub fn shards_from_env() -> Option<u32> {
+    std::env::var(SHARDS_ENV).ok()?.parse().ok()
 }
 
 impl Default for Settings {
@@ -66,6 +78,7 @@ impl Default for Settings {
             worker_threads: None,
             power_loss_disks: false,
             namespaces: false,
+            shards: shards_from_env(),
         }
     }
 }

@@ -85,6 +85,9 @@ pub(crate) fn cluster_toml(
          election_timeout_max_ms = {election_max}\n\
          rpc_timeout_ms = {rpc_timeout}\nsnapshot_every_logs = {snapshot_every_logs}\n{raft_toml}\n[defaults]\n{defaults}\n{extra_toml}\n"
     );
+    if let Some(shards) = settings.shards {
+        text.push_str(&format!("[cluster]\nshards = {shards}\n\n"));
+    }
     if let Some(certs) = certs {
         text.push_str(&format!(
             "[tls]\ncert_file = {:?}\nkey_file = {:?}\nca_file = {:?}\npeer_client_auth = true\n\n",

@@ -33,6 +33,8 @@ pub struct Answer {
     pub body: Value,
     /// `x-permitd-leader`.
     pub leader: Option<u64>,
+    /// `x-permitd-shard`: the shard that answered.
+    pub shard: Option<u32>,
     pub retry_after: Option<String>,
 }
 
@@ -45,6 +47,7 @@ impl Answer {
                     status: 0,
                     body: json!({"transport": error.to_string()}),
                     leader: None,
+                    shard: None,
                     retry_after: None,
                 }
             }
@@ -57,6 +60,7 @@ impl Answer {
                 .map(str::to_owned)
         };
         let leader = header(headers::LEADER).and_then(|value| value.parse().ok());
+        let shard = header(headers::SHARD).and_then(|value| value.parse().ok());
         let retry_after = header("retry-after");
         let status = answer.status().as_u16();
         // An event stream never ends: its status is the answer, its body unread
@@ -72,6 +76,7 @@ impl Answer {
             status,
             body,
             leader,
+            shard,
             retry_after,
         }
     }

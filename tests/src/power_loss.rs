@@ -344,10 +344,11 @@ async fn get(cluster: &Cluster, url: &str) -> Value {
     }
 }
 
-/// Terms in which more than one node logged that it leads, from the node logs
-/// in `dir` (`node-N.log`).
+/// Terms of a shard in which more than one node logged that it leads, from
+/// the node logs in `dir` (`node-N.log`). Each shard is a Raft group with
+/// terms of its own.
 pub fn terms_with_two_leaders(dir: &std::path::Path, nodes: &[u64]) -> Vec<String> {
-    let mut leaders: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+    let mut leaders: BTreeMap<(u64, u64), BTreeSet<u64>> = BTreeMap::new();
     for id in nodes {
         let text = std::fs::read_to_string(dir.join(format!("node-{id}.log"))).unwrap_or_default();
         for line in text
@@ -355,20 +356,26 @@ pub fn terms_with_two_leaders(dir: &std::path::Path, nodes: &[u64]) -> Vec<Strin
             .filter(|line| line.contains("this node leads the cluster"))
         {
             if let Some(term) = term_of(line) {
-                leaders.entry(term).or_default().insert(*id);
+                let shard = field_of(line, "shard=").unwrap_or(0);
+                leaders.entry((shard, term)).or_default().insert(*id);
             }
         }
     }
     leaders
         .into_iter()
         .filter(|(_, nodes)| nodes.len() > 1)
-        .map(|(term, nodes)| format!("term {term} had leaders {nodes:?}"))
+        .map(|((shard, term), nodes)| format!("shard {shard} term {term} had leaders {nodes:?}"))
         .collect()
 }
 
 fn term_of(line: &str) -> Option<u64> {
+    field_of(line, "term=")
+}
+
+/// The number after the last `name` (`term=`, `shard=`) of a log line.
+fn field_of(line: &str, name: &str) -> Option<u64> {
     let line = strip_ansi(line);
-    let rest = &line[line.rfind("term=")? + 5..];
+    let rest = &line[line.rfind(name)? + name.len()..];
     let digits: String = rest
         .trim_start_matches(|c: char| !c.is_ascii_digit())
         .chars()
@@ -435,5 +442,8 @@ mod tests {
             super::term_of("this node leads the cluster term=3"),
             Some(3)
         );
+        let sharded = "this node leads the cluster term=3 shard=12";
+        assert_eq!(super::term_of(sharded), Some(3));
+        assert_eq!(super::field_of(sharded, "shard="), Some(12));
     }
 }

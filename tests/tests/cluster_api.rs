@@ -46,18 +46,20 @@ async fn requests_and_usage_through_a_follower_agree_on_every_node() {
     assert_eq!(fresh["granted"], 0);
     assert_eq!(fresh["limit"], 100);
 
-    // The one shard served today, and its leader, as the leader and a
-    // follower see it (the follower forwarded the call above, so knows it).
+    // Every shard and its leader, as the leader and a follower see it (the
+    // follower forwarded the call above, so knows the key's shard's leader).
+    let count = permitd_tests::cluster::shards_from_env().unwrap_or(1) as usize;
+    let key_shard = permitd_core::shard::shard_of("shared", count as u32).unwrap() as usize;
     for node in [leader, follower] {
         let map = cluster.get(node, "/cluster/shards").await;
         assert_eq!(map.status, 200, "{}", map.body);
         assert_eq!(map.body["id"], node);
         let shards = map.body["shards"].as_array().expect("a list of shards");
-        assert_eq!(shards.len(), 1, "{}", map.body);
-        assert_eq!(shards[0]["shard"], 0);
-        assert_eq!(shards[0]["leader"], leader);
-        assert_eq!(shards[0]["members"], json!([1, 2, 3]));
-        assert!(shards[0]["appliedIndex"].as_u64().unwrap_or(0) > 0);
+        assert_eq!(shards.len(), count, "{}", map.body);
+        assert_eq!(shards[key_shard]["shard"], key_shard);
+        assert_eq!(shards[key_shard]["leader"], answer.leader.unwrap());
+        assert_eq!(shards[key_shard]["members"], json!([1, 2, 3]));
+        assert!(shards[key_shard]["appliedIndex"].as_u64().unwrap_or(0) > 0);
     }
 }
 

@@ -56,12 +56,16 @@ async fn keys_follows_pages_and_stops_at_limit() {
     }
 
     // A limit at or past the end reports no cut; the table names every key.
-    // The leader map: one shard today, led by the node that leads the cluster.
+    // The leader map: every shard, each with its leader.
     let shards = cluster.permitctl(&["--json", "shards"]);
     assert!(shards.success, "{shards:?}");
     let map: serde_json::Value = serde_json::from_str(&shards.stdout).expect("JSON");
-    assert_eq!(map["shards"][0]["shard"], 0, "{map}");
-    assert!(map["shards"][0]["leader"].as_u64().is_some(), "{map}");
+    let count = permitd_tests::cluster::shards_from_env().unwrap_or(1) as usize;
+    assert_eq!(map["shards"].as_array().map(Vec::len), Some(count), "{map}");
+    for (index, shard) in map["shards"].as_array().into_iter().flatten().enumerate() {
+        assert_eq!(shard["shard"], index, "{map}");
+        assert!(shard["leader"].as_u64().is_some(), "{map}");
+    }
     let table = cluster.permitctl(&["shards"]);
     assert!(table.stdout.starts_with("SHARD"), "{table:?}");
     let exact = cluster.permitctl(&["keys", "--page-size", "3", "--limit", "7"]);

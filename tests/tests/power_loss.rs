@@ -157,7 +157,7 @@ async fn audit_every_node(cluster: &mut Cluster) -> Vec<String> {
         let dir = cluster.dir.path().join(permitd_tests::disks::data_dir(id));
         let scratch = tempfile::tempdir().unwrap();
         match permitd_storage::audit::check_replay(&dir, scratch.path()).await {
-            Ok(audit) => eprintln!("node {id}: {audit:?}"),
+            Ok(audits) => eprintln!("node {id}, shard by shard: {audits:?}"),
             Err(error) => violations.push(format!("node {id}: {error}")),
         }
     }

@@ -84,12 +84,17 @@ pub struct Handover {
     /// openraft's leader lease: `election_timeout_max`.
     pub lease: Duration,
     pub heartbeat: Duration,
+    /// Counts the handovers this node started ([`Handover::started`]).
+    pub started: watch::Sender<u64>,
 }
 
 impl Handover {
-    /// Starts the task; it ends when Raft shuts down.
-    pub fn start(self) {
-        crate::seams::spawn(self.run());
+    /// Starts the task; it ends when Raft shuts down. In a cluster of one
+    /// shard there is nothing to spread, and a leader is never moved.
+    pub fn start(self, shards: u32) {
+        if shards > 1 {
+            crate::seams::spawn(self.run());
+        }
     }
 
     async fn run(self) {
@@ -169,6 +174,7 @@ impl Handover {
             to = preferred,
             "handing the shard over to its preferred leader"
         );
+        self.started.send_modify(|started| *started += 1);
         self.stepping_down.send_replace(true);
         self.raft.runtime_config().heartbeat(false);
         let after = self.lease + self.heartbeat;
@@ -200,6 +206,9 @@ impl Handover {
                 "the handover did not happen; leading on"
             );
         }
+        let outcome = if stepped_down { "handed_over" } else { "kept" };
+        metrics::counter!(crate::observe::metrics::HANDOVERS, "shard" => self.shard.to_string(), "outcome" => outcome)
+            .increment(1);
         stepped_down
     }
 

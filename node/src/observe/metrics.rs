@@ -57,6 +57,10 @@ pub const KEYS_LEASED: &str = "permitd_keys_leased";
 pub const KEYS_AVAILABLE: &str = "permitd_keys_available";
 pub const BLOCKED: &str = "permitd_blocked_total";
 pub const LEADER_CHANGES: &str = "permitd_leader_changes_total";
+/// Handovers of a shard this node started (`leader/handover.rs`), by shard
+/// and outcome (`handed_over`, or `kept` when the preferred node did not
+/// take the shard in time).
+pub const HANDOVERS: &str = "permitd_handovers_total";
 pub const PENDING: &str = "permitd_pending_requests";
 pub const ABANDONED: &str = "permitd_requests_abandoned_total";
 pub const EARLY_REPORTS: &str = "permitd_early_reports_total";
@@ -151,7 +155,14 @@ fn describe() {
         "Permits grants may still receive, all keys."
     );
     metrics::describe_counter!(BLOCKED, "Permits left queued by a round, by reason.");
-    metrics::describe_counter!(LEADER_CHANGES, "Leader changes seen by this node.");
+    metrics::describe_counter!(
+        LEADER_CHANGES,
+        "Leader changes seen by this node, by shard."
+    );
+    metrics::describe_counter!(
+        HANDOVERS,
+        "Handovers of a shard to its preferred leader this node started, by shard and outcome."
+    );
     metrics::describe_gauge!(PENDING, "Requests waiting for a round on this node.");
     metrics::describe_counter!(
         ABANDONED,

@@ -22,7 +22,7 @@ use serde_json::json;
 use super::extract::ApiJson;
 use super::semaphores::{linearizable, write};
 use crate::app::App;
-use crate::edge::api::forward::RouteShard;
+use crate::edge::api::extract::{routed, RouteShard};
 use crate::edge::error::ApiError;
 use crate::shard::META_SHARD;
 
@@ -35,7 +35,7 @@ pub async fn save(
     State(app): State<App>,
     Extension(RouteShard(shard)): Extension<RouteShard>,
 ) -> Result<Response, ApiError> {
-    let shard = app.routed(shard)?;
+    let shard = routed(&app, shard)?;
     linearizable(shard).await?;
     let applied_index = shard
         .raft
@@ -73,7 +73,7 @@ pub async fn restore(
     ApiJson(file): ApiJson<BackupFile>,
 ) -> Result<Json<Restored>, ApiError> {
     let shard = crate::edge::api::forward::named_shard(&headers, app.shard_count())?;
-    let shard = app.routed(shard.unwrap_or(META_SHARD))?;
+    let shard = routed(&app, shard.unwrap_or(META_SHARD))?;
     if file.format != BACKUP_FORMAT {
         return Err(ApiError::BadRequest(format!(
             "unknown backup format {:?}; this node reads {BACKUP_FORMAT:?}",

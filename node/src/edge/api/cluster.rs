@@ -20,12 +20,14 @@ use tokio::time::Instant;
 use super::extract::ApiJson;
 use super::semaphores::write;
 use crate::app::App;
-use crate::edge::api::forward::RouteShard;
+use crate::edge::api::extract::{routed, RouteShard};
 use crate::edge::error::ApiError;
-use crate::shard::{Shard, META_SHARD};
+use crate::shard::Shard;
 
 /// How long `/cluster/init` waits for the first leader to write the defaults.
 pub const INIT_DEFAULTS_TIMEOUT_MS: u64 = 15_000;
+/// And this much more per shard.
+pub const INIT_DEFAULTS_PER_SHARD_MS: u64 = 250;
 
 /// `GET /cluster/status`: this node's view.
 #[utoipa::path(
@@ -130,28 +132,41 @@ pub async fn init(
 /// write is applied, so a failure here is not final. The meta shard first: a
 /// node refused there (already initialised) touches no other shard.
 pub async fn initialize(app: &App) -> Result<(), ApiError> {
-    for shard in &app.shards {
-        let members = (*app.initial_members).clone();
-        match shard.raft.initialize(members).await {
-            Ok(()) => {}
-            Err(RaftError::APIError(InitializeError::NotAllowed(_))) if shard.id == META_SHARD => {
-                return Err(ApiError::Conflict {
-                    code: ErrorCode::AlreadyInitialized,
-                    message: "this node already belongs to an initialised cluster".into(),
-                })
-            }
+    initialize_shard(app.meta(), app).await?;
+    // The other shards at once: each is an election and a membership entry.
+    let others = app
+        .shards
+        .iter()
+        .skip(1)
+        .map(|shard| initialize_shard(shard, app));
+    for initialized in futures_util::future::join_all(others).await {
+        match initialized {
             // A shard initialised by an earlier, interrupted init.
-            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-            Err(error) => return Err(ApiError::Internal(error.to_string())),
+            Ok(()) | Err(ApiError::Conflict { .. }) => {}
+            Err(error) => return Err(error),
         }
     }
     tracing::info!(members = ?app.initial_members.keys(), shards = app.shards.len(), "cluster initialised");
     wait_for_defaults(app).await
 }
 
-/// Waits until this node has applied a `SetDefaults` in every shard.
+/// Initialises one shard's group with the configured members.
+async fn initialize_shard(shard: &Shard, app: &App) -> Result<(), ApiError> {
+    match shard.raft.initialize((*app.initial_members).clone()).await {
+        Ok(()) => Ok(()),
+        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Err(ApiError::Conflict {
+            code: ErrorCode::AlreadyInitialized,
+            message: "this node already belongs to an initialised cluster".into(),
+        }),
+        Err(error) => Err(ApiError::Internal(error.to_string())),
+    }
+}
+
+/// Waits until this node has applied a `SetDefaults` in every shard (the
+/// deadline grows with the shard count: every shard elects and copies).
 async fn wait_for_defaults(app: &App) -> Result<(), ApiError> {
-    let deadline = Instant::now() + Duration::from_millis(INIT_DEFAULTS_TIMEOUT_MS);
+    let per_shard = Duration::from_millis(INIT_DEFAULTS_PER_SHARD_MS) * app.shard_count();
+    let deadline = Instant::now() + Duration::from_millis(INIT_DEFAULTS_TIMEOUT_MS) + per_shard;
     while Instant::now() < deadline {
         let written = app
             .shards
@@ -199,7 +214,7 @@ pub async fn members(
     Extension(RouteShard(shard)): Extension<RouteShard>,
     ApiJson(change): ApiJson<MembershipChange>,
 ) -> Result<Json<ClusterStatus>, ApiError> {
-    let shard = app.routed(shard)?;
+    let shard = routed(&app, shard)?;
     let result = match change {
         MembershipChange::AddLearner {
             id,

@@ -31,6 +31,7 @@ use permitd_core::limits::EVENT_KEEP_ALIVE_SECONDS;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::app::App;
+use crate::edge::api::extract::routed;
 use crate::edge::error::ApiError;
 use crate::observe::event_log::{matches, KeptEvent, SubscribeError, Subscription};
 use crate::shard::META_SHARD;
@@ -68,7 +69,7 @@ pub async fn stream(
     };
     let shard = match &query.key {
         Some(key) => app.key_shard(key),
-        None => app.routed(stream_shard(&app, &headers)?)?,
+        None => routed(&app, stream_shard(&app, &headers)?)?,
     };
     let subscription = shard
         .events

@@ -10,9 +10,25 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::{header, request::Parts, StatusCode};
 use permitd_core::limits::MAX_BODY_BYTES;
 use permitd_core::InvalidInput;
+use permitd_storage::ShardId;
 use serde::de::DeserializeOwned;
 
+use crate::app::App;
 use crate::edge::error::ApiError;
+use crate::shard::Shard;
+
+/// The shard a call was routed to, in the request's extensions for the
+/// handler (`forward::to_leader`): the key's shard, else the one
+/// `x-permitd-shard` names, else the meta shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteShard(pub ShardId);
+
+/// Shard `id` of `app`'s node; a 400 for one the cluster does not have (the
+/// router checks first).
+pub fn routed(app: &App, id: ShardId) -> Result<&Shard, ApiError> {
+    app.shard(id)
+        .ok_or_else(|| ApiError::BadRequest(format!("no shard {id} in this cluster")))
+}
 
 /// A JSON body parsed into `T`.
 #[derive(Debug)]

@@ -234,9 +234,17 @@ async fn healthz(State(app): State<App>) -> Result<Json<Health>, ApiError> {
 )]
 async fn readyz(
     State((app, to_leader)): State<(App, Arc<forward::ToLeader>)>,
+    headers: axum::http::HeaderMap,
 ) -> Result<Json<Readiness>, ApiError> {
+    // One shard when named (a follower's probe of its leader asks about a
+    // shard that leader leads), else every shard.
+    let named = forward::named_shard(&headers, app.shard_count())?;
     let mut ready = None;
-    for shard in &app.shards {
+    for shard in app
+        .shards
+        .iter()
+        .filter(|shard| named.is_none_or(|named| named == shard.id))
+    {
         let serving = shard_serving(shard, &to_leader)?;
         ready.get_or_insert(serving);
     }

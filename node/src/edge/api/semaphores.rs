@@ -21,7 +21,7 @@ use permitd_storage::{Command, CommandResult, Refused};
 
 use super::extract::{ApiJson, ApiPath, JsonBytes};
 use crate::app::App;
-use crate::edge::api::forward::RouteShard;
+use crate::edge::api::extract::{routed, RouteShard};
 use crate::edge::error::ApiError;
 use crate::leader::propose::propose;
 use crate::shard::Shard;
@@ -261,7 +261,7 @@ pub async fn list(
     Extension(RouteShard(shard)): Extension<RouteShard>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<KeyList>, ApiError> {
-    let shard = app.routed(shard)?;
+    let shard = routed(&app, shard)?;
     let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
     let limit = query
         .limit

@@ -21,7 +21,7 @@ pub mod deadline;
 pub mod reach;
 pub mod scatter;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,7 +43,7 @@ use self::deadline::{deadline, may_wait, Call};
 use self::reach::{Contact, LeaderReach};
 use crate::app::App;
 use crate::config::ForwardTimings;
-use crate::edge::api::extract::ApiPath;
+use crate::edge::api::extract::{ApiPath, RouteShard};
 use crate::edge::error::ApiError;
 use crate::leader::leadership::Leadership;
 use crate::raft::Raft;
@@ -85,12 +85,6 @@ pub struct ShardRoute {
     /// may wait ([`deadline::may_wait`]).
     pub state: SharedState,
 }
-
-/// The shard a call was routed to, in the request's extensions for the
-/// handler: the key's shard, else the one [`headers::SHARD`] names, else the
-/// meta shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RouteShard(pub ShardId);
 
 impl std::fmt::Debug for ToLeader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -237,20 +231,21 @@ async fn probe_leaders(to: Arc<ToLeader>) {
     let mut meta = to.shards[0].leadership.clone();
     loop {
         meta.borrow_and_update();
-        let leaders: BTreeSet<NodeId> = to
-            .shards
-            .iter()
-            .filter_map(|shard| {
-                let now = *shard.leadership.borrow();
-                now.leader.filter(|_| !now.is_leader)
-            })
-            .collect();
-        for leader in leaders {
+        // Each other leader once, about the first shard it leads.
+        let mut leaders: BTreeMap<NodeId, ShardId> = BTreeMap::new();
+        for (shard, route) in (0..).zip(&to.shards) {
+            let now = *route.leadership.borrow();
+            if let Some(leader) = now.leader.filter(|_| !now.is_leader) {
+                leaders.entry(leader).or_insert(shard);
+            }
+        }
+        for (leader, shard) in leaders {
             if !to.reach.due(leader, to.timings.reach) {
                 continue;
             }
+            let timeout = 2 * to.timings.reach;
             let contact = match to.base_of(leader) {
-                Some(base) => reach::probe(&to.transport, &base, 2 * to.timings.reach).await,
+                Some(base) => reach::probe(&to.transport, &base, shard, timeout).await,
                 None => Contact::Unreached,
             };
             to.reach.record(leader, contact);

@@ -19,12 +19,13 @@
 //!
 //! [`ForwardTimings::reach`]: super::deadline::ForwardTimings::reach
 
+use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::Request;
-use permitd_core::contract::{paths, ErrorAnswer, Serving};
+use permitd_core::contract::{headers, paths, ErrorAnswer, Serving};
 use permitd_storage::NodeId;
 use permitd_transport::{Deadline, Transport, TransportError, TransportErrorKind};
 use tokio::time::Instant;
@@ -42,11 +43,13 @@ pub enum Contact {
     Unreached,
 }
 
-/// What this node last learned about reaching its leader's API.
+/// What this node last learned about reaching each leader's API (with
+/// shards, several nodes lead at once; at most one entry per node of the
+/// cluster).
 #[derive(Debug, Default)]
 pub struct LeaderReach {
     /// A std mutex: held for a copy, never across an await.
-    last: Mutex<Option<(NodeId, Contact, Instant)>>,
+    last: Mutex<BTreeMap<NodeId, (Contact, Instant)>>,
 }
 
 impl LeaderReach {
@@ -57,19 +60,18 @@ impl LeaderReach {
         // message counts the ms it has been stalled).
         let kind = std::mem::discriminant(&contact);
         let seen = last
-            .as_ref()
-            .map(|(id, seen, _)| (*id, std::mem::discriminant(seen)));
-        if seen != Some((leader, kind)) {
+            .get(&leader)
+            .map(|(seen, _)| std::mem::discriminant(seen));
+        if seen != Some(kind) {
             tracing::info!(leader, ?contact, "reaching the leader's API");
         }
-        *last = Some((leader, contact, Instant::now()));
+        last.insert(leader, (contact, Instant::now()));
     }
 
     /// The last contact with `leader`, and when; `None` if it was never tried.
     pub fn with(&self, leader: NodeId) -> Option<(Contact, Instant)> {
         let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        let (id, contact, at) = last.as_ref()?;
-        (*id == leader).then(|| (contact.clone(), *at))
+        last.get(&leader).cloned()
     }
 }
 
@@ -97,9 +99,12 @@ impl LeaderReach {
     }
 }
 
-/// Asks the `/readyz` of the leader at `base`, within `timeout`.
-pub async fn probe(transport: &Transport, base: &str, timeout: Duration) -> Contact {
-    match ask_readyz(transport, base, timeout).await {
+/// Asks the `/readyz` of the leader at `base` about `shard`, one it leads,
+/// within `timeout`. About that shard alone: a node's readiness over every
+/// shard depends on the leaders it follows, and asking that would chain
+/// every node's readiness to every other's.
+pub async fn probe(transport: &Transport, base: &str, shard: u32, timeout: Duration) -> Contact {
+    match ask_readyz(transport, base, shard, timeout).await {
         Ok(contact) => contact,
         Err(error) => {
             tracing::debug!(%error, base, "probing the leader failed");
@@ -112,9 +117,11 @@ pub async fn probe(transport: &Transport, base: &str, timeout: Duration) -> Cont
 async fn ask_readyz(
     transport: &Transport,
     base: &str,
+    shard: u32,
     timeout: Duration,
 ) -> Result<Contact, TransportError> {
     let mut request = Request::get(format!("{base}{}", paths::READYZ))
+        .header(headers::SHARD, shard)
         .body(Bytes::new())
         .map_err(|error| TransportError::new(TransportErrorKind::Request, error))?;
     request.extensions_mut().insert(Deadline(timeout));

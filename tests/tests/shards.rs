@@ -1,0 +1,254 @@
+//! A cluster of several shards, end to end on real processes: every key's
+//! calls reach its shard's leader from any node, leaders spread over the
+//! voters, calls that name no key cover every shard, the meta shard's
+//! defaults and tokens reach every shard, a backup of S shards restores into
+//! S′, and a node's death moves only the shards it led.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use permitd_core::shard::shard_of;
+use permitd_tests::{eventually_seen, granted, request, Cluster, Settings};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const SHARDS: u32 = 3;
+
+fn sharded(shards: u32) -> Settings {
+    Settings {
+        shards: Some(shards),
+        // Long claim deadlines: a grant restored from a backup is still held.
+        defaults: "limit = 100\nroundWaitMs = 5\nroundPeriodMs = 20\ngrantTimeoutMs = 600000\n"
+            .into(),
+        ..Settings::default()
+    }
+}
+
+/// Keys that cover every shard of `shards`, several each.
+fn keys(shards: u32) -> Vec<String> {
+    let keys: Vec<String> = (0..30).map(|i| format!("acct-{i:02}")).collect();
+    let covered: BTreeSet<u32> = keys
+        .iter()
+        .map(|key| shard_of(key, shards).unwrap())
+        .collect();
+    assert_eq!(covered.len(), shards as usize, "the keys cover every shard");
+    keys
+}
+
+/// Every shard's leader, once each has one and each voter leads its
+/// preferred shard (`leader/handover.rs`: shard k prefers the (k mod 3)-th
+/// voter).
+async fn spread_leaders(cluster: &Cluster, via: u64) -> BTreeMap<u32, u64> {
+    let (spread, seen) = eventually_seen(Duration::from_secs(20), || async {
+        let map = cluster.get(via, "/cluster/shards").await;
+        let leaders: BTreeMap<u32, u64> = map.body["shards"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|shard| Some((shard["shard"].as_u64()? as u32, shard["leader"].as_u64()?)))
+            .collect();
+        let preferred =
+            (0..SHARDS).all(|shard| leaders.get(&shard) == Some(&(u64::from(shard) % 3 + 1)));
+        (preferred, leaders)
+    })
+    .await;
+    assert!(spread, "leaders did not spread: {seen:?}");
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_reaches_its_shard_and_keyless_calls_cover_every_shard() {
+    let cluster = Cluster::start(sharded(SHARDS)).await;
+    let leaders = spread_leaders(&cluster, 1).await;
+    let keys = keys(SHARDS);
+
+    // Any node takes any key's call; its shard's leader answers.
+    for (i, key) in keys.iter().enumerate() {
+        let via = (i as u64 % 3) + 1;
+        let answer = cluster
+            .post(
+                via,
+                &format!("/v1/semaphores/{key}"),
+                &request("c1", &[("g", 2, 1)]),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{key} via {via}: {}", answer.body);
+        assert_eq!(granted(&answer.body), 2);
+        let shard = shard_of(key, SHARDS).unwrap();
+        assert_eq!(answer.shard, Some(shard), "{key}");
+        assert_eq!(answer.leader, Some(leaders[&shard]), "{key}");
+    }
+
+    // The listing pages through every shard's keys in key order.
+    let mut listed = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let query = match &after {
+            Some(after) => format!("/v1/semaphores?limit=7&after={after}"),
+            None => "/v1/semaphores?limit=7".into(),
+        };
+        let page = cluster.get(2, &query).await;
+        assert_eq!(page.status, 200, "{}", page.body);
+        for key in page.body["keys"].as_array().unwrap() {
+            assert_eq!(key["usage"]["granted"], 2, "{key}");
+            listed.push(key["key"].as_str().unwrap().to_owned());
+        }
+        match page.body["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(listed, keys, "every key once, in order");
+
+    // A batch over every shard is answered item by item, in order.
+    let items: Vec<Value> = keys
+        .iter()
+        .take(9)
+        .enumerate()
+        .map(|(i, key)| json!({"key": key, "message": request("c2", &[("g", i as u64 + 1, 1)])}))
+        .chain([json!({"key": "bad", "message": {"v": 1, "type": "bogus"}})])
+        .collect();
+    let batch = cluster
+        .post(3, "/v1/batch", &json!({"v": 1, "items": items}))
+        .await;
+    assert_eq!(batch.status, 200, "{}", batch.body);
+    let answers = batch.body["items"].as_array().unwrap();
+    assert_eq!(answers.len(), 10);
+    for (i, answer) in answers.iter().take(9).enumerate() {
+        assert_eq!(answer["status"], 200, "{answer}");
+        assert_eq!(
+            granted(&answer["answer"]),
+            i as u64 + 1,
+            "item {i} in place"
+        );
+    }
+    assert_eq!(answers[9]["status"], 400, "{}", answers[9]);
+
+    backup_and_restore_into_another_shard_count(&cluster, &keys).await;
+}
+
+/// A backup of every shard, restored into a new cluster of two shards: every
+/// key's usage as it was.
+async fn backup_and_restore_into_another_shard_count(cluster: &Cluster, keys: &[String]) {
+    let backup = cluster.get(1, "/cluster/snapshot").await;
+    assert_eq!(backup.status, 200, "{}", backup.body);
+    let saved = backup.body["state"]["keys"].as_object().unwrap();
+    assert_eq!(saved.len(), keys.len(), "every shard's keys");
+    let other = Cluster::start(sharded(2)).await;
+    other.wait_for_leader().await;
+    let restored = other.post(2, "/cluster/restore", &backup.body).await;
+    assert_eq!(restored.status, 200, "{}", restored.body);
+    assert_eq!(restored.body["restoredKeys"], keys.len());
+    for key in keys {
+        let before = cluster.usage(1, key).await;
+        let after = other.usage(3, key).await;
+        assert_eq!(before, after, "{key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defaults_and_tokens_of_the_meta_shard_reach_every_shard() {
+    let cluster = Cluster::start(sharded(SHARDS)).await;
+    spread_leaders(&cluster, 1).await;
+    let keys = keys(SHARDS);
+    let one_per_shard: Vec<&String> = (0..SHARDS)
+        .map(|shard| {
+            keys.iter()
+                .find(|key| shard_of(key, SHARDS).unwrap() == shard)
+                .unwrap()
+        })
+        .collect();
+
+    let changed = cluster
+        .put(2, "/cluster/defaults", &json!({"limit": 7}))
+        .await;
+    assert_eq!(changed.status, 200, "{}", changed.body);
+    for key in &one_per_shard {
+        let (copied, seen) = eventually_seen(Duration::from_secs(10), || async {
+            let config = cluster
+                .get(3, &format!("/v1/semaphores/{key}/config"))
+                .await;
+            (config.body["limit"] == 7, config.body)
+        })
+        .await;
+        assert!(copied, "{key}'s shard took the new default: {seen}");
+    }
+
+    let created = cluster
+        .post(
+            3,
+            "/v1/tokens",
+            &json!({"name": "runner", "role": "runner", "keys": ["acct-*"], "clientIds": ["runner-*"]}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let token = created.body["token"].as_str().unwrap().to_owned();
+    for key in &one_per_shard {
+        let (served, seen) = eventually_seen(Duration::from_secs(10), || async {
+            let path = format!("/v1/semaphores/{key}");
+            let body = request("runner-1", &[("g", 1, 1)]);
+            let answer = cluster
+                .call_as(Some(&token), 1, Method::POST, &path, Some(&body))
+                .await;
+            (answer.status == 200, answer.body)
+        })
+        .await;
+        assert!(served, "{key}'s shard leader knows the token: {seen}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_moves_only_its_shards_and_takes_them_back() {
+    let mut cluster = Cluster::start(sharded(SHARDS)).await;
+    let leaders = spread_leaders(&cluster, 1).await;
+    let keys = keys(SHARDS);
+    // Shard 2 is node 3's; the keys of the other shards keep answering.
+    let dead_shard = 2;
+    let victim = leaders[&dead_shard];
+    let survivor_keys: Vec<&String> = keys
+        .iter()
+        .filter(|key| shard_of(key, SHARDS).unwrap() != dead_shard)
+        .collect();
+    let dead_key = keys
+        .iter()
+        .find(|key| shard_of(key, SHARDS).unwrap() == dead_shard)
+        .unwrap();
+    cluster.kill(victim);
+    let started = std::time::Instant::now();
+    let mut other_calls = 0;
+    let mut dead_shard_served = None;
+    while started.elapsed() < Duration::from_secs(10) && dead_shard_served.is_none() {
+        for key in survivor_keys.iter().take(6) {
+            let answer = cluster
+                .post(
+                    1,
+                    &format!("/v1/semaphores/{key}"),
+                    &request("c3", &[("g", 1, 1)]),
+                )
+                .await;
+            assert_eq!(
+                answer.status, 200,
+                "{key} while node {victim} is dead: {}",
+                answer.body
+            );
+            other_calls += 1;
+        }
+        let answer = cluster
+            .post(
+                2,
+                &format!("/v1/semaphores/{dead_key}"),
+                &request("c3", &[("g", 1, 1)]),
+            )
+            .await;
+        if answer.status == 200 {
+            dead_shard_served = Some(started.elapsed());
+        }
+    }
+    let served_after = dead_shard_served.expect("the dead node's shard serves again");
+    assert!(other_calls > 0);
+    eprintln!("shard {dead_shard} served again after {served_after:?}; {other_calls} calls to the other shards all answered");
+
+    cluster.restart(victim);
+    let back = spread_leaders(&cluster, 1).await;
+    assert_eq!(back[&dead_shard], victim, "the node took its shard back");
+}
