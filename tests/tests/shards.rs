@@ -52,7 +52,24 @@ async fn spread_leaders(cluster: &Cluster, via: u64) -> BTreeMap<u32, u64> {
         (preferred, leaders)
     })
     .await;
-    assert!(spread, "leaders did not spread: {seen:?}");
+    if !spread {
+        let handovers: Vec<String> = [1, 2, 3]
+            .iter()
+            .flat_map(|id| {
+                let log = cluster.dir.path().join(format!("node-{id}.log"));
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                text.lines()
+                    .filter(|line| {
+                        line.contains("handover")
+                            || line.contains("handing")
+                            || std::env::var("SHARDS_TEST_LOGS").is_ok()
+                    })
+                    .map(|line| format!("node {id}: {line}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        panic!("leaders did not spread: {seen:?}\n{}", handovers.join("\n"));
+    }
     seen
 }
 

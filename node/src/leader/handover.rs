@@ -102,13 +102,13 @@ impl Handover {
         let mut leading_since: Option<(u64, Instant)> = None;
         let mut next_try = Instant::now();
         loop {
-            let due = self.due(&mut leading_since, next_try);
+            let due = self.due(&server, &mut leading_since, next_try);
             if let Some(preferred) = due {
                 if !self.hand_over(preferred).await {
                     next_try = Instant::now() + RETRY_AFTER;
                 }
             }
-            let may_be_due = leading_since.is_some() && self.prefers_another();
+            let may_be_due = leading_since.is_some() && !self.preferred_here();
             let changed = if may_be_due {
                 tokio::select! {
                     changed = server.changed() => changed.is_ok(),
@@ -123,27 +123,48 @@ impl Handover {
         }
     }
 
-    /// Whether this shard, led here, prefers another leader.
-    fn prefers_another(&self) -> bool {
+    /// Whether this node is the shard's preferred leader, as far as the full
+    /// metrics show the voters yet (they may lag the role: then it is not
+    /// known, and the task polls).
+    fn preferred_here(&self) -> bool {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let voters: BTreeSet<NodeId> = metrics.membership_config.membership().voter_ids().collect();
-        preferred_leader(self.shard, &voters).is_some_and(|preferred| preferred != metrics.id)
+        preferred_leader(self.shard, &voters) == Some(metrics.id)
     }
 
     /// The node to hand the shard over to now, if any: this node leads (since
     /// [`LEAD_BEFORE_HANDOVER`]), the shard prefers another voter, and that
     /// voter has every entry this node has.
-    fn due(&self, leading_since: &mut Option<(u64, Instant)>, next_try: Instant) -> Option<NodeId> {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        if metrics.state != ServerState::Leader {
+    ///
+    /// The role and term come from `server`, the watch this task waits on:
+    /// openraft sends it apart from the full metrics, which may not show the
+    /// new role yet; a task that read the role there could miss its own
+    /// election and wait for a change that never comes.
+    fn due(
+        &self,
+        server: &watch::Receiver<
+            openraft::metrics::RaftServerMetrics<NodeId, permitd_storage::PeerNode>,
+        >,
+        leading_since: &mut Option<(u64, Instant)>,
+        next_try: Instant,
+    ) -> Option<NodeId> {
+        let (state, term) = {
+            let server = server.borrow();
+            (server.state, server.vote.leader_id().get_term())
+        };
+        if state != ServerState::Leader {
             *leading_since = None;
             return None;
         }
-        let term = metrics.current_term;
         if leading_since.map(|(led, _)| led) != Some(term) {
             *leading_since = Some((term, Instant::now()));
+        }
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        if metrics.state != ServerState::Leader {
+            // The full metrics lag: checked again at the next poll.
+            return None;
         }
         let (_, since) = (*leading_since)?;
         let now = Instant::now();
@@ -157,11 +178,17 @@ impl Handover {
         }
         let matched = metrics
             .replication
-            .as_ref()?
-            .get(&preferred)?
-            .as_ref()?
-            .index;
-        (Some(matched) == metrics.last_log_index).then_some(preferred)
+            .as_ref()
+            .and_then(|replication| replication.get(&preferred)?.as_ref().map(|id| id.index));
+        let last = metrics.last_log_index;
+        tracing::debug!(
+            shard = self.shard,
+            preferred,
+            ?matched,
+            ?last,
+            "handover due?"
+        );
+        (matched.is_some() && matched == last).then_some(preferred)
     }
 
     /// Steps down in favour of `preferred`; whether this node stopped leading.
