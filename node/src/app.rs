@@ -236,7 +236,8 @@ pub async fn start_unbound(
             crate::raft::network::client(rpc_timeout, tls, settings.peer_source_ip)
         })?,
     )
-    .with_seams(settings.seams.clone());
+    .with_seams(settings.seams.clone())
+    .with_shards(count, Duration::from_millis(timings.heartbeat_interval_ms));
     let start = ShardStart {
         node: settings.id,
         timings,

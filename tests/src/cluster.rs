@@ -163,6 +163,7 @@ impl Cluster {
         let init = cluster.post_admin(1, "/cluster/init", &json!({})).await;
         assert_eq!(init.0, 200, "init failed: {}", init.1);
         cluster.wait_for_leader().await;
+        cluster.wait_spread().await;
         cluster
     }
 
@@ -178,6 +179,7 @@ impl Cluster {
         let init = cluster.post_admin(1, "/cluster/init", &json!({})).await;
         assert_eq!(init.0, 200, "init failed: {}", init.1);
         cluster.wait_for_leader().await;
+        cluster.wait_spread().await;
         cluster
     }
 
@@ -315,6 +317,54 @@ impl Cluster {
                 }
             }
             assert!(Instant::now() < deadline, "no leader agreed: {leaders:?}");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// With more than one shard: waits until every running node sees each
+    /// shard led by its preferred leader (node `shard mod N + 1` of nodes
+    /// 1..=N, `leader/handover.rs`), so a test starts in the steady state and
+    /// not amid the handovers of a new cluster. Returns each shard's leader.
+    pub async fn wait_spread(&self) -> Vec<u64> {
+        let shards = self.settings.shards.unwrap_or(1);
+        let voters = self.settings.nodes as u64;
+        let deadline = Instant::now() + START_TIMEOUT;
+        let preferred: Vec<u64> = (0..u64::from(shards))
+            .map(|shard| shard % voters + 1)
+            .collect();
+        if shards == 1 {
+            return preferred;
+        }
+        loop {
+            let mut seen = Vec::new();
+            for node in self.nodes.iter().filter(|node| node.is_running()) {
+                let url = format!("{}/cluster/shards", node.url());
+                let map: Option<Value> = match self.http.get(url).send().await {
+                    Ok(answer) => answer.json().await.ok(),
+                    Err(_) => None,
+                };
+                let leaders: Vec<Option<u64>> = map
+                    .as_ref()
+                    .and_then(|map| map["shards"].as_array().cloned())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|shard| shard["leader"].as_u64())
+                    .collect();
+                seen.push(leaders);
+            }
+            let spread = seen.iter().all(|leaders| {
+                leaders
+                    .iter()
+                    .copied()
+                    .eq(preferred.iter().copied().map(Some))
+            });
+            if spread {
+                return preferred;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the shards' leaders did not spread: {seen:?}"
+            );
             tokio::time::sleep(POLL).await;
         }
     }

@@ -35,48 +35,16 @@ fn keys(shards: u32) -> Vec<String> {
     keys
 }
 
-/// Every shard's leader, once each has one and each voter leads its
-/// preferred shard (`leader/handover.rs`: shard k prefers the (k mod 3)-th
-/// voter).
-async fn spread_leaders(cluster: &Cluster, via: u64) -> BTreeMap<u32, u64> {
-    let (spread, seen) = eventually_seen(Duration::from_secs(20), || async {
-        let map = cluster.get(via, "/cluster/shards").await;
-        let leaders: BTreeMap<u32, u64> = map.body["shards"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|shard| Some((shard["shard"].as_u64()? as u32, shard["leader"].as_u64()?)))
-            .collect();
-        let preferred =
-            (0..SHARDS).all(|shard| leaders.get(&shard) == Some(&(u64::from(shard) % 3 + 1)));
-        (preferred, leaders)
-    })
-    .await;
-    if !spread {
-        let handovers: Vec<String> = [1, 2, 3]
-            .iter()
-            .flat_map(|id| {
-                let log = cluster.dir.path().join(format!("node-{id}.log"));
-                let text = std::fs::read_to_string(log).unwrap_or_default();
-                text.lines()
-                    .filter(|line| {
-                        line.contains("handover")
-                            || line.contains("handing")
-                            || std::env::var("SHARDS_TEST_LOGS").is_ok()
-                    })
-                    .map(|line| format!("node {id}: {line}"))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        panic!("leaders did not spread: {seen:?}\n{}", handovers.join("\n"));
-    }
-    seen
+/// Every shard's leader, once each voter leads its preferred shards
+/// (`leader/handover.rs`: shard k prefers the (k mod 3)-th voter).
+async fn spread_leaders(cluster: &Cluster) -> BTreeMap<u32, u64> {
+    (0..).zip(cluster.wait_spread().await).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_reaches_its_shard_and_keyless_calls_cover_every_shard() {
     let cluster = Cluster::start(sharded(SHARDS)).await;
-    let leaders = spread_leaders(&cluster, 1).await;
+    let leaders = spread_leaders(&cluster).await;
     let keys = keys(SHARDS);
 
     // Any node takes any key's call; its shard's leader answers.
@@ -166,7 +134,7 @@ async fn backup_and_restore_into_another_shard_count(cluster: &Cluster, keys: &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defaults_and_tokens_of_the_meta_shard_reach_every_shard() {
     let cluster = Cluster::start(sharded(SHARDS)).await;
-    spread_leaders(&cluster, 1).await;
+    spread_leaders(&cluster).await;
     let keys = keys(SHARDS);
     let one_per_shard: Vec<&String> = (0..SHARDS)
         .map(|shard| {
@@ -217,7 +185,7 @@ async fn defaults_and_tokens_of_the_meta_shard_reach_every_shard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_node_moves_only_its_shards_and_takes_them_back() {
     let mut cluster = Cluster::start(sharded(SHARDS)).await;
-    let leaders = spread_leaders(&cluster, 1).await;
+    let leaders = spread_leaders(&cluster).await;
     let keys = keys(SHARDS);
     // Shard 2 is node 3's; the keys of the other shards keep answering.
     let dead_shard = 2;
@@ -266,6 +234,6 @@ async fn a_dead_node_moves_only_its_shards_and_takes_them_back() {
     eprintln!("shard {dead_shard} served again after {served_after:?}; {other_calls} calls to the other shards all answered");
 
     cluster.restart(victim);
-    let back = spread_leaders(&cluster, 1).await;
+    let back = spread_leaders(&cluster).await;
     assert_eq!(back[&dead_shard], victim, "the node took its shard back");
 }

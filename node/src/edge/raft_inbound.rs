@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::app::App;
 use crate::leader::handover::{elect_after, ElectRequest};
 use crate::raft::election_guard::PreVoteRequest;
+use crate::raft::heartbeats::{ShardAnswer, ShardAppend};
 use crate::raft::wire::SnapshotChunk;
 use crate::shard::Shard;
 
@@ -30,6 +31,7 @@ pub fn router() -> Router<App> {
         .route("/raft/append", post(append))
         .route("/raft/snapshot", post(snapshot))
         .route("/raft/elect", post(elect))
+        .route("/raft/heartbeats", post(heartbeats))
 }
 
 /// The 400 for a body that does not decode.
@@ -127,6 +129,43 @@ async fn append(State(app): State<App>, Query(query): Query<ShardQuery>, body: B
         Err(error) => undecodable(error),
     }
 }
+
+/// Every shard's heartbeats from one leader node (`raft/heartbeats.rs`): each
+/// handled as its own `/raft/append`, the answers in the same order.
+async fn heartbeats(State(app): State<App>, body: Bytes) -> Response {
+    let arrived = tokio::time::Instant::now();
+    let appends = match codec::decode::<Vec<ShardAppend>>(&body) {
+        Ok(appends) => appends,
+        Err(error) => return undecodable(error),
+    };
+    if appends.len() > app.shards.len() * MAX_HEARTBEATS_PER_SHARD {
+        let message = format!("{} heartbeats in one call", appends.len());
+        return (StatusCode::BAD_REQUEST, message).into_response();
+    }
+    if let Some((shard, _)) = appends
+        .iter()
+        .find(|(shard, _)| app.shard(*shard).is_none())
+    {
+        let message = format!("no shard {shard} on this node");
+        return (StatusCode::NOT_FOUND, message).into_response();
+    }
+    let handled = appends.into_iter().map(|(shard, request)| {
+        let shard = app.shard(shard).expect("checked above");
+        let mut receiving = shard.leader_contact.receiving();
+        receiving.decoded(&request.vote, arrived);
+        async move {
+            let answer: ShardAnswer = shard.raft.append_entries(request).await;
+            drop(receiving);
+            answer
+        }
+    });
+    let answers: Vec<ShardAnswer> = futures_util::future::join_all(handled).await;
+    encoded(&Ok::<_, openraft::error::Infallible>(answers))
+}
+
+/// Most heartbeats of one shard in one `/raft/heartbeats` call: a leader
+/// sends one per shard, and a few more when a commit index follows one.
+const MAX_HEARTBEATS_PER_SHARD: usize = 4;
 
 /// A shard's leader hands the shard over to this node (`leader/handover.rs`).
 async fn elect(State(app): State<App>, Query(query): Query<ShardQuery>, body: Bytes) -> Response {

@@ -61,6 +61,7 @@ pub const LEADER_CHANGES: &str = "permitd_leader_changes_total";
 /// and outcome (`handed_over`, or `kept` when the preferred node did not
 /// take the shard in time).
 pub const HANDOVERS: &str = "permitd_handovers_total";
+
 pub const PENDING: &str = "permitd_pending_requests";
 pub const ABANDONED: &str = "permitd_requests_abandoned_total";
 pub const EARLY_REPORTS: &str = "permitd_early_reports_total";
@@ -181,6 +182,7 @@ fn describe() {
     crate::raft::stall_probe::describe();
     crate::raft::peer_logs::describe();
     crate::raft::election_guard::describe();
+    crate::raft::heartbeats::describe();
     permitd_storage::describe_snapshot_metrics();
     permitd_storage::describe_wal_metrics();
 }

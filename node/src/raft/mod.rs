@@ -10,6 +10,7 @@
 //! that cannot be reached or a connection that broke.
 
 pub mod election_guard;
+pub mod heartbeats;
 pub mod network;
 pub mod peer_logs;
 pub mod runtime;

@@ -26,6 +26,7 @@
 //! fewer (one entry always goes: a round entry is far smaller than the peer's
 //! body limit).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -47,6 +48,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
+use super::heartbeats::Heartbeats;
 use super::peer_logs::{PeerLogs, RUNS_FOUND_HELD};
 use super::wire::SnapshotChunk;
 use super::{bearer, SECRET_HEADER};
@@ -90,6 +92,9 @@ pub struct Network {
     /// every call (`?shard=k`; none for shard 0, so a one-shard cluster's
     /// calls are what they always were).
     shard: ShardId,
+    /// Every shard's heartbeats to a peer, coalesced (`heartbeats.rs`); none
+    /// in a cluster of one shard.
+    heartbeats: Option<Arc<Heartbeats>>,
 }
 
 impl Network {
@@ -112,6 +117,22 @@ impl Network {
             peer_logs: PeerLogs::default(),
             seams: Seams::production(),
             shard: 0,
+            heartbeats: None,
+        }
+    }
+
+    /// This network, sending the heartbeats of `shards` shards coalesced per
+    /// peer when there is more than one ([`Heartbeats`]).
+    pub fn with_shards(mut self, shards: u32, heartbeat: Duration) -> Self {
+        self.heartbeats = (shards > 1).then(|| Heartbeats::new(heartbeat));
+        self
+    }
+
+    /// This network for calls of no shard (`/raft/heartbeats`).
+    fn unsharded(&self) -> Self {
+        Self {
+            shard: 0,
+            ..self.clone()
         }
     }
 
@@ -258,6 +279,32 @@ impl Connection {
             timeout,
         )
         .await
+    }
+
+    /// How a call of every shard's heartbeats to this peer is sent
+    /// (`heartbeats.rs`): `POST /raft/heartbeats`, of no shard.
+    fn heartbeats_call(&self) -> super::heartbeats::SendCall {
+        let (network, target, node) = (
+            self.network.unsharded(),
+            self.target,
+            self.target_node.clone(),
+        );
+        Box::new(move |appends| {
+            Box::pin(async move {
+                let body = codec::encode(&appends).map_err(|error| error.to_string())?;
+                let timeout = network.rpc_timeout;
+                post::<Vec<super::heartbeats::ShardAnswer>, openraft::error::Infallible>(
+                    &network,
+                    target,
+                    &node,
+                    "heartbeats",
+                    body,
+                    timeout,
+                )
+                .await
+                .map_err(|error| error.to_string())
+            })
+        })
     }
 
     /// Sends an append with entries in its own task, or joins the one under way
@@ -461,6 +508,13 @@ impl RaftNetwork<TypeConfig> for Connection {
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
         if request.entries.is_empty() {
+            if let Some(heartbeats) = &self.network.heartbeats {
+                let append = (self.network.shard, request);
+                let call = self.heartbeats_call();
+                return heartbeats
+                    .send(self.target, &self.target_node, append, call)
+                    .await;
+            }
             return self.send("append", &request, &option).await;
         }
         self.send_entries(request, &option).await
