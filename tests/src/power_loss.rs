@@ -224,6 +224,9 @@ async fn token_writer(
 /// violations (empty: everything the cluster acknowledged still holds).
 pub async fn check_ledger(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
     let leader = cluster.wait_for_leader().await;
+    // Every shard led again (its preferred leader back), not only the meta
+    // shard: a replay must not meet a shard that is still electing.
+    cluster.wait_spread().await;
     let url = cluster.node(leader).url();
     let mut violations = check_grants(cluster, &url, ledger).await;
     violations.extend(check_config(cluster, &url, ledger).await);
