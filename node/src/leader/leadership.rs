@@ -72,8 +72,9 @@ pub fn watch_leadership(
             let changed = tokio::select! {
                 changed = metrics.changed() => changed.is_ok(),
                 // The guard lives as long as Raft; if it is gone, metrics decide.
-                _ = leader_silent.changed() => true,
-                _ = stepping_down.changed() => true,
+                () = changed_while_open(&mut leader_silent) => true,
+                // No handover task at S = 1: its sender is gone from the start.
+                () = changed_while_open(&mut stepping_down) => true,
             };
             if !changed {
                 // Raft shut down: nobody leads any more from here.
@@ -83,6 +84,15 @@ pub fn watch_leadership(
         }
     });
     receiver
+}
+
+/// Resolves when `receiver` changes; never once its sender is gone (a closed
+/// watch resolves `changed` at once, every time: selected on in a loop, it
+/// would spin).
+async fn changed_while_open(receiver: &mut watch::Receiver<bool>) {
+    if receiver.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Resolves once `receiver` no longer shows the leadership `started` (or Raft is gone).
