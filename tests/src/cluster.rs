@@ -338,11 +338,7 @@ impl Cluster {
         loop {
             let mut seen = Vec::new();
             for node in self.nodes.iter().filter(|node| node.is_running()) {
-                let url = format!("{}/cluster/shards", node.url());
-                let map: Option<Value> = match self.http.get(url).send().await {
-                    Ok(answer) => answer.json().await.ok(),
-                    Err(_) => None,
-                };
+                let map = self.admin_get(node.id, "/cluster/shards").await;
                 let leaders: Vec<Option<u64>> = map
                     .as_ref()
                     .and_then(|map| map["shards"].as_array().cloned())
@@ -386,7 +382,13 @@ impl Cluster {
 
     /// `/cluster/status` of a node, or `None` if it does not answer.
     pub async fn status(&self, id: u64) -> Option<Value> {
-        let url = format!("{}/cluster/status", self.node(id).url());
+        self.admin_get(id, "/cluster/status").await
+    }
+
+    /// A node's JSON answer to `GET path` with the admin token, or `None` if
+    /// it does not answer within 2 s.
+    pub async fn admin_get(&self, id: u64, path: &str) -> Option<Value> {
+        let url = format!("{}{path}", self.node(id).url());
         let answer = self
             .http
             .get(url)

@@ -74,6 +74,8 @@ async fn cut_and_restart(cluster: &mut Cluster, cut: Cut, seed: u64) -> Vec<u64>
     }
     cluster.wait_healthy().await;
     cluster.wait_for_leader().await;
+    // Every shard led again (with shards, the victim takes its own back).
+    cluster.wait_spread().await;
     victims
 }
 

@@ -193,7 +193,7 @@ impl Handover {
 
     /// Steps down in favour of `preferred`; whether this node stopped leading.
     async fn hand_over(&self, preferred: NodeId) -> bool {
-        let Some(node) = self.peer(preferred) else {
+        let Some(node) = crate::raft::member(&self.raft, preferred) else {
             return false;
         };
         tracing::info!(
@@ -245,16 +245,6 @@ impl Handover {
         let followed = server.wait_for(|metrics| metrics.state != ServerState::Leader);
         let outcome = tokio::time::timeout(limit, followed).await;
         matches!(outcome, Ok(Ok(_)))
-    }
-
-    fn peer(&self, id: NodeId) -> Option<permitd_storage::PeerNode> {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        metrics
-            .membership_config
-            .membership()
-            .get_node(&id)
-            .cloned()
     }
 }
 

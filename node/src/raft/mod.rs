@@ -23,6 +23,17 @@ use permitd_storage::TypeConfig;
 /// global, so that several groups could live in one process later.
 pub type Raft = openraft::Raft<TypeConfig>;
 
+/// The entry of node `id` in `raft`'s current membership.
+pub fn member(raft: &Raft, id: permitd_storage::NodeId) -> Option<permitd_storage::PeerNode> {
+    let metrics = raft.metrics();
+    let metrics = metrics.borrow();
+    metrics
+        .membership_config
+        .membership()
+        .get_node(&id)
+        .cloned()
+}
+
 /// The header that carries the cluster secret, as `Bearer <secret>`.
 pub const SECRET_HEADER: &str = "authorization";
 

@@ -80,16 +80,8 @@ pub async fn last_log_index(cluster: &Cluster, leader: u64) -> u64 {
 /// Node `id`'s view of every shard (`GET /cluster/shards`), or `None` when it
 /// does not answer.
 pub async fn shard_map(cluster: &Cluster, id: u64) -> Option<ShardMap> {
-    let url = format!("{}{CLUSTER_SHARDS}", cluster.node(id).url());
-    let answer = cluster
-        .http
-        .get(url)
-        .bearer_auth(ADMIN_TOKEN)
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await
-        .ok()?;
-    answer.json().await.ok()
+    let map = cluster.admin_get(id, CLUSTER_SHARDS).await?;
+    serde_json::from_value(map).ok()
 }
 
 /// `VmRSS` of a process, in bytes, from `/proc/<pid>/status`.

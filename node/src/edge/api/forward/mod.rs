@@ -135,13 +135,7 @@ impl ToLeader {
 
     /// The peer entry of `id` in the current membership.
     fn peer(&self, id: NodeId) -> Option<PeerNode> {
-        let metrics = self.shards[0].raft.metrics();
-        let metrics = metrics.borrow();
-        metrics
-            .membership_config
-            .membership()
-            .get_node(&id)
-            .cloned()
+        crate::raft::member(&self.shards[0].raft, id)
     }
 
     /// `scheme://api_addr` of `leader` in the current membership.
