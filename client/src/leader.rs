@@ -15,11 +15,23 @@
 //! retries as soon as one node knows a leader. A new leader is thus found within
 //! one probe interval of its election, not after a second of `Retry-After`.
 //!
+//! In a cluster of several shards each shard has a leader of its own. The
+//! tracker then keeps two things apart: the leader it follows for calls that
+//! name no key (the meta shard's, [`META_SHARD`], learned from answers of that
+//! shard and from answers that name no shard, as before shards), and one
+//! leader per shard ([`ShardLeaders`]), learned from each answer's leader and
+//! shard headers. A call for a key asks its shard's leader first, else goes
+//! where a call naming no key would. An answer that fails for a shard
+//! (`not_leader`, `leader_changed`, a node unreachable) replaces that shard's
+//! leader with the one the answer named, or forgets it, as it does the
+//! followed leader.
+//!
 //! Invariants:
 //! - endpoints are normalised base URLs (no trailing slash) and never duplicated;
 //! - a leader named by a header that is not yet an endpoint is added (a cluster
 //!   grown after the client was configured is still reached), up to
-//!   [`MAX_ENDPOINTS`].
+//!   [`MAX_ENDPOINTS`];
+//! - at most [`permitd_core::shard::MAX_SHARDS`] shard leaders are remembered.
 
 use std::time::Duration;
 
@@ -31,6 +43,7 @@ use url::Url;
 
 use crate::error::ClientError;
 use crate::outgoing::Outgoing;
+use crate::shard_leaders::{ShardHint, ShardLeader, ShardLeaders, META_SHARD};
 
 /// Most endpoints one client remembers (configured plus learned).
 pub const MAX_ENDPOINTS: usize = 64;
@@ -185,18 +198,23 @@ async fn probe_ready(transport: &Transport, endpoint: &Endpoint) -> Option<Optio
     Some(Some(LeaderHint::NodeId(ready.leader)))
 }
 
-/// Remembers the leader and picks the node for each attempt.
+/// Remembers the leaders and picks the node for each attempt.
 #[derive(Debug, Clone)]
 pub struct LeaderTracker {
     endpoints: Vec<Endpoint>,
     /// The node id of each endpoint, once learned (from `/cluster/status`).
     node_ids: Vec<Option<u64>>,
-    /// Index into `endpoints` of the node to ask first, if any.
+    /// Index into `endpoints` of the node to ask first for a call naming no
+    /// key, if any: the meta shard's leader.
     leader: Option<usize>,
     /// A leader id named by a header that no endpoint is known to have.
     unmapped_leader: Option<u64>,
     /// Where the round-robin over the other nodes continues.
     cursor: usize,
+    /// The shard count and each shard's leader.
+    shards: ShardLeaders,
+    /// Some shard's leader is a node id that no endpoint is known to have.
+    unmapped_shard_leader: bool,
 }
 
 impl LeaderTracker {
@@ -218,6 +236,8 @@ impl LeaderTracker {
             leader: None,
             unmapped_leader: None,
             cursor: 0,
+            shards: ShardLeaders::new(),
+            unmapped_shard_leader: false,
         })
     }
 
@@ -226,15 +246,30 @@ impl LeaderTracker {
         &self.endpoints
     }
 
-    /// The node asked first, if one is remembered.
+    /// The node asked first for a call naming no key, if one is remembered.
     pub fn leader(&self) -> Option<&Endpoint> {
         self.leader.map(|index| &self.endpoints[index])
+    }
+
+    /// The known leader of `key`'s shard, if its endpoint is known.
+    pub fn leader_of_key(&self, key: &str) -> Option<&Endpoint> {
+        let shard = self.shards.shard_of(key);
+        let index = self
+            .shards
+            .leader(shard)
+            .and_then(|leader| self.index_of(leader))?;
+        Some(&self.endpoints[index])
+    }
+
+    /// The shard count the tracker follows (1 until an answer names another).
+    pub fn shard_count(&self) -> u32 {
+        self.shards.count()
     }
 
     /// A leader id was named that no endpoint is known to have: learning the
     /// endpoints' ids (`/cluster/status`) would let calls skip the forwarding hop.
     pub fn wants_node_ids(&self) -> bool {
-        self.unmapped_leader.is_some()
+        self.unmapped_leader.is_some() || self.unmapped_shard_leader
     }
 
     /// Records that `endpoint` is node `id`.
@@ -252,12 +287,26 @@ impl LeaderTracker {
             self.unmapped_leader = None;
             self.leader = Some(index);
         }
+        self.unmapped_shard_leader = self
+            .shards
+            .known()
+            .any(|leader| self.index_of(leader).is_none());
     }
 
-    /// The node to ask next: the leader if known, else the next in turn.
+    /// The node to ask next for a call naming no key: the leader if known,
+    /// else the next in turn.
     pub fn pick(&self) -> Endpoint {
         let index = self.leader.unwrap_or(self.cursor % self.endpoints.len());
         self.endpoints[index].clone()
+    }
+
+    /// The node to ask next for a call about `key` (none: a call naming no
+    /// key): the leader of its shard if known, else as [`Self::pick`].
+    pub fn pick_for(&self, key: Option<&str>) -> Endpoint {
+        match key.and_then(|key| self.leader_of_key(key)) {
+            Some(leader) => leader.clone(),
+            None => self.pick(),
+        }
     }
 
     /// `endpoint` answered; `hint` is its leader header, if any. A hint that
@@ -269,6 +318,35 @@ impl LeaderTracker {
             return;
         }
         self.leader = self.position(endpoint).or(self.leader);
+    }
+
+    /// [`Self::answered`] for an answer that carried shard headers (`shard`):
+    /// the count is learned, and the answering shard's leader is the node
+    /// `hint` names (else the node that answered). Only the meta shard's
+    /// answers (or any, in a cluster of one shard) move the leader followed
+    /// for calls naming no key; another shard's answer makes the node that
+    /// answered that leader only while none is known.
+    pub fn answered_for(
+        &mut self,
+        endpoint: &Endpoint,
+        hint: Option<&LeaderHint>,
+        shard: Option<&ShardHint>,
+    ) {
+        let Some(answering) = self.learn_shards(shard) else {
+            return self.answered(endpoint, hint);
+        };
+        let leader = match hint {
+            Some(hint) => self.shard_leader(hint),
+            None => self.position(endpoint).map(ShardLeader::Endpoint),
+        };
+        if let Some(leader) = leader {
+            self.shards.set(answering, leader);
+        }
+        if self.follows_meta(answering) {
+            self.answered(endpoint, hint);
+        } else if self.leader.is_none() {
+            self.leader = self.position(endpoint);
+        }
     }
 
     /// `endpoint` failed (connection error, timeout, 502/503/504). `hint` is the leader
@@ -288,6 +366,89 @@ impl LeaderTracker {
             Some(index) => index + 1,
             None => self.cursor + 1,
         } % self.endpoints.len();
+    }
+
+    /// [`Self::failed`] for a call about `key` (if it named one), whose
+    /// answer carried shard headers (`shard`) if it got one. The failing
+    /// shard (the one that answered, else the key's) takes the leader `hint`
+    /// names, unless that is the failed node; otherwise it forgets a leader
+    /// that is the failed node. A node that gave no answer at all is forgotten
+    /// as every shard's leader. The leader followed for calls naming no key
+    /// takes `hint` only from the meta shard.
+    pub fn failed_for(
+        &mut self,
+        endpoint: &Endpoint,
+        key: Option<&str>,
+        hint: Option<&LeaderHint>,
+        shard: Option<&ShardHint>,
+    ) {
+        let answering = self.learn_shards(shard);
+        let failing = answering.or_else(|| key.map(|key| self.shards.shard_of(key)));
+        let failed = self.position(endpoint);
+        let is_failed = |tracker: &Self, leader: ShardLeader| {
+            failed.is_some() && tracker.index_of(leader) == failed
+        };
+        if let Some(shard) = failing {
+            match hint.and_then(|hint| self.shard_leader(hint)) {
+                Some(named) if !is_failed(self, named) => self.shards.set(shard, named),
+                _ => {
+                    if self
+                        .shards
+                        .leader(shard)
+                        .is_some_and(|known| is_failed(self, known))
+                    {
+                        self.shards.forget(shard);
+                    }
+                }
+            }
+        }
+        if let (None, None, Some(failed)) = (shard, hint, failed) {
+            let failed_id = self.node_ids[failed];
+            self.shards.forget_where(|leader| match leader {
+                ShardLeader::Endpoint(index) => index == failed,
+                ShardLeader::Node(id) => failed_id == Some(id),
+            });
+        }
+        let meta = failing.is_none_or(|shard| self.follows_meta(shard));
+        self.failed(endpoint, if meta { hint } else { None });
+    }
+
+    /// Learns the count from `shard`, and returns the shard that answered when
+    /// it is one of that count.
+    fn learn_shards(&mut self, shard: Option<&ShardHint>) -> Option<u32> {
+        let shard = shard?;
+        self.shards.learn_count(shard.shards);
+        shard
+            .shard
+            .filter(|answering| shard.shards == self.shards.count() && *answering < shard.shards)
+    }
+
+    /// Whether answers of `shard` name the leader followed for calls naming no key.
+    fn follows_meta(&self, shard: u32) -> bool {
+        shard == META_SHARD || self.shards.count() == 1
+    }
+
+    /// The shard leader a hint names: a URL becomes an endpoint (added if there
+    /// is room), an id is kept as it is and flagged when no endpoint has it.
+    fn shard_leader(&mut self, hint: &LeaderHint) -> Option<ShardLeader> {
+        match hint {
+            LeaderHint::NodeId(id) => {
+                let leader = ShardLeader::Node(*id);
+                if self.index_of(leader).is_none() {
+                    self.unmapped_shard_leader = true;
+                }
+                Some(leader)
+            }
+            LeaderHint::Url(_) => self.resolve(hint).map(ShardLeader::Endpoint),
+        }
+    }
+
+    /// The endpoint a shard leader is, if known.
+    fn index_of(&self, leader: ShardLeader) -> Option<usize> {
+        match leader {
+            ShardLeader::Endpoint(index) => Some(index),
+            ShardLeader::Node(id) => self.node_ids.iter().position(|known| *known == Some(id)),
+        }
     }
 
     fn position(&self, endpoint: &Endpoint) -> Option<usize> {
@@ -457,5 +618,177 @@ mod tests {
         tracker.failed(&b, Some(&LeaderHint::NodeId(2)));
         assert!(tracker.leader().is_none());
         assert_eq!(tracker.pick(), a);
+    }
+
+    /// A tracker over nodes 1, 2 and 3 at `http://n1:1`… with their ids known,
+    /// and a key of each of 3 shards.
+    fn three_nodes() -> (LeaderTracker, [Endpoint; 3], [String; 3]) {
+        let mut tracker = tracker(&["http://n1:1", "http://n2:2", "http://n3:3"]);
+        let nodes = [1, 2, 3].map(|id| Endpoint::parse(&format!("http://n{id}:{id}")).unwrap());
+        for (id, node) in (1..).zip(&nodes) {
+            tracker.learn_node_id(node, id);
+        }
+        let keys = [0, 1, 2].map(|shard| {
+            (0..)
+                .map(|n| format!("key-{n}"))
+                .find(|key| permitd_core::shard::shard_of(key, 3) == Ok(shard))
+                .unwrap()
+        });
+        (tracker, nodes, keys)
+    }
+
+    fn of(shard: u32, shards: u32) -> ShardHint {
+        ShardHint {
+            shard: Some(shard),
+            shards,
+        }
+    }
+
+    #[test]
+    fn each_shard_is_asked_at_its_own_leader() {
+        let (mut tracker, [n1, n2, n3], [k0, k1, k2]) = three_nodes();
+        assert_eq!(tracker.shard_count(), 1);
+        // Node 1 answers for shard 1, naming node 2; shard 2's answer names node 3.
+        tracker.answered_for(&n1, Some(&LeaderHint::NodeId(2)), Some(&of(1, 3)));
+        tracker.answered_for(&n3, Some(&LeaderHint::NodeId(3)), Some(&of(2, 3)));
+        assert_eq!(tracker.shard_count(), 3);
+        assert_eq!(tracker.pick_for(Some(&k1)), n2);
+        assert_eq!(tracker.pick_for(Some(&k2)), n3);
+        // Shard 0's leader is unknown: its key goes where a keyless call goes,
+        // the first node that answered.
+        assert_eq!(tracker.leader(), Some(&n1));
+        assert_eq!(tracker.pick_for(Some(&k0)), n1);
+        // Shard 0 is the meta shard: its leader is the one keyless calls follow.
+        tracker.answered_for(&n1, Some(&LeaderHint::NodeId(3)), Some(&of(0, 3)));
+        assert_eq!(tracker.pick(), n3);
+        assert_eq!(tracker.pick_for(None), n3);
+        assert_eq!(tracker.pick_for(Some(&k0)), n3);
+        // Other shards' answers do not move it.
+        tracker.answered_for(&n2, Some(&LeaderHint::NodeId(2)), Some(&of(1, 3)));
+        assert_eq!(tracker.pick(), n3);
+        assert_eq!(tracker.pick_for(Some(&k1)), n2);
+        assert_eq!(tracker.leader_of_key(&k2), Some(&n3));
+    }
+
+    #[test]
+    fn answers_of_one_shard_clusters_follow_one_leader() {
+        let (mut tracker, [_, n2, n3], [k0, k1, _]) = three_nodes();
+        tracker.answered_for(&n3, Some(&LeaderHint::NodeId(2)), Some(&of(0, 1)));
+        assert_eq!(tracker.shard_count(), 1);
+        assert_eq!(tracker.pick(), n2);
+        assert_eq!(tracker.pick_for(Some(&k0)), n2);
+        assert_eq!(tracker.pick_for(Some(&k1)), n2);
+        // An answer with no shard headers (a node routing without shards) works as before.
+        tracker.answered_for(&n3, Some(&LeaderHint::NodeId(3)), None);
+        assert_eq!(tracker.pick(), n3);
+    }
+
+    #[test]
+    fn an_answer_covering_every_shard_teaches_the_count_only() {
+        let (mut tracker, [_, n2, _], [_, k1, _]) = three_nodes();
+        let every = ShardHint {
+            shard: None,
+            shards: 3,
+        };
+        tracker.answered_for(&n2, None, Some(&every));
+        assert_eq!(tracker.shard_count(), 3);
+        assert_eq!(tracker.leader_of_key(&k1), None);
+        // As before shards: the node that answered is asked first.
+        assert_eq!(tracker.pick(), n2);
+        assert_eq!(tracker.pick_for(Some(&k1)), n2);
+    }
+
+    #[test]
+    fn a_new_count_forgets_the_shard_leaders_and_a_huge_one_is_ignored() {
+        let (mut tracker, [n1, n2, _], [_, k1, _]) = three_nodes();
+        tracker.answered_for(&n1, Some(&LeaderHint::NodeId(2)), Some(&of(1, 3)));
+        assert_eq!(tracker.leader_of_key(&k1), Some(&n2));
+        let huge = permitd_core::shard::MAX_SHARDS + 1;
+        tracker.answered_for(&n1, Some(&LeaderHint::NodeId(1)), Some(&of(7, huge)));
+        assert_eq!(tracker.shard_count(), 3);
+        assert_eq!(tracker.leader_of_key(&k1), Some(&n2));
+        tracker.answered_for(&n1, Some(&LeaderHint::NodeId(1)), Some(&of(0, 4)));
+        assert_eq!(tracker.shard_count(), 4);
+        let shard = permitd_core::shard::shard_of(&k1, 4).unwrap();
+        assert_eq!(tracker.leader_of_key(&k1).is_some(), shard == 0);
+    }
+
+    #[test]
+    fn a_shard_leader_named_by_an_unknown_id_waits_for_discovery() {
+        let mut tracker = tracker(&["http://n1:1", "http://n2:2"]);
+        let (n1, n2) = (
+            Endpoint::parse("http://n1:1").unwrap(),
+            Endpoint::parse("http://n2:2").unwrap(),
+        );
+        let key = (0..)
+            .map(|n| format!("k{n}"))
+            .find(|key| permitd_core::shard::shard_of(key, 2) == Ok(1))
+            .unwrap();
+        tracker.answered_for(&n1, Some(&LeaderHint::NodeId(2)), Some(&of(1, 2)));
+        assert!(tracker.wants_node_ids());
+        assert_eq!(tracker.leader_of_key(&key), None);
+        assert_eq!(tracker.pick_for(Some(&key)), n1);
+        tracker.learn_node_id(&n1, 1);
+        assert!(tracker.wants_node_ids(), "node 2 is still unknown");
+        tracker.learn_node_id(&n2, 2);
+        assert!(!tracker.wants_node_ids());
+        assert_eq!(tracker.pick_for(Some(&key)), n2);
+        // The keyless leader was never node 2: shard 1 is not the meta shard.
+        assert_eq!(tracker.pick(), n1);
+    }
+
+    #[test]
+    fn a_failing_shard_takes_the_leader_it_names_or_forgets_its_own() {
+        let (mut tracker, [n1, n2, n3], [k0, k1, k2]) = three_nodes();
+        tracker.answered_for(&n1, Some(&LeaderHint::NodeId(1)), Some(&of(0, 3)));
+        tracker.answered_for(&n2, Some(&LeaderHint::NodeId(2)), Some(&of(1, 3)));
+        tracker.answered_for(&n3, Some(&LeaderHint::NodeId(3)), Some(&of(2, 3)));
+        // Node 2 no longer leads shard 1 and names node 3 (not_leader).
+        tracker.failed_for(
+            &n2,
+            Some(&k1),
+            Some(&LeaderHint::NodeId(3)),
+            Some(&of(1, 3)),
+        );
+        assert_eq!(tracker.pick_for(Some(&k1)), n3);
+        assert_eq!(tracker.pick(), n1, "the meta shard's leader stays");
+        // Node 3 fails shard 2 naming itself (leader_changed): forgotten, and
+        // the key goes where keyless calls go.
+        tracker.failed_for(
+            &n3,
+            Some(&k2),
+            Some(&LeaderHint::NodeId(3)),
+            Some(&of(2, 3)),
+        );
+        assert_eq!(tracker.leader_of_key(&k2), None);
+        assert_eq!(tracker.pick_for(Some(&k2)), n1);
+        assert_eq!(tracker.pick_for(Some(&k1)), n3, "shard 1 is another shard");
+        // A failure of the meta shard naming node 2 moves the keyless leader.
+        tracker.failed_for(
+            &n1,
+            Some(&k0),
+            Some(&LeaderHint::NodeId(2)),
+            Some(&of(0, 3)),
+        );
+        assert_eq!(tracker.pick(), n2);
+        assert_eq!(tracker.pick_for(Some(&k0)), n2);
+    }
+
+    #[test]
+    fn an_unreachable_node_is_forgotten_as_every_shards_leader() {
+        let (mut tracker, [n1, n2, _], [k0, k1, k2]) = three_nodes();
+        tracker.answered_for(&n1, Some(&LeaderHint::NodeId(1)), Some(&of(0, 3)));
+        tracker.answered_for(&n1, Some(&LeaderHint::NodeId(2)), Some(&of(1, 3)));
+        tracker.answered_for(&n1, Some(&LeaderHint::NodeId(2)), Some(&of(2, 3)));
+        // No answer from node 2 while calling for shard 1's key.
+        tracker.failed_for(&n2, Some(&k1), None, None);
+        assert_eq!(tracker.leader_of_key(&k1), None);
+        assert_eq!(tracker.leader_of_key(&k2), None);
+        assert_eq!(tracker.leader_of_key(&k0), Some(&n1));
+        assert_eq!(tracker.pick_for(Some(&k2)), n1);
+        // The keyless leader failing moves every fallback on, as before shards.
+        tracker.failed_for(&n1, Some(&k0), None, None);
+        assert!(tracker.leader().is_none());
+        assert_eq!(tracker.pick_for(Some(&k0)), n2);
     }
 }

@@ -6,7 +6,8 @@
 //!   group configuration, key listing, cluster status) against a list of nodes;
 //!   [`client`]'s overview follows one call through its files, and [`admin`]
 //!   holds the operator's calls on the cluster (listing, holders, force
-//!   release, membership, backups). It remembers the leader ([`leader`]), retries 429, 502, 503 and 504 answers,
+//!   release, membership, backups). It remembers the leader, and each shard's
+//!   leader for calls about a key ([`leader`], [`shard_leaders`]), retries 429, 502, 503 and 504 answers,
 //!   connection failures and timed-out attempts with capped, jittered
 //!   exponential backoff ([`backoff`]) inside a per-call deadline, always sends
 //!   a `requestId` so a retried request gets the original answer, and honours
@@ -49,6 +50,7 @@ mod outgoing;
 pub mod permit;
 pub mod queue;
 pub mod run;
+pub mod shard_leaders;
 
 pub use client::{ClientConfig, ItemResult, SemaphoreClient};
 pub use error::{AcquireError, ClientError, QueueError};

@@ -8,7 +8,12 @@
 //! - every enqueued job runs exactly once;
 //! - once all jobs ended, every key's usage returns to 0 granted, 0 leased;
 //! - a runner restarted from its queue dir loses no job and leaks no permit;
-//! - releases the application never sent are recovered through `finished`.
+//! - releases the application never sent are recovered through `finished`;
+//! - in a cluster of three shards, a client calls each key's shard's leader
+//!   directly once it learned them: every node serves exactly the keyed calls
+//!   of the shards it leads, and no call takes a forwarding hop (the test
+//!   waits for the leaders to spread over the nodes, and says so on stderr
+//!   when they did not).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
@@ -16,16 +21,23 @@ use std::time::{Duration, Instant};
 
 use permitd_client::{
     Admission, AdmittedItem, ClientConfig, ItemStatus, QueueConfig, QueueError, QueueItem,
-    SemaphoreClient, SemaphoreQueue, StateConfig,
+    SemaphoreClient, SemaphoreQueue, ShardMap, StateConfig,
 };
 use permitd_core::config::{LeasePolicy, Provisioning};
+use permitd_core::contract::protocol::{Demand, GrantReport, PermitRequest, PermitSync, V1};
+use permitd_core::shard::shard_of;
 use permitd_core::{GroupConfig, KeyConfigUpdate};
-use permitd_tests::{Cluster, Settings, ADMIN_TOKEN};
+use permitd_tests::{eventually, eventually_seen, Cluster, Settings, ADMIN_TOKEN};
 
 /// How long all jobs of one test may take to run.
 const JOBS_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long usage may take to return to zero once every job ended.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The sharded test runs alone, the others side by side: its shards' leaders
+/// spread by handovers, which a machine kept busy by the other tests'
+/// clusters can hold off for long (a handover needs an election on time).
+static ALONE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// Counters shared by every runner of a test: the independent observer.
 #[derive(Debug, Default)]
@@ -283,16 +295,19 @@ async fn limits_hold(leases: Option<LeasePolicy>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_respects_account_limits_with_strict_leases() {
+    let _side_by_side = ALONE.read().await;
     limits_hold(strict_leases(5_000)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_respects_account_limits_without_leases() {
+    let _side_by_side = ALONE.read().await;
     limits_hold(None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restarted_runner_loses_no_job_and_leaks_no_permit() {
+    let _side_by_side = ALONE.read().await;
     let cluster = Cluster::start(Settings::default()).await;
     let client = client_for(&cluster);
     let key = "acct-restart";
@@ -339,6 +354,7 @@ async fn a_restarted_runner_loses_no_job_and_leaks_no_permit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn releases_never_reported_are_recovered_through_finished() {
+    let _side_by_side = ALONE.read().await;
     let cluster = Cluster::start(Settings::default()).await;
     let client = client_for(&cluster);
     let key = "acct-finished";
@@ -356,4 +372,218 @@ async fn releases_never_reported_are_recovered_through_finished() {
     assert_eq!(queue.status(&format!("{key}-job-1")), ItemStatus::Released);
     assert_eq!(queue.status("never-enqueued"), ItemStatus::Unknown);
     queue.shutdown().await.unwrap();
+}
+
+/// The shard count of [`keyed_calls_go_to_their_shards_leader_without_a_hop`].
+const SHARDS: u32 = 3;
+/// How long the shards' leaders are given to spread over their preferred nodes.
+const SPREAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the shards' leaders may take to settle, and the client to learn them.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Each shard's leader as every node names it (`/cluster/shards`) when all
+/// agree and every shard has one, and whether each is its shard's preferred
+/// leader (`voters[shard mod N]`, docs/scaling.md).
+async fn shard_leaders(cluster: &Cluster) -> (Option<Vec<u64>>, bool) {
+    let mut maps = Vec::new();
+    for node in &cluster.nodes {
+        let answer = cluster.get(node.id, "/cluster/shards").await;
+        match serde_json::from_value::<ShardMap>(answer.body) {
+            Ok(map) => maps.push(map),
+            Err(_) => return (None, false),
+        }
+    }
+    let leaders = |map: &ShardMap| -> Vec<Option<u64>> {
+        map.shards.iter().map(|shard| shard.leader).collect()
+    };
+    let first = leaders(&maps[0]);
+    let agreed = maps.iter().all(|map| leaders(map) == first);
+    let preferred = maps[0].shards.iter().all(|shard| {
+        let voters = &shard.members;
+        !voters.is_empty() && shard.leader == Some(voters[shard.shard as usize % voters.len()])
+    });
+    let complete: Option<Vec<u64>> = first.into_iter().collect();
+    let known = complete.filter(|leaders| agreed && leaders.len() == SHARDS as usize);
+    (known, preferred)
+}
+
+/// The shards' leaders once they stopped moving: spread over their preferred
+/// nodes, or, if they did not spread within [`SPREAD_TIMEOUT`] (handovers are
+/// the node's business, not the client's), whatever map every node agrees on
+/// and keeps for a second.
+async fn settled_shard_leaders(cluster: &Cluster) -> Vec<u64> {
+    let (spread, seen) = eventually_seen(SPREAD_TIMEOUT, || async {
+        let (leaders, preferred) = shard_leaders(cluster).await;
+        (preferred && leaders.is_some(), leaders)
+    })
+    .await;
+    if let (true, Some(leaders)) = (spread, seen) {
+        return leaders;
+    }
+    let (settled, seen) = eventually_seen(SETTLE_TIMEOUT, || async {
+        let (first, _) = shard_leaders(cluster).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (second, _) = shard_leaders(cluster).await;
+        (first.is_some() && first == second, second)
+    })
+    .await;
+    assert!(
+        settled,
+        "the nodes never agreed on the shards' leaders: {seen:?}"
+    );
+    seen.unwrap()
+}
+
+/// Per node, the keyed calls (`/v1/semaphores/{key}…`) its API listener
+/// counted (`permitd_http_requests_total`): a forwarded call counts on the
+/// node called and again on the leader.
+async fn keyed_calls_served(cluster: &Cluster) -> Vec<f64> {
+    let mut served = Vec::new();
+    for node in &cluster.nodes {
+        let url = format!("{}/metrics", node.url());
+        let text = cluster
+            .http
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let total: f64 = text
+            .lines()
+            .filter(|line| line.starts_with("permitd_http_requests_total{"))
+            .filter(|line| line.contains("listener=\"api\""))
+            .filter(|line| line.contains("route=\"/v1/semaphores/{key}"))
+            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum();
+        served.push(total);
+    }
+    served
+}
+
+/// A request for one permit of `key`'s group `g`, claimed and released by a
+/// sync, and a usage read: the three keyed calls a runner makes.
+async fn use_one_permit(client: &SemaphoreClient, key: &str) -> f64 {
+    let request = PermitRequest {
+        v: V1,
+        client_id: "routed".into(),
+        request_id: None,
+        demand: vec![Demand {
+            group: "g".into(),
+            count: 1,
+            oldest_at_ms: 1,
+        }],
+        grants: vec![],
+        leases: None,
+        wait_ms: None,
+    };
+    let grant = client.request(key, request).await.unwrap();
+    assert_eq!(grant.grants.len(), 1, "{key}: {grant:?}");
+    let grant = &grant.grants[0];
+    let report = GrantReport {
+        grant_id: grant.grant_id.to_string(),
+        claimed: grant.permits,
+        released: grant.permits,
+    };
+    let sync = PermitSync {
+        v: V1,
+        client_id: "routed".into(),
+        grants: vec![report],
+        leases: None,
+    };
+    client.sync(key, sync).await.unwrap();
+    assert_eq!(client.usage(key).await.unwrap().granted, 0, "{key}");
+    3.0
+}
+
+/// Keys `routed-N`, `per_shard` of each of [`SHARDS`] shards, with their shard.
+fn keys_of_each_shard(per_shard: u32) -> Vec<(String, u32)> {
+    let mut taken = [0u32; SHARDS as usize];
+    let mut keys = Vec::new();
+    for n in 0.. {
+        let key = format!("routed-{n}");
+        let shard = shard_of(&key, SHARDS).unwrap();
+        if taken[shard as usize] < per_shard {
+            taken[shard as usize] += 1;
+            keys.push((key, shard));
+        }
+        if keys.len() == (per_shard * SHARDS) as usize {
+            break;
+        }
+    }
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keyed_calls_go_to_their_shards_leader_without_a_hop() {
+    let _alone = ALONE.write().await;
+    let settings = Settings {
+        shards: Some(SHARDS),
+        ..Settings::default()
+    };
+    let cluster = Cluster::start(settings).await;
+    let keys = keys_of_each_shard(2);
+    let client = client_for(&cluster);
+    let url_of = |id: u64| cluster.node(id).url();
+    // A leader that moves during the calls (a stalled machine's election)
+    // sends some to another node: the calls are made again, up to this often.
+    for attempt in 1..=3 {
+        let leaders = settled_shard_leaders(&cluster).await;
+        let distinct: HashSet<u64> = leaders.iter().copied().collect();
+        if distinct.len() == 1 {
+            eprintln!("the shards' leaders did not spread: {leaders:?}");
+        }
+
+        // Warm-up: the answers teach the client the count and each shard's
+        // leader, and node-id discovery which endpoint each leader is.
+        let learned = eventually(SETTLE_TIMEOUT, || async {
+            for (key, _) in &keys {
+                client.usage(key).await.unwrap();
+            }
+            keys.iter().all(|(key, shard)| {
+                client.leader_of_key(key) == Some(url_of(leaders[*shard as usize]))
+            })
+        })
+        .await;
+        let known: Vec<_> = keys
+            .iter()
+            .map(|(key, _)| client.leader_of_key(key))
+            .collect();
+        assert!(learned, "the client never learned {leaders:?}: {known:?}");
+        assert_eq!(client.shard_count(), SHARDS);
+        // Calls naming no key follow the meta shard's leader.
+        client.tokens().await.unwrap();
+        assert_eq!(client.leader(), Some(url_of(leaders[0])));
+
+        let before = keyed_calls_served(&cluster).await;
+        let mut expected = vec![0.0; cluster.nodes.len()];
+        for _ in 0..3 {
+            for (key, shard) in &keys {
+                let calls = use_one_permit(&client, key).await;
+                let leader = leaders[*shard as usize];
+                let index = cluster
+                    .nodes
+                    .iter()
+                    .position(|node| node.id == leader)
+                    .unwrap();
+                expected[index] += calls;
+            }
+        }
+        let after = keyed_calls_served(&cluster).await;
+        if shard_leaders(&cluster).await.0.as_ref() != Some(&leaders) && attempt < 3 {
+            continue;
+        }
+        let served: Vec<f64> = after
+            .iter()
+            .zip(&before)
+            .map(|(after, before)| after - before)
+            .collect();
+        assert_eq!(
+            served, expected,
+            "keyed calls each node served (shard leaders {leaders:?}): a call for \
+             another shard's key, or a forwarded one, would show here"
+        );
+        return;
+    }
 }

@@ -136,8 +136,9 @@ class Cluster:
         self.config = config
 
     @classmethod
-    def start(cls, nodes: int = 3, defaults: str = DEFAULTS, tls: bool = False) -> Cluster:
-        """``tls``: both listeners on HTTPS with a fresh CA (``self.ca_file``; needs ``openssl``)."""
+    def start(cls, nodes: int = 3, defaults: str = DEFAULTS, tls: bool = False, shards: Optional[int] = None) -> Cluster:
+        """``tls``: both listeners on HTTPS with a fresh CA (``self.ca_file``; needs ``openssl``).
+        ``shards``: ``[cluster] shards``, the number of Raft groups (the node's default, 1, when unset)."""
         directory = tempfile.mkdtemp(prefix="permitd-py-")
         scheme = "https" if tls else "http"
         tls_table = make_certificates(directory) if tls else ""
@@ -146,6 +147,8 @@ class Cluster:
             "election_timeout_min_ms = 300\nelection_timeout_max_ms = 600\nrpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n"
             f"[defaults]\n{defaults}\n{tls_table}"
         )
+        if shards is not None:
+            text += f"[cluster]\nshards = {shards}\n\n"
         members = []
         for node_id in range(1, nodes + 1):
             api, raft = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"

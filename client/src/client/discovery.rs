@@ -1,6 +1,6 @@
 //! Finding the nodes: each node's own cluster status, asked directly; which
 //! endpoint is which node id, learned in the background so that a leader named
-//! by id in `x-permitd-leader` can be asked directly; and, when no node could
+//! by id in `x-permitd-leader` (the meta shard's, or any shard's) can be asked directly; and, when no node could
 //! serve a call, waiting for one that knows a leader instead of sleeping out a
 //! whole backoff.
 //!
@@ -17,6 +17,7 @@ use super::http::{decode, rejected};
 use crate::error::ClientError;
 use crate::leader::{find_ready, Endpoint, LeaderHint, READY_PROBE_INTERVAL_MS};
 use crate::outgoing::Outgoing;
+use crate::shard_leaders::ShardHint;
 
 /// Least time between two rounds of node-id discovery (`/cluster/status`).
 const NODE_ID_DISCOVERY_INTERVAL_MS: u64 = 30_000;
@@ -65,13 +66,19 @@ impl SemaphoreClient {
         decode(&url, &body)
     }
 
-    /// Records that `endpoint` answered a call, and starts node-id discovery
-    /// when the leader was named by an id that no endpoint is known to have
-    /// (asking it directly would skip the forwarding hop).
-    pub(super) fn note_answer(&self, endpoint: &Endpoint, hint: Option<&LeaderHint>) {
+    /// Records that `endpoint` answered a call (`hint` its leader, `shard` its
+    /// shard headers), and starts node-id discovery when a leader was named by
+    /// an id that no endpoint is known to have (asking it directly would skip
+    /// the forwarding hop).
+    pub(super) fn note_answer(
+        &self,
+        endpoint: &Endpoint,
+        hint: Option<&LeaderHint>,
+        shard: Option<&ShardHint>,
+    ) {
         let wants_ids = {
             let mut tracker = self.tracker();
-            tracker.answered(endpoint, hint);
+            tracker.answered_for(endpoint, hint, shard);
             tracker.wants_node_ids()
         };
         if wants_ids {

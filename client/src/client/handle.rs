@@ -1,5 +1,6 @@
 //! [`SemaphoreClient`]: the handle a caller clones, and what its clones
-//! share: one transport, the configuration, the leader tracker, each key's
+//! share: one transport, the configuration, the leader tracker (with each
+//! shard's leader), each key's
 //! `nextRequestAt` and the time of the last node-id discovery. The calls
 //! themselves are `impl` blocks in the files beside this one.
 
@@ -70,11 +71,25 @@ impl SemaphoreClient {
         Self::new(ClientConfig::new(endpoints))
     }
 
-    /// The node currently asked first.
+    /// The node currently asked first for calls naming no key (the meta
+    /// shard's leader).
     pub fn leader(&self) -> Option<String> {
         self.tracker()
             .leader()
             .map(|endpoint| endpoint.as_str().to_string())
+    }
+
+    /// The node a call about `key` is sent to first: the leader of the key's
+    /// shard, once an answer named it and its endpoint is known.
+    pub fn leader_of_key(&self, key: &str) -> Option<String> {
+        self.tracker()
+            .leader_of_key(key)
+            .map(|endpoint| endpoint.as_str().to_string())
+    }
+
+    /// The cluster's shard count, as the answers said (1 until one says otherwise).
+    pub fn shard_count(&self) -> u32 {
+        self.tracker().shard_count()
     }
 
     /// Callers hold the guard for one pick or update, never across an await.

@@ -1,5 +1,6 @@
 //! What one HTTP exchange with a node needs, as plain functions of the request
-//! and the answer: the URL with its query, the answer's leader hint and `Retry-After`, which statuses are worth a retry, and how a
+//! and the answer: the URL with its query, the key a call is about, the
+//! answer's leader and shard hints and `Retry-After`, which statuses are worth a retry, and how a
 //! body becomes a value or a [`ClientError`].
 //!
 //! They live in one place so that the call loop (`retry.rs`), the direct
@@ -15,6 +16,10 @@ use url::Url;
 
 use crate::error::ClientError;
 use crate::leader::{Endpoint, LeaderHint};
+use crate::shard_leaders::ShardHint;
+
+/// The first segments of every call that names a key: `/v1/semaphores/{key}…`.
+const KEYED_PREFIX: [&str; 2] = ["v1", "semaphores"];
 
 /// Longest error body kept in an error message, in bytes.
 const MAX_ERROR_BODY_BYTES: usize = 512;
@@ -35,6 +40,37 @@ pub(super) fn leader_hint(answer: &HeaderMap) -> Option<LeaderHint> {
         .get(headers::LEADER)
         .and_then(|value| value.to_str().ok())
         .and_then(LeaderHint::parse)
+}
+
+/// The key a call of `path` (as [`permitd_core::contract::paths::segments`]
+/// fills it) is about: the segment after `/v1/semaphores`. Listings, batches,
+/// tokens and cluster calls name none.
+pub(super) fn key_of(path: &[String]) -> Option<&str> {
+    match path {
+        [v1, semaphores, key, ..] if [v1, semaphores] == KEYED_PREFIX => Some(key),
+        _ => None,
+    }
+}
+
+/// What the answer's `x-permitd-shard` and `x-permitd-shards` say; `None`
+/// when it carries neither (a node that did not route it by shard), or a
+/// value that is not a number. A shard without a count is of a cluster of
+/// one shard.
+pub(super) fn shard_hint(answer: &HeaderMap) -> Option<ShardHint> {
+    let number = |name: &str| -> Option<Option<u32>> {
+        match answer.get(name) {
+            None => Some(None),
+            Some(value) => value.to_str().ok()?.trim().parse().ok().map(Some),
+        }
+    };
+    let (shard, shards) = (number(headers::SHARD)?, number(headers::SHARDS)?);
+    if shard.is_none() && shards.is_none() {
+        return None;
+    }
+    Some(ShardHint {
+        shard,
+        shards: shards.unwrap_or(1),
+    })
 }
 
 /// The answer's `Retry-After` in ms (the server sends whole seconds).
@@ -148,6 +184,52 @@ mod tests {
             url_of(&endpoint, &path, &query).as_str(),
             "http://n:1/v1/semaphores?after=acct%2F7+b&limit=2"
         );
+    }
+
+    #[test]
+    fn the_key_is_the_segment_after_v1_semaphores() {
+        let key = |template: &str, params: &[&str]| {
+            key_of(&paths::segments(template, params)).map(str::to_owned)
+        };
+        assert_eq!(key(paths::SEMAPHORE, &["acct/7"]), Some("acct/7".into()));
+        assert_eq!(key(paths::USAGE, &["k"]), Some("k".into()));
+        assert_eq!(key(paths::GROUP, &["k", "g"]), Some("k".into()));
+        assert_eq!(key(paths::CLIENT_RELEASE, &["k", "c"]), Some("k".into()));
+        for keyless in [
+            paths::SEMAPHORES,
+            paths::BATCH,
+            paths::TOKENS,
+            paths::CLUSTER_STATUS,
+        ] {
+            assert_eq!(key(keyless, &[]), None, "{keyless}");
+        }
+        assert_eq!(key(paths::TOKEN, &["3"]), None);
+    }
+
+    #[test]
+    fn shard_headers_read_as_a_hint() {
+        let mut answer = HeaderMap::new();
+        assert_eq!(shard_hint(&answer), None);
+        answer.insert(headers::SHARD, "2".parse().unwrap());
+        let one = ShardHint {
+            shard: Some(2),
+            shards: 1,
+        };
+        assert_eq!(shard_hint(&answer), Some(one));
+        answer.insert(headers::SHARDS, " 3 ".parse().unwrap());
+        let three = ShardHint {
+            shard: Some(2),
+            shards: 3,
+        };
+        assert_eq!(shard_hint(&answer), Some(three));
+        answer.remove(headers::SHARD);
+        let every = ShardHint {
+            shard: None,
+            shards: 3,
+        };
+        assert_eq!(shard_hint(&answer), Some(every));
+        answer.insert(headers::SHARDS, "many".parse().unwrap());
+        assert_eq!(shard_hint(&answer), None);
     }
 
     #[test]

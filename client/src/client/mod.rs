@@ -10,7 +10,8 @@
 //!    key's `nextRequestAt` from the previous answer (`next_request.rs`): the
 //!    holder would not run the round sooner.
 //! 2. The call loop (`retry.rs`) makes attempts inside a per-call deadline:
-//!    pick a node (the remembered leader first, see [`crate::leader`]), send,
+//!    pick a node (the remembered leader first: for a call about a key, the
+//!    leader of the key's shard, see [`crate::leader`]), send,
 //!    and on a retryable failure (connection error, attempt timeout,
 //!    502/503/504, 429) back off with capped exponential jitter
 //!    ([`crate::backoff`]), never sooner than the server's `Retry-After`, and
@@ -18,7 +19,7 @@
 //!    one sooner (`discovery.rs`). Anything else the server rejects ends the
 //!    call with [`ClientError::Rejected`](crate::ClientError::Rejected).
 //! 3. One attempt's URL and token, and its answer (status, `x-permitd-leader`,
-//!    `Retry-After`, error body, decoding), go through the helpers of
+//!    `x-permitd-shard` and `x-permitd-shards`, `Retry-After`, error body, decoding), go through the helpers of
 //!    `http.rs`. A success may start node-id discovery in the background
 //!    (`discovery.rs`), so that a leader named by id can be asked directly.
 //!

@@ -1,8 +1,8 @@
 //! The call loop: one call is attempts with backoff until a success, a final
 //! error or the call's deadline.
 //!
-//! Each attempt goes to the node the tracker picks (the remembered leader
-//! first) with a limit of `attempt_timeout` or what is left of the deadline.
+//! Each attempt goes to the node the tracker picks (for a call about a key,
+//! the remembered leader of its shard; else the remembered leader) with a limit of `attempt_timeout` or what is left of the deadline.
 //! A connection failure, a lost answer, 502/503/504 and 429 are retried after
 //! a capped, jittered exponential delay ([`crate::backoff`]), never sooner
 //! than the server's `Retry-After`; when the node could not serve the call at
@@ -28,11 +28,14 @@ use tokio::time::Instant;
 use url::Url;
 
 use super::handle::SemaphoreClient;
-use super::http::{decode, is_retryable, leader_hint, rejected, retry_after_ms, url_of};
+use super::http::{
+    decode, is_retryable, key_of, leader_hint, rejected, retry_after_ms, shard_hint, url_of,
+};
 use crate::backoff::Backoff;
 use crate::error::ClientError;
 use crate::leader::{Endpoint, LeaderHint};
 use crate::outgoing::Outgoing;
+use crate::shard_leaders::ShardHint;
 
 /// Retries of one call that may skip their backoff because a readiness probe
 /// found a node to ask; later retries back off in full (a node that is ready but
@@ -52,6 +55,22 @@ struct Retry {
     /// The node could not be reached or had no leader to serve the call (not a
     /// 429): another node may be able to, see [`crate::leader::find_ready`].
     unavailable: bool,
+}
+
+/// Where one attempt went, and the key its call is about (its shard's leader
+/// is the one asked).
+#[derive(Clone, Copy)]
+struct Sent<'a> {
+    endpoint: &'a Endpoint,
+    key: Option<&'a str>,
+}
+
+/// What an answer's headers said about the leaders: `x-permitd-leader`, and
+/// `x-permitd-shard` with `x-permitd-shards`.
+#[derive(Default)]
+struct Heard {
+    leader: Option<LeaderHint>,
+    shard: Option<ShardHint>,
 }
 
 impl SemaphoreClient {
@@ -129,14 +148,19 @@ impl SemaphoreClient {
             .map(Bytes::from);
         let mut backoff = Backoff::new(config.backoff_initial_ms, config.backoff_max_ms);
         let mut attempts = 0u32;
+        let key = key_of(path);
         loop {
             attempts += 1;
-            let endpoint = self.tracker().pick();
+            let endpoint = self.tracker().pick_for(key);
             let remaining = deadline.saturating_duration_since(Instant::now());
             let timeout = remaining.min(config.attempt_timeout);
             let url = url_of(&endpoint, path, query);
+            let sent = Sent {
+                endpoint: &endpoint,
+                key,
+            };
             let attempt = self
-                .attempt(&endpoint, method.clone(), &url, body.clone(), timeout)
+                .attempt(sent, method.clone(), &url, body.clone(), timeout)
                 .await;
             let retry = match attempt {
                 Attempt::Done(Ok(answer)) => return Ok((url, answer)),
@@ -161,10 +185,10 @@ impl SemaphoreClient {
         }
     }
 
-    /// Sends the call once to `endpoint` and reads the whole answer.
+    /// Sends the call once to `sent.endpoint` and reads the whole answer.
     async fn attempt(
         &self,
-        endpoint: &Endpoint,
+        sent: Sent<'_>,
         method: Method,
         url: &Url,
         body: Option<Bytes>,
@@ -179,18 +203,21 @@ impl SemaphoreClient {
         let response = match request.send(&self.inner.transport).await {
             Ok(response) => response,
             Err(error) => {
-                let reason = format!("{endpoint:?}: {error}", endpoint = endpoint.as_str());
-                return self.unreachable(endpoint, None, reason);
+                let reason = format!("{endpoint:?}: {error}", endpoint = sent.endpoint.as_str());
+                return self.unreachable(sent, Heard::default(), reason);
             }
         };
         let status = response.status();
-        let hint = leader_hint(response.headers());
+        let heard = Heard {
+            leader: leader_hint(response.headers()),
+            shard: shard_hint(response.headers()),
+        };
         let retry_after_ms = retry_after_ms(response.headers());
         match permitd_transport::collect(response.into_body()).await {
-            Ok(body) => self.judge(endpoint, status, hint, retry_after_ms, body),
+            Ok(body) => self.judge(sent, status, heard, retry_after_ms, body),
             Err(error) => {
-                let reason = format!("{}: reading the answer: {error}", endpoint.as_str());
-                self.unreachable(endpoint, hint.as_ref(), reason)
+                let reason = format!("{}: reading the answer: {error}", sent.endpoint.as_str());
+                self.unreachable(sent, heard, reason)
             }
         }
     }
@@ -200,16 +227,16 @@ impl SemaphoreClient {
     /// or a final rejection.
     fn judge(
         &self,
-        endpoint: &Endpoint,
+        sent: Sent<'_>,
         status: StatusCode,
-        hint: Option<LeaderHint>,
+        heard: Heard,
         retry_after_ms: Option<u64>,
         body: Bytes,
     ) -> Attempt {
         if is_retryable(status) {
             let overloaded = status == StatusCode::TOO_MANY_REQUESTS;
             if !overloaded {
-                self.tracker().failed(endpoint, hint.as_ref());
+                self.failed(sent, &heard);
             }
             return Attempt::Retry(Retry {
                 reason: rejected(status, &body).to_string(),
@@ -218,25 +245,30 @@ impl SemaphoreClient {
             });
         }
         if status.is_success() {
-            self.note_answer(endpoint, hint.as_ref());
+            self.note_answer(sent.endpoint, heard.leader.as_ref(), heard.shard.as_ref());
             return Attempt::Done(Ok(body));
         }
         Attempt::Done(Err(rejected(status, &body)))
     }
 
-    /// An attempt that got no answer from `endpoint`: the next pick moves on
-    /// (to the leader it named, if it named one), and another node may serve.
-    fn unreachable(
-        &self,
-        endpoint: &Endpoint,
-        hint: Option<&LeaderHint>,
-        reason: String,
-    ) -> Attempt {
-        self.tracker().failed(endpoint, hint);
+    /// An attempt that got no answer from `sent.endpoint`: the next pick
+    /// moves on (to the leader it named, if it named one), and another node may serve.
+    fn unreachable(&self, sent: Sent<'_>, heard: Heard, reason: String) -> Attempt {
+        self.failed(sent, &heard);
         Attempt::Retry(Retry {
             reason,
             retry_after_ms: None,
             unavailable: true,
         })
+    }
+
+    /// The tracker hears that `sent` failed with what its answer said, if any.
+    fn failed(&self, sent: Sent<'_>, heard: &Heard) {
+        self.tracker().failed_for(
+            sent.endpoint,
+            sent.key,
+            heard.leader.as_ref(),
+            heard.shard.as_ref(),
+        );
     }
 }

@@ -3,7 +3,8 @@
  * `fetch` only (Node >= 20, Deno, Bun, Cloudflare Workers).
  *
  * One call is a loop of attempts inside a per-call deadline: pick a node (the
- * remembered leader first, see `leader.ts`), send, and on a retryable failure
+ * remembered leader first: for a call about a key, the leader of the key's
+ * shard, see `leader.ts`), send, and on a retryable failure
  * (network error, attempt timeout, 429, 502, 503, 504) back off with capped
  * jittered exponential delays (`backoff.ts`), never sooner than the server's
  * `Retry-After`, and try again. Any other rejection ends the call with a
@@ -22,6 +23,7 @@ import { believedNextRequestAt } from "./next-request.js";
 import { DeadlineExceededError, RejectedError, UnexpectedAnswerError } from "./errors.js";
 import { acquire, withPermit, type AcquireOptions, type Permit } from "./permit.js";
 import { LEADER_HEADER, LeaderTracker, parseEndpoints, parseLeaderHint, type LeaderHint } from "./leader.js";
+import { parseShardHint, SHARD_HEADER, SHARDS_HEADER, type ShardHint } from "./shard-leaders.js";
 import {
   parseWire,
   WireError,
@@ -95,6 +97,9 @@ export type BatchResult = { ok: true; answer: SemaphoreResponse } | { ok: false;
 
 type Attempt = { done: true; body: unknown } | { done: false; reason: string; retryAfterMs?: number };
 
+/** Where one attempt went, and the key its call is about (its shard's leader is the one asked). */
+type Sent = { endpoint: string; key: string | undefined };
+
 export class SemaphoreClient {
   private readonly tracker: LeaderTracker;
   private readonly nextRequestAtMs = new Map<string, number>();
@@ -112,9 +117,19 @@ export class SemaphoreClient {
     this.attemptTimeoutMs = options.attemptTimeoutMs ?? DEFAULT_ATTEMPT_TIMEOUT_MS;
   }
 
-  /** The node currently asked first. */
+  /** The node currently asked first for calls naming no key (the meta shard's leader). */
   leader(): string | undefined {
     return this.tracker.leader();
+  }
+
+  /** The node a call about `key` is sent to first: its shard's leader, once an answer named it and its endpoint is known. */
+  leaderOfKey(key: string): string | undefined {
+    return this.tracker.leaderOfKey(key);
+  }
+
+  /** The cluster's shard count, as the answers said (1 until one says otherwise). */
+  shardCount(): number {
+    return this.tracker.shardCount();
   }
 
   /** Every endpoint known (configured plus learned). */
@@ -266,12 +281,13 @@ export class SemaphoreClient {
     const deadline = Date.now() + deadlineMs;
     const backoff = new Backoff(this.options.backoffInitialMs ?? DEFAULT_INITIAL_DELAY_MS, this.options.backoffMaxMs ?? DEFAULT_MAX_DELAY_MS);
     const text = body === undefined ? undefined : JSON.stringify(body);
+    const key = keyOfPath(path);
     for (let attempts = 1; ; attempts++) {
       options.signal?.throwIfAborted();
-      const endpoint = this.tracker.pick();
+      const endpoint = this.tracker.pickFor(key);
       const url = `${endpoint}/${path.map(encodeURIComponent).join("/")}${options.query ? `?${options.query}` : ""}`;
       const timeout = Math.max(1, Math.min(deadline - Date.now(), this.attemptTimeoutMs));
-      const attempt = await this.attempt(endpoint, method, url, text, timeout, options.signal);
+      const attempt = await this.attempt({ endpoint, key }, method, url, text, timeout, options.signal);
       if (attempt.done) {
         if (shape === undefined) return attempt.body as never;
         try {
@@ -288,7 +304,7 @@ export class SemaphoreClient {
   }
 
   private async attempt(
-    endpoint: string,
+    sent: Sent,
     method: string,
     url: string,
     body: string | undefined,
@@ -304,28 +320,31 @@ export class SemaphoreClient {
     signal?.addEventListener("abort", onAbort, { once: true });
     let status: number;
     let hint: LeaderHint | undefined;
+    let shard: ShardHint | undefined;
     let retryAfterMs: number | undefined;
     let text: string;
+    const { endpoint, key } = sent;
     try {
       const response = await this.fetch(url, { method, headers, body, signal: controller.signal });
       status = response.status;
       hint = parseLeaderHint(response.headers.get(LEADER_HEADER));
+      shard = parseShardHint(response.headers.get(SHARD_HEADER), response.headers.get(SHARDS_HEADER));
       retryAfterMs = parseRetryAfter(response.headers.get("retry-after"));
       text = await response.text();
     } catch (error) {
       signal?.throwIfAborted();
-      this.tracker.failed(endpoint, undefined);
+      this.tracker.failedFor(endpoint, key, hint, shard);
       return { done: false, reason: `${endpoint}: ${describe(error)}` };
     } finally {
       clearTimeout(timer);
       signal?.removeEventListener("abort", onAbort);
     }
     if (RETRYABLE_STATUSES.includes(status)) {
-      if (status !== 429) this.tracker.failed(endpoint, hint);
+      if (status !== 429) this.tracker.failedFor(endpoint, key, hint, shard);
       return { done: false, reason: rejected(status, text).message, retryAfterMs };
     }
     if (status < 200 || status >= 300) throw rejected(status, text);
-    this.tracker.answered(endpoint, hint);
+    this.tracker.answeredFor(endpoint, hint, shard);
     if (this.tracker.wantsNodeIds()) this.discoverNodeIds();
     try {
       return { done: true, body: text === "" ? null : JSON.parse(text) };
@@ -361,6 +380,11 @@ export class SemaphoreClient {
       this.nextRequestAtMs.set(key, atMs);
     }
   }
+}
+
+/** The key a call of `path` is about: the segment after `/v1/semaphores`. Listings, batches, tokens and cluster calls name none. */
+export function keyOfPath(path: readonly string[]): string | undefined {
+  return path.length >= 3 && path[0] === "v1" && path[1] === "semaphores" ? path[2] : undefined;
 }
 
 /** Path segments of `/v1/semaphores/{key}[/{tail}]`; each is percent-encoded when sent. */

@@ -3,7 +3,8 @@
  * concurrency budgets. `fetch` only: Node >= 20, Deno, Bun, Cloudflare Workers.
  *
  * - `SemaphoreClient` (`client.ts`): every v1 call against a list of nodes,
- *   with leader tracking, retries with jitter honouring `Retry-After`, a
+ *   with leader tracking (each key's calls to its shard's leader,
+ *   `shard-leaders.ts`), retries with jitter honouring `Retry-After`, a
  *   `requestId` kept across retries, per-call deadlines and `AbortSignal`s,
  *   `nextRequestAt` per key, and a bearer token; `batch` sends many keys'
  *   requests and syncs in one `POST /v1/batch`, each item answered alone;
@@ -27,4 +28,5 @@ export * from "./next-request.js";
 export * from "./permit.js";
 export * from "./queue/index.js";
 export * from "./shard.js";
+export * from "./shard-leaders.js";
 export * from "./wire.js";

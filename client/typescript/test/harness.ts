@@ -62,6 +62,8 @@ export interface ClusterSettings {
   nodes?: number;
   /** The `[defaults]` table, in TOML. */
   defaults?: string;
+  /** `[cluster] shards`: the number of shards (Raft groups); the node's default (1) when unset. */
+  shards?: number;
 }
 
 export class Cluster {
@@ -78,6 +80,7 @@ export class Cluster {
     let text =
       `secret = "${SECRET}"\n\n[auth]\nadmin_token = "${ADMIN_TOKEN}"\n\n[raft]\nheartbeat_interval_ms = 50\nelection_timeout_min_ms = 300\n` +
       `election_timeout_max_ms = 600\nrpc_timeout_ms = 500\nsnapshot_every_logs = 500\n\n[defaults]\n${defaults}\n`;
+    if (settings.shards !== undefined) text += `[cluster]\nshards = ${settings.shards}\n\n`;
     const nodes: Node[] = [];
     for (let id = 1; id <= count; id++) {
       const api = `127.0.0.1:${await freePort()}`;

@@ -220,8 +220,17 @@ class SemaphoreClient:
         self.close()
 
     def leader(self) -> Optional[str]:
-        """The node currently asked first."""
+        """The node currently asked first for calls naming no key (the meta shard's leader)."""
         return self._core.leader()
+
+    def leader_of_key(self, key: str) -> Optional[str]:
+        """The node a call about ``key`` is sent to first: its shard's leader, once an answer
+        named it and its endpoint is known."""
+        return self._core.leader_of_key(key)
+
+    def shard_count(self) -> int:
+        """The cluster's shard count, as the answers said (1 until one says otherwise)."""
+        return self._core.shard_count()
 
     def endpoints(self) -> List[str]:
         return list(self._core.tracker.endpoints)
@@ -401,6 +410,12 @@ class AsyncSemaphoreClient:
 
     def leader(self) -> Optional[str]:
         return self._core.leader()
+
+    def leader_of_key(self, key: str) -> Optional[str]:
+        return self._core.leader_of_key(key)
+
+    def shard_count(self) -> int:
+        return self._core.shard_count()
 
     def endpoints(self) -> List[str]:
         return list(self._core.tracker.endpoints)

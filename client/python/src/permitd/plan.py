@@ -10,7 +10,8 @@ and ``time.sleep``, ``AsyncSemaphoreClient`` with ``httpx.AsyncClient`` and
 ``permit.py``, and tested the same way for both.
 
 One call (``ClientCore.call``) is a loop of attempts inside a per-call deadline:
-pick a node (the remembered leader first, ``leader.py``), send, and on a
+pick a node (the remembered leader first: for a call about a key, the leader of the
+key's shard, ``leader.py``), send, and on a
 retryable failure (connection error, attempt timeout, 429, 502, 503, 504) back
 off with capped jittered exponential delays (``backoff.py``), never sooner than
 the server's ``Retry-After``, and try again. Any other rejection ends the call
@@ -38,6 +39,7 @@ from . import wire
 from .backoff import DEFAULT_INITIAL_DELAY_MS, DEFAULT_MAX_DELAY_MS, Backoff
 from .errors import DeadlineExceededError, RejectedError, UnexpectedAnswerError
 from .leader import LeaderTracker, parse_endpoints, parse_leader_hint
+from .shard_leaders import parse_shard_hint
 
 #: Default deadline of one call, retries included, in ms.
 DEFAULT_CALL_TIMEOUT_MS = 30_000
@@ -136,6 +138,12 @@ def rejected(status: int, text: str) -> RejectedError:
         return RejectedError(status, f"http_{status}", text[:MAX_ERROR_BODY_CHARS])
 
 
+def key_of(segments: Sequence[str]) -> Optional[str]:
+    """The key a call of ``segments`` is about: the segment after ``/v1/semaphores``.
+    Listings, batches, tokens and cluster calls name none."""
+    return segments[2] if len(segments) >= 3 and segments[0] == "v1" and segments[1] == "semaphores" else None
+
+
 def segments_path(segments: Sequence[str]) -> str:
     """Path segments, each percent-encoded (keys and groups may hold ``/``)."""
     return "/".join(quote(segment, safe="") for segment in segments)
@@ -184,6 +192,14 @@ class ClientCore:
         with self._lock:
             return self.tracker.leader()
 
+    def leader_of_key(self, key: str) -> Optional[str]:
+        with self._lock:
+            return self.tracker.leader_of_key(key)
+
+    def shard_count(self) -> int:
+        with self._lock:
+            return self.tracker.shard_count()
+
     def next_request_at(self, key: str) -> Optional[int]:
         with self._lock:
             return self._next_request_at_ms.get(key)
@@ -222,16 +238,17 @@ class ClientCore:
         if data is not None:
             headers["content-type"] = "application/json"
         yield from self._discover_node_ids_if_due()
+        key = key_of(segments)
         attempts = 0
         while True:
             attempts += 1
             with self._lock:
-                endpoint = self.tracker.pick()
+                endpoint = self.tracker.pick_for(key)
             url = f"{endpoint}/{tail}"
             left_ms = int((deadline - time.monotonic()) * 1000)
             timeout = max(1, min(left_ms, self.config.attempt_timeout_ms))
             outcome = yield Send(method, url, headers, data, timeout, abandon)
-            done, value, retry_after_ms = self._settle(endpoint, url, outcome, shape)
+            done, value, retry_after_ms = self._settle(endpoint, key, url, outcome, shape)
             if done:
                 return value
             delay = backoff.next_delay_ms(self.config.random(), retry_after_ms)
@@ -239,24 +256,28 @@ class ClientCore:
                 raise DeadlineExceededError(deadline_ms, attempts, value)
             yield Sleep(delay / 1000)
 
-    def _settle(self, endpoint: str, url: str, outcome: Outcome, shape: Optional[str]) -> Tuple[bool, Any, Optional[int]]:
-        """(done, parsed answer) or (not done, the reason, ``Retry-After``); raises on a rejection."""
+    def _settle(
+        self, endpoint: str, key: Optional[str], url: str, outcome: Outcome, shape: Optional[str]
+    ) -> Tuple[bool, Any, Optional[int]]:
+        """(done, parsed answer) or (not done, the reason, ``Retry-After``); raises on a rejection.
+        ``key`` is the key the call is about, if any: its shard's leader was asked."""
         if not isinstance(outcome, Response):
             with self._lock:
-                self.tracker.failed(endpoint, None)
+                self.tracker.failed_for(endpoint, key, None, None)
             reason = outcome.reason if isinstance(outcome, Failure) else "no outcome"
             return False, f"{endpoint}: {reason}", None
         hint = parse_leader_hint(outcome.headers.get(wire.LEADER_HEADER))
+        shard = parse_shard_hint(outcome.headers.get(wire.SHARD_HEADER), outcome.headers.get(wire.SHARDS_HEADER))
         text = outcome.body.decode("utf-8", "replace")
         if outcome.status in RETRYABLE_STATUSES:
             if outcome.status != 429:
                 with self._lock:
-                    self.tracker.failed(endpoint, hint)
+                    self.tracker.failed_for(endpoint, key, hint, shard)
             return False, str(rejected(outcome.status, text)), parse_retry_after(outcome.headers.get("retry-after"))
         if not 200 <= outcome.status < 300:
             raise rejected(outcome.status, text)
         with self._lock:
-            self.tracker.answered(endpoint, hint)
+            self.tracker.answered_for(endpoint, hint, shard)
         try:
             value = None if text == "" else json.loads(text)
             return True, value if shape is None else wire.parse(shape, value), None

@@ -208,8 +208,12 @@ ERROR_CODES = (
 MAX_BATCH_ITEMS = 256
 #: Most distinct keys of one batch: each key may hold the call until its round.
 MAX_BATCH_KEYS = 128
-#: The response header naming the leader.
+#: The response header naming the leader (of the shard that answered).
 LEADER_HEADER = "x-permitd-leader"
+#: The response header naming the shard that answered.
+SHARD_HEADER = "x-permitd-shard"
+#: The response header naming the cluster's shard count (absent: 1).
+SHARDS_HEADER = "x-permitd-shards"
 
 
 class WireError(ValueError):
