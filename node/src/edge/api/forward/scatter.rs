@@ -353,14 +353,21 @@ struct RawBatch<'a> {
 }
 
 /// A sub-batch's answers, `count` of them: its items' own when its shard
-/// answered, else its error for each. A 401 is the whole call's answer: the
-/// caller's token is the same for every shard.
+/// answered, else its error for each. A 401 or 403 is the whole call's
+/// answer: the caller's token and role are the same for every shard.
 fn sub_batch_items(
     answer: Result<ShardAnswer, ShardAnswer>,
     count: usize,
 ) -> Result<Vec<BatchItemAnswer>, ShardAnswer> {
     let answer = match answer {
-        Ok(answer) if answer.status == StatusCode::UNAUTHORIZED => return Err(answer),
+        // Who the caller is, and whether it may batch at all, is the same on
+        // every shard: the whole call's answer, as one leader would give it.
+        Ok(answer)
+            if answer.status == StatusCode::UNAUTHORIZED
+                || answer.status == StatusCode::FORBIDDEN =>
+        {
+            return Err(answer)
+        }
         Ok(answer) => answer,
         Err(failed) => return Ok(vec![BatchItemAnswer::failed(unanswered(failed)); count]),
     };
