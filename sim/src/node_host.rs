@@ -275,10 +275,10 @@ async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
         tokio::select! {
             changed = metrics.changed() => if changed.is_err() { return },
             // A handover is an election on purpose: it explains the next term.
-            changed = handovers.changed() => {
-                if changed.is_err() {
-                    return;
-                }
+            // At S = 1 no handover task runs and its sender is gone from
+            // the start: a closed watch must not end this watcher (it did,
+            // and the election checks saw no term at all).
+            Ok(()) = handovers.changed() => {
                 spec.disturbances.at(at);
                 spec.trace.event(at, &host_name(id), "hands the meta shard over");
             }
