@@ -455,7 +455,9 @@ async fn snapshot_at_100k_keys() {
         }
         let mut all = true;
         for node in &cluster.nodes {
-            let index = cluster.metric(node.id, "permitd_snapshot_index").await;
+            let index = cluster
+                .metric_total(node.id, "permitd_snapshot_index")
+                .await;
             all &= index.is_some_and(|index| index >= target as f64);
         }
         snapshotted = all;
