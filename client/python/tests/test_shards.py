@@ -12,7 +12,6 @@ leader:
 
 from __future__ import annotations
 
-import time
 import urllib.request
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -55,9 +54,8 @@ def shard_leaders(cluster: Cluster) -> Tuple[Optional[List[int]], bool]:
 
 
 def settled_shard_leaders(cluster: Cluster) -> List[int]:
-    """The shards' leaders once they stopped moving: spread over their preferred nodes,
-    or, if they did not spread within ``SPREAD_TIMEOUT_S`` (handovers are the node's
-    business, not the client's), whatever map every node agrees on and keeps for a second."""
+    """The shards' leaders once each shard is led by its preferred node (the node hands
+    shards over once the preferred node has caught up: docs/architecture.md, "Shards")."""
     found: List[List[int]] = []
 
     def spread() -> bool:
@@ -65,20 +63,7 @@ def settled_shard_leaders(cluster: Cluster) -> List[int]:
         found[:] = [leaders] if preferred and leaders is not None else []
         return bool(found)
 
-    try:
-        eventually(SPREAD_TIMEOUT_S, spread, "spread shard leaders")
-        return found[0]
-    except AssertionError:
-        pass
-
-    def stable() -> bool:
-        first, _ = shard_leaders(cluster)
-        time.sleep(1.0)
-        second, _ = shard_leaders(cluster)
-        found[:] = [second] if first is not None and first == second else []
-        return bool(found)
-
-    eventually(SETTLE_TIMEOUT_S, stable, "shard leaders every node agrees on")
+    eventually(SPREAD_TIMEOUT_S, spread, "spread shard leaders")
     return found[0]
 
 
