@@ -40,18 +40,19 @@ pub struct TermSeen {
     pub leaders: Vec<NodeId>,
 }
 
-/// Every term seen, by number; shared by every node's watcher.
+/// Every term seen, by shard and number; shared by every node's watchers.
+/// Each shard is a Raft group of its own, with terms of its own.
 #[derive(Debug, Clone, Default)]
-pub struct TermsSeen(Arc<Mutex<BTreeMap<u64, TermSeen>>>);
+pub struct TermsSeen(Arc<Mutex<BTreeMap<u32, BTreeMap<u64, TermSeen>>>>);
 
 impl TermsSeen {
-    /// Notes node `id` seen in `term` at `at`, leading it or not.
-    pub fn saw(&self, term: u64, id: NodeId, leading: bool, at: Duration) {
+    /// Notes node `id` seen in `shard`'s `term` at `at`, leading it or not.
+    pub fn saw(&self, shard: u32, term: u64, id: NodeId, leading: bool, at: Duration) {
         let mut terms = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let seen = terms.entry(term).or_default();
+        let seen = terms.entry(shard).or_default().entry(term).or_default();
         seen.first_seen.get_or_insert(at);
         if leading {
             seen.led.get_or_insert((at, id));
@@ -61,7 +62,8 @@ impl TermsSeen {
         }
     }
 
-    pub fn snapshot(&self) -> BTreeMap<u64, TermSeen> {
+    /// Every shard's terms.
+    pub fn snapshot(&self) -> BTreeMap<u32, BTreeMap<u64, TermSeen>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -69,23 +71,47 @@ impl TermsSeen {
     }
 }
 
-/// When anything happened to the cluster that may explain an election.
+/// When anything happened to the cluster that may explain an election: faults,
+/// restarts and stops touch every shard; a handover touches its own shard.
 #[derive(Debug, Clone, Default)]
-pub struct Disturbances(Arc<Mutex<BTreeSet<Duration>>>);
+pub struct Disturbances(Arc<Mutex<DisturbanceLog>>);
+
+#[derive(Debug, Default)]
+struct DisturbanceLog {
+    cluster: BTreeSet<Duration>,
+    handovers: BTreeMap<u32, BTreeSet<Duration>>,
+}
 
 impl Disturbances {
+    /// Something that touched every shard.
     pub fn at(&self, at: Duration) {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(at);
+        self.log().cluster.insert(at);
     }
 
+    /// A leader of `shard` handing it over: an election on purpose.
+    pub fn handover(&self, shard: u32, at: Duration) {
+        self.log().handovers.entry(shard).or_default().insert(at);
+    }
+
+    /// What may explain an election in `shard`.
+    pub fn for_shard(&self, shard: u32) -> BTreeSet<Duration> {
+        let log = self.log();
+        let own = log.handovers.get(&shard).into_iter().flatten();
+        log.cluster.iter().chain(own).copied().collect()
+    }
+
+    /// What may explain anything: a request's wait crosses shards only
+    /// through its key, and the liveness checks do not map keys to shards.
     pub fn snapshot(&self) -> BTreeSet<Duration> {
+        let log = self.log();
+        let handovers = log.handovers.values().flatten();
+        log.cluster.iter().chain(handovers).copied().collect()
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, DisturbanceLog> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
     }
 }
 
@@ -161,13 +187,16 @@ mod tests {
     #[test]
     fn a_term_led_by_a_lower_node_after_a_higher_one_is_caught() {
         let seen = TermsSeen::default();
-        seen.saw(6, 1, true, ms(10));
-        seen.saw(6, 3, true, ms(20));
-        assert!(check_leaders_per_term(&seen.snapshot()).is_empty());
-        seen.saw(7, 3, true, ms(30));
-        seen.saw(7, 2, true, ms(40));
+        seen.saw(0, 6, 1, true, ms(10));
+        seen.saw(0, 6, 3, true, ms(20));
+        // Another shard's term 7 is a term of its own.
+        seen.saw(1, 7, 2, true, ms(25));
+        assert!(check_leaders_per_term(&seen.snapshot()[&0]).is_empty());
+        seen.saw(0, 7, 3, true, ms(30));
+        seen.saw(0, 7, 2, true, ms(40));
+        assert!(check_leaders_per_term(&seen.snapshot()[&1]).is_empty());
         assert_eq!(
-            check_leaders_per_term(&seen.snapshot())[0].kind,
+            check_leaders_per_term(&seen.snapshot()[&0])[0].kind,
             "leaders_out_of_order"
         );
     }
@@ -182,6 +211,20 @@ mod tests {
         );
         let crash_after = BTreeSet::from([ms(50), ms(500)]);
         assert!(check_explained(&terms, &crash_after).is_empty());
+    }
+
+    #[test]
+    fn a_handover_explains_elections_in_its_own_shard_only() {
+        let log = Disturbances::default();
+        log.at(ms(50));
+        log.handover(2, ms(500));
+        let terms = BTreeMap::from([(2, term(100, Some((120, 1)))), (3, term(900, None))]);
+        assert!(check_explained(&terms, &log.for_shard(2)).is_empty());
+        assert_eq!(
+            check_explained(&terms, &log.for_shard(1))[0].kind,
+            "unexplained_election"
+        );
+        assert!(log.snapshot().contains(&ms(500)));
     }
 
     #[test]

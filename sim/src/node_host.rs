@@ -220,7 +220,9 @@ pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Re
         RAFT_PORT,
         Connections::new(internal, &settings.edge, None, stop.clone()),
     ));
-    tokio::spawn(watch_leadership(id, app.clone(), spec.clone()));
+    for shard in 0..spec.shards {
+        tokio::spawn(watch_leadership(id, app.clone(), shard, spec.clone()));
+    }
     let reason = app.fatal().await;
     spec.trace.event(
         now(),
@@ -240,8 +242,16 @@ async fn accept(port: u16, connections: Connections) {
             return;
         }
     };
-    while let Ok((stream, _)) = listener.accept().await {
-        tokio::spawn(connections.clone().serve(stream));
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(connections.clone().serve(stream));
+            }
+            Err(error) => {
+                tracing::error!(%error, port, "accept failed: no more connections");
+                return;
+            }
+        }
     }
 }
 
@@ -250,12 +260,18 @@ fn shard_states(app: &App) -> Vec<permitd_storage::SharedState> {
     app.shards.iter().map(|shard| shard.state.clone()).collect()
 }
 
-/// Records every term this node leads in the meta shard (each shard has
-/// terms of its own; the election checks follow one group), and traces its
-/// role changes.
-async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
-    let mut metrics = app.meta().raft.metrics();
-    let mut handovers = app.meta().handovers.clone();
+/// Records every term this node sees in `shard` (each shard has terms of its
+/// own), and traces its role changes.
+async fn watch_leadership(id: NodeId, app: App, shard: u32, spec: ClusterSpec) {
+    let Some(group) = app.shard(shard) else {
+        return;
+    };
+    let mut metrics = group.raft.metrics();
+    let mut handovers = group.handovers.clone();
+    let name = match spec.shards {
+        1 => host_name(id),
+        _ => format!("{} s{shard}", host_name(id)),
+    };
     let mut last = None;
     loop {
         let (term, state, leader) = {
@@ -263,11 +279,12 @@ async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
             (now.current_term, now.state, now.current_leader)
         };
         let at = turmoil::sim_elapsed().unwrap_or_default();
-        spec.terms.saw(term, id, state == ServerState::Leader, at);
+        spec.terms
+            .saw(shard, term, id, state == ServerState::Leader, at);
         if last != Some((term, state)) {
             spec.trace.event(
                 at,
-                &host_name(id),
+                &name,
                 format_args!("term {term} {state:?} leader {leader:?}"),
             );
             last = Some((term, state));
@@ -279,8 +296,8 @@ async fn watch_leadership(id: NodeId, app: App, spec: ClusterSpec) {
             // the start: a closed watch must not end this watcher (it did,
             // and the election checks saw no term at all).
             Ok(()) = handovers.changed() => {
-                spec.disturbances.at(at);
-                spec.trace.event(at, &host_name(id), "hands the meta shard over");
+                spec.disturbances.handover(shard, at);
+                spec.trace.event(at, &name, "hands the shard over");
             }
         }
     }

@@ -230,9 +230,19 @@ fn run_seeded(options: &RunOptions) -> Outcome {
     violations.extend(spec.replicas.check());
     let records = history.snapshot();
     violations.extend(check_history(options, &workload, &records, simulated));
-    let (terms, disturbances) = (spec.terms.snapshot(), spec.disturbances.snapshot());
-    violations.extend(elections::check_leaders_per_term(&terms));
-    violations.extend(elections::check_explained(&terms, &disturbances));
+    for (shard, terms) in spec.terms.snapshot() {
+        let explains = spec.disturbances.for_shard(shard);
+        for mut violation in elections::check_leaders_per_term(&terms)
+            .into_iter()
+            .chain(elections::check_explained(&terms, &explains))
+        {
+            if spec.shards > 1 {
+                violation.detail = format!("shard {shard}: {}", violation.detail);
+            }
+            violations.push(violation);
+        }
+    }
+    let disturbances = spec.disturbances.snapshot();
     let waits = waits
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

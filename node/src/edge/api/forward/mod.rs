@@ -133,9 +133,16 @@ impl ToLeader {
         &self.shards[usize::try_from(shard).unwrap_or(0)]
     }
 
-    /// The peer entry of `id` in the current membership.
+    /// The peer entry of `id` in the current membership of any shard, the
+    /// meta shard first. Not the meta shard's alone: while a membership
+    /// change goes from shard to shard, a node the meta shard has dropped
+    /// still leads others, and a call to one of those must still reach it
+    /// (simulator, seed 10 at S = 3: every call to the removed node's shard
+    /// got `no_quorum` and the change could never reach that shard).
     fn peer(&self, id: NodeId) -> Option<PeerNode> {
-        crate::raft::member(&self.shards[0].raft, id)
+        self.shards
+            .iter()
+            .find_map(|shard| crate::raft::member(&shard.raft, id))
     }
 
     /// `scheme://api_addr` of `leader` in the current membership.
