@@ -100,7 +100,7 @@ impl Shard {
         let leader_contact = Arc::new(LeaderContact::default());
         let timings = start.timings;
         let election_guard = Arc::new(ElectionGuard::new(
-            start.node,
+            (start.node, id),
             leader_contact.clone(),
             (
                 Duration::from_millis(timings.heartbeat_interval_ms),

@@ -72,14 +72,16 @@ impl TermsSeen {
 }
 
 /// When anything happened to the cluster that may explain an election: faults,
-/// restarts and stops touch every shard; a handover touches its own shard.
+/// restarts and stops touch every shard; a handover, or a leader leaving the
+/// voters of its shard (a membership change goes shard by shard), touches its
+/// own shard.
 #[derive(Debug, Clone, Default)]
 pub struct Disturbances(Arc<Mutex<DisturbanceLog>>);
 
 #[derive(Debug, Default)]
 struct DisturbanceLog {
     cluster: BTreeSet<Duration>,
-    handovers: BTreeMap<u32, BTreeSet<Duration>>,
+    in_shard: BTreeMap<u32, BTreeSet<Duration>>,
 }
 
 impl Disturbances {
@@ -88,15 +90,16 @@ impl Disturbances {
         self.log().cluster.insert(at);
     }
 
-    /// A leader of `shard` handing it over: an election on purpose.
-    pub fn handover(&self, shard: u32, at: Duration) {
-        self.log().handovers.entry(shard).or_default().insert(at);
+    /// Something that touched `shard` alone: its leader handing it over, or
+    /// leaving its voters; an election on purpose.
+    pub fn in_shard(&self, shard: u32, at: Duration) {
+        self.log().in_shard.entry(shard).or_default().insert(at);
     }
 
     /// What may explain an election in `shard`.
     pub fn for_shard(&self, shard: u32) -> BTreeSet<Duration> {
         let log = self.log();
-        let own = log.handovers.get(&shard).into_iter().flatten();
+        let own = log.in_shard.get(&shard).into_iter().flatten();
         log.cluster.iter().chain(own).copied().collect()
     }
 
@@ -104,8 +107,8 @@ impl Disturbances {
     /// through its key, and the liveness checks do not map keys to shards.
     pub fn snapshot(&self) -> BTreeSet<Duration> {
         let log = self.log();
-        let handovers = log.handovers.values().flatten();
-        log.cluster.iter().chain(handovers).copied().collect()
+        let in_shards = log.in_shard.values().flatten();
+        log.cluster.iter().chain(in_shards).copied().collect()
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, DisturbanceLog> {
@@ -217,7 +220,7 @@ mod tests {
     fn a_handover_explains_elections_in_its_own_shard_only() {
         let log = Disturbances::default();
         log.at(ms(50));
-        log.handover(2, ms(500));
+        log.in_shard(2, ms(500));
         let terms = BTreeMap::from([(2, term(100, Some((120, 1)))), (3, term(900, None))]);
         assert!(check_explained(&terms, &log.for_shard(2)).is_empty());
         assert_eq!(

@@ -281,6 +281,12 @@ async fn watch_leadership(id: NodeId, app: App, shard: u32, spec: ClusterSpec) {
         let at = turmoil::sim_elapsed().unwrap_or_default();
         spec.terms
             .saw(shard, term, id, state == ServerState::Leader, at);
+        if last.is_some_and(|(_, was)| was == ServerState::Leader) && state == ServerState::Learner
+        {
+            // It left the voters: a membership change removed the leader,
+            // which goes shard by shard, each its own moment.
+            spec.disturbances.in_shard(shard, at);
+        }
         if last != Some((term, state)) {
             spec.trace.event(
                 at,
@@ -296,7 +302,7 @@ async fn watch_leadership(id: NodeId, app: App, shard: u32, spec: ClusterSpec) {
             // the start: a closed watch must not end this watcher (it did,
             // and the election checks saw no term at all).
             Ok(()) = handovers.changed() => {
-                spec.disturbances.handover(shard, at);
+                spec.disturbances.in_shard(shard, at);
                 spec.trace.event(at, &name, "hands the shard over");
             }
         }

@@ -175,7 +175,7 @@ async fn elect(State(app): State<App>, Query(query): Query<ShardQuery>, body: By
     };
     match codec::decode::<ElectRequest>(&body) {
         Ok(request) => {
-            elect_after(shard.raft.clone(), request);
+            elect_after(shard.raft.clone(), shard.election_guard.clone(), request);
             encoded(&Ok::<_, openraft::error::Infallible>(()))
         }
         Err(error) => undecodable(error),

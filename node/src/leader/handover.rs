@@ -21,9 +21,13 @@
 //! 2. it stops its heartbeats (`RuntimeConfigHandle::heartbeat(false)`);
 //! 3. it asks the preferred node (`POST /raft/elect`) to stand once the lease
 //!    has passed on every voter: a lease plus a heartbeat from now;
-//! 4. the preferred node, whose log is as long as the leader's, stands
-//!    (`Trigger::elect`) and wins the votes of the others, whose leases ran
-//!    out. The old leader sees the new term and follows.
+//! 4. the preferred node, whose log is as long as the leader's, asks for a
+//!    pre-vote at once (`ElectionGuard::hurry`: no drawn patience, but the
+//!    same pre-vote, so a voter that already follows another leader refuses)
+//!    and, granted, stands and wins the votes of the others, whose leases
+//!    ran out. The old leader sees the new term and follows. It does not
+//!    stand once a later term has begun: another voter stood while the
+//!    leader was silent.
 //!
 //! Whatever happens, after [`HANDOVER_TIMEOUT_LEASES`] leases the old leader
 //! turns its heartbeats back on and stops stepping down: if it still leads,
@@ -32,6 +36,7 @@
 //! timings).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ServerState;
@@ -40,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::raft::election_guard::ElectionGuard;
 use crate::raft::network::Network;
 use crate::raft::Raft;
 
@@ -253,10 +259,10 @@ impl Handover {
     }
 }
 
-/// Answers `POST /raft/elect`: stands for election in `raft`'s shard after
-/// the wait asked for (capped at [`MAX_ELECT_AFTER_MS`]), unless it leads by
-/// then.
-pub fn elect_after(raft: Raft, request: ElectRequest) {
+/// Answers `POST /raft/elect`: after the wait asked for (capped at
+/// [`MAX_ELECT_AFTER_MS`]), hurries the shard's election guard into a
+/// pre-vote, unless this node leads by then or a later term has begun.
+pub fn elect_after(raft: Raft, guard: Arc<ElectionGuard>, request: ElectRequest) {
     let after = Duration::from_millis(request.after_ms.min(MAX_ELECT_AFTER_MS));
     crate::seams::spawn(async move {
         tokio::time::sleep(after).await;
@@ -265,11 +271,8 @@ pub fn elect_after(raft: Raft, request: ElectRequest) {
             let metrics = metrics.borrow();
             (metrics.state, metrics.current_term)
         };
-        if !should_stand(state, term, request.term) {
-            return;
-        }
-        if let Err(error) = raft.trigger().elect().await {
-            tracing::warn!(%error, "cannot stand for election for a handover");
+        if should_stand(state, term, request.term) {
+            guard.hurry(term);
         }
     });
 }

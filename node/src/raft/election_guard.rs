@@ -64,7 +64,7 @@ use std::time::Duration;
 
 use openraft::raft::VoteRequest;
 use openraft::{LogId, ServerState};
-use permitd_storage::{codec, NodeId, PeerNode};
+use permitd_storage::{codec, NodeId, PeerNode, ShardId};
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -162,6 +162,8 @@ fn draw_timeout(rng: &mut impl rand::Rng, min: Duration, max: Duration) -> Durat
 #[derive(Debug)]
 pub struct ElectionGuard {
     id: NodeId,
+    /// The shard this guard elects in, for its logs.
+    shard: ShardId,
     contact: Arc<LeaderContact>,
     timeout_min: Duration,
     timeout_max: Duration,
@@ -176,17 +178,29 @@ pub struct ElectionGuard {
     leader_silent: watch::Sender<bool>,
     /// Draws the timeouts: the OS's entropy, or the simulation's seed.
     rng: Mutex<StdRng>,
+    /// A leader handing this shard over to this node (`leader/handover.rs`)
+    /// in this term (0: none asked): the next pre-vote goes without waiting
+    /// out a patience, once, while this node is still in that term.
+    hurried_in_term: AtomicU64,
+    /// The highest term this node stood in. Standing shows in openraft's
+    /// metrics only once the node's vote for itself is durable, a sync
+    /// later; meanwhile this node answers pre-votes as in that term already
+    /// (simulator, seed 130 at S = 8: a node on a slow disk stood in term 4,
+    /// answered another's pre-vote as in term 3 while its vote synced, and
+    /// its candidacy then deposed the leader that other node had become).
+    stood_in_term: AtomicU64,
 }
 
 impl ElectionGuard {
     pub fn new(
-        id: NodeId,
+        (id, shard): (NodeId, ShardId),
         contact: Arc<LeaderContact>,
         (heartbeat, timeout_min, timeout_max): (Duration, Duration, Duration),
         rng: Mutex<StdRng>,
     ) -> Self {
         Self {
             id,
+            shard,
             contact,
             timeout_min,
             timeout_max,
@@ -196,7 +210,27 @@ impl ElectionGuard {
             started: Instant::now(),
             leader_silent: watch::channel(false).0,
             rng,
+            hurried_in_term: AtomicU64::new(0),
+            stood_in_term: AtomicU64::new(0),
         }
+    }
+
+    /// A handover of `term` names this node: it asks for a pre-vote at its
+    /// next tick after a minimum election timeout of silence, instead of a
+    /// drawn patience. Still a pre-vote: a voter that hears a leader (another
+    /// voter may have won while the old leader was silent) refuses, so the
+    /// handover never deposes a leader that nothing disturbed (simulator,
+    /// seed 120 at S = 8: a bare `elect` deposed the leader another voter had
+    /// become 10 ms earlier).
+    pub fn hurry(&self, term: u64) {
+        self.hurried_in_term.store(term.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether a handover hurries this wait; consumed, so it hurries one
+    /// pre-vote at most. A term that moved on since makes it void.
+    fn take_hurry(&self, current_term: u64) -> bool {
+        let term = self.hurried_in_term.swap(0, Ordering::Relaxed);
+        term != 0 && current_term <= term
     }
 
     fn draw_timeout(&self) -> Duration {
@@ -290,13 +324,16 @@ impl ElectionGuard {
                     .map(|at| now.saturating_duration_since(at))
             },
             last_log_id: raft.data_metrics().borrow().last_log,
-            term: metrics.current_term,
+            term: metrics
+                .current_term
+                .max(self.stood_in_term.load(Ordering::Relaxed)),
         };
         let answer = PreVoteAnswer {
             granted: grants(request, &view, self.timeout_max),
             term: view.term,
         };
         tracing::debug!(
+            shard = self.shard,
             candidate = request.candidate,
             ?answer,
             ?view,
@@ -344,7 +381,7 @@ impl ElectionGuard {
             Ordering::Relaxed,
         );
         metrics::counter!(STALLS).increment(1);
-        tracing::warn!("this node was stalled; it gives the leader an election timeout to reach it before it may stand");
+        tracing::warn!(shard = self.shard, "this node was stalled; it gives the leader an election timeout to reach it before it may stand");
     }
 
     /// The next decision, given the last one.
@@ -378,14 +415,19 @@ impl ElectionGuard {
             // Hearing the leader: the next wait draws a new patience.
             return Decision::default();
         }
-        let patience = last
-            .patience
-            .unwrap_or_else(|| self.timeout_max + self.draw_timeout());
+        let hurried = self.take_hurry(current_term);
+        let patience = match hurried {
+            true => self.timeout_min,
+            false => last
+                .patience
+                .unwrap_or_else(|| self.timeout_max + self.draw_timeout()),
+        };
         let waiting = Decision {
             patience: Some(patience),
             ..last
         };
-        if self.silent_for(now) < patience || last.ask_after.is_some_and(|after| now < after) {
+        let asked_lately = last.ask_after.is_some_and(|after| now < after);
+        if !hurried && (self.silent_for(now) < patience || asked_lately) {
             return waiting;
         }
         let peers: Vec<(NodeId, PeerNode)> = voters
@@ -430,7 +472,12 @@ impl ElectionGuard {
             patience: None,
         };
         if !won && ahead.is_none() {
-            tracing::debug!(?granted, voters = voters.len(), "pre-vote denied");
+            tracing::debug!(
+                shard = self.shard,
+                ?granted,
+                voters = voters.len(),
+                "pre-vote denied"
+            );
             return next;
         }
         // A leader heard, or a vote cast for another candidate, while the
@@ -439,6 +486,7 @@ impl ElectionGuard {
         let vote_kept = raft.metrics().borrow().vote == vote;
         if !vote_kept || self.silent_for(done) < patience {
             tracing::debug!(
+                shard = self.shard,
                 vote_kept,
                 "pre-vote granted, but the cluster moved meanwhile"
             );
@@ -449,13 +497,16 @@ impl ElectionGuard {
             return next;
         }
         tracing::info!(
+            shard = self.shard,
             granted = granted.len(),
             voters = voters.len(),
             patience_ms = patience.as_millis() as u64,
             "pre-vote granted: this node stands for election"
         );
+        self.stood_in_term
+            .fetch_max(current_term + 1, Ordering::Relaxed);
         if let Err(error) = raft.trigger().elect().await {
-            tracing::warn!(%error, "cannot stand for election");
+            tracing::warn!(shard = self.shard, %error, "cannot stand for election");
         }
         next
     }
@@ -477,6 +528,7 @@ impl ElectionGuard {
     /// vote restarts this node's wait; its next pre-vote asks past the term.
     async fn catch_up_on_term(&self, raft: &Raft, term: u64, voter: NodeId) {
         tracing::info!(
+            shard = self.shard,
             term,
             voter,
             "a voter is in a later term: this node adopts it before it asks again"
@@ -488,7 +540,7 @@ impl ElectionGuard {
             .vote(VoteRequest::new(lowest_vote_of_the_term, last_log_id))
             .await
         {
-            tracing::warn!(%error, "cannot adopt the voters' term");
+            tracing::warn!(shard = self.shard, %error, "cannot adopt the voters' term");
         }
     }
 
