@@ -427,13 +427,17 @@ async fn a_stream_of_every_shard_resumes_after_its_cursor_exactly_once() {
     assert_eq!(message.id, Some(index), "{message:?}");
 }
 
+/// A refused stream: its query, its `Last-Event-ID`, and the field the 400
+/// names.
+type BadCursor<'a> = (Vec<(&'a str, &'a str)>, Option<&'a str>, &'a str);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_cursors_are_refused_with_400() {
     let cluster = Cluster::start(three_shards()).await;
     let url = format!("{}/v1/events", cluster.node(1).url());
     let http = reqwest::Client::new();
     let too_long = "1,".repeat(200) + "1";
-    let cases: Vec<(Vec<(&str, &str)>, Option<&str>, &str)> = vec![
+    let cases: Vec<BadCursor> = vec![
         (vec![("cursor", "x,y,z")], None, "cursor"),
         (vec![("cursor", "1,2")], None, "cursor"),
         (vec![("cursor", "5")], None, "cursor"),
