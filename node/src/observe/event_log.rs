@@ -48,9 +48,13 @@ use tokio::sync::{broadcast, watch, OwnedSemaphorePermit, Semaphore};
 #[derive(Debug)]
 pub struct KeptEvent {
     pub log_index: u64,
-    /// When this node applied it, among every shard's events
-    /// ([`EventHub`]): increasing in push order on this node.
+    /// When this node applied its entry, among every shard's entries
+    /// ([`EventHub`]): increasing in push order on this node, the same for
+    /// every event of one entry.
     pub applied_order: u64,
+    /// The last of its entry's events: a stream of several shards sends an
+    /// entry's events together, never another shard's between them.
+    pub last_of_entry: bool,
     pub key: String,
     /// The event's type (the message's `event:`).
     pub name: &'static str,
@@ -59,7 +63,11 @@ pub struct KeptEvent {
 }
 
 impl KeptEvent {
-    fn new(log_index: u64, applied_order: u64, key: &str, event: &permitd_core::Event) -> Self {
+    fn new(
+        (log_index, applied_order, last_of_entry): (u64, u64, bool),
+        key: &str,
+        event: &permitd_core::Event,
+    ) -> Self {
         let record = EventRecord {
             log_index,
             key: key.to_owned(),
@@ -69,6 +77,7 @@ impl KeptEvent {
         Self {
             log_index,
             applied_order,
+            last_of_entry,
             name: event.name(),
             key: record.key,
             json: json.into_boxed_str(),
@@ -79,7 +88,7 @@ impl KeptEvent {
 /// What the event logs of every shard of a node share; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EventHub {
-    /// The next event's [`KeptEvent::applied_order`].
+    /// The next entry's [`KeptEvent::applied_order`].
     applied_order: Arc<AtomicU64>,
     /// One permit per open stream ([`MAX_EVENT_SUBSCRIBERS`]), whatever
     /// shards it covers.
@@ -205,9 +214,11 @@ impl EventLog {
         }
         buffer.gap = false;
         buffer.last_index = buffer.last_index.max(applied.log_index);
-        for (key, event) in &applied.events {
-            let order = self.hub.next_order();
-            let record = Arc::new(KeptEvent::new(applied.log_index, order, key, event));
+        let order = self.hub.next_order();
+        let last = applied.events.len().saturating_sub(1);
+        for (at, (key, event)) in applied.events.iter().enumerate() {
+            let place = (applied.log_index, order, at == last);
+            let record = Arc::new(KeptEvent::new(place, key, event));
             buffer.keep(Arc::clone(&record));
             // No subscriber is fine.
             let _ = self.live.send(record);
@@ -539,7 +550,7 @@ mod tests {
     }
 
     #[test]
-    fn the_shards_of_a_node_stamp_their_events_in_push_order() {
+    fn the_shards_of_a_node_stamp_their_entries_in_push_order() {
         let hub = EventHub::default();
         let (zero, one) = (
             EventLog::with_capacity(0, 10, &hub),
@@ -556,7 +567,7 @@ mod tests {
                 .map(|record| record.applied_order)
                 .collect()
         };
-        assert_eq!((order(&zero), order(&one)), (vec![0, 1, 3], vec![2]));
+        assert_eq!((order(&zero), order(&one)), (vec![0, 0, 2], vec![1]));
     }
 
     #[test]

@@ -157,8 +157,9 @@ fn refusal(error: SubscribeError) -> ApiError {
     }
 }
 
-/// One covered shard's live events, tagged with its place in the cursor.
-type LiveFeed = stream::BoxStream<'static, (usize, Result<Arc<KeptEvent>, RecvError>)>;
+/// One covered shard's live entries (each its events, in order), tagged with
+/// its place in the cursor.
+type LiveFeed = stream::BoxStream<'static, (usize, Result<Vec<Arc<KeptEvent>>, RecvError>)>;
 
 /// Where a running stream is: what is left of the backlog, the live feeds of
 /// the shards it covers, and the cursor each message names.
@@ -168,6 +169,9 @@ struct Merged {
     /// Every covered shard's kept events, in the order this node applied them.
     backlog: std::vec::IntoIter<(usize, Arc<KeptEvent>)>,
     live: stream::SelectAll<LiveFeed>,
+    /// The rest of the live entry being sent: one entry's events go out
+    /// together, never another shard's between them.
+    entry: std::collections::VecDeque<(usize, Arc<KeptEvent>)>,
     /// Per covered shard, the first log index to send: a live event below it
     /// was asked to be skipped (a `from` ahead of what the node applied).
     first: Vec<u64>,
@@ -214,12 +218,14 @@ fn messages(
         live.push(live_feed(shard, subscription.live));
     }
     // Each shard's backlog is in its log's order already; the stable sort
-    // interleaves the shards as this node applied them.
+    // interleaves the shards as this node applied their entries, and keeps
+    // the events of one entry (one order) together.
     backlog.sort_by_key(|(_, record)| record.applied_order);
     let merged = Merged {
         _admission: admission,
         backlog: backlog.into_iter(),
         live: stream::select_all(live),
+        entry: std::collections::VecDeque::new(),
         first,
         closed,
         key,
@@ -236,12 +242,25 @@ fn messages(
     .boxed()
 }
 
-/// A shard's live events as a stream: `recv` is cancel-safe, so the select
-/// over every shard loses nothing when another shard's event comes first.
+/// A shard's live events as a stream of whole entries: an entry's events
+/// are sent under one lock hold, so the rest of an entry follows its first
+/// at once. A subscription starts between entries (it is taken under the
+/// same lock), so the first event received starts an entry.
 fn live_feed(shard: usize, receiver: broadcast::Receiver<Arc<KeptEvent>>) -> LiveFeed {
     stream::unfold(receiver, move |mut receiver| async move {
-        let received = receiver.recv().await;
-        Some(((shard, received), receiver))
+        let mut entry = Vec::new();
+        loop {
+            match receiver.recv().await {
+                Ok(record) => {
+                    let last = record.last_of_entry;
+                    entry.push(record);
+                    if last {
+                        return Some(((shard, Ok(entry)), receiver));
+                    }
+                }
+                Err(error) => return Some(((shard, Err(error)), receiver)),
+            }
+        }
     })
     .boxed()
 }
@@ -251,18 +270,22 @@ async fn next_message(merged: &mut Merged) -> Option<SseEvent> {
         return Some(merged.send(shard, &record));
     }
     loop {
+        while let Some((shard, record)) = merged.entry.pop_front() {
+            if record.log_index >= merged.first[shard] && matches(merged.key.as_deref(), &record) {
+                return Some(merged.send(shard, &record));
+            }
+        }
+        // Biased, live events first: the order of a stream never depends on
+        // a random draw, and what was applied before shutdown is still sent.
         let (shard, received) = tokio::select! {
+            biased;
             received = merged.live.next() => received?,
             _ = merged.closed.wait_for(|closed| *closed) => return None,
         };
         match received {
-            Ok(record) => {
-                if record.log_index >= merged.first[shard]
-                    && matches(merged.key.as_deref(), &record)
-                {
-                    return Some(merged.send(shard, &record));
-                }
-            }
+            Ok(entry) => merged
+                .entry
+                .extend(entry.into_iter().map(|record| (shard, record))),
             Err(RecvError::Lagged(missed)) => {
                 merged.ended = true;
                 return Some(fell_behind(missed));
@@ -399,6 +422,38 @@ mod tests {
             .await;
         let ids: Vec<&str> = sent.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(ids, ["2,4"], "shard 0 stands at its last index, 2");
+    }
+
+    #[tokio::test]
+    async fn the_events_of_one_entry_go_out_together() {
+        let hub = EventHub::default();
+        let (zero, one) = (
+            EventLog::with_capacity(0, 10, &hub),
+            EventLog::with_capacity(0, 10, &hub),
+        );
+        let subscriptions = vec![
+            zero.subscribe(None, Some(0)).unwrap(),
+            one.subscribe(None, Some(0)).unwrap(),
+        ];
+        let stream = messages(hub.admit().unwrap(), subscriptions, vec![0, 0], None);
+        for index in 1..=3 {
+            zero.push(&round_entry(index, &["a", "b", "c"]));
+            one.push(&round_entry(index, &["x", "y"]));
+        }
+        zero.close();
+        let sent: Vec<(String, String)> = stream
+            .map(|message| sent(message.expect("infallible")))
+            .collect()
+            .await;
+        let runs: Vec<&str> = sent
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>()
+            .chunk_by(|a, b| a == b)
+            .map(|run| run[0])
+            .collect();
+        assert_eq!(sent.len(), 15, "{sent:?}");
+        assert_eq!(runs.len(), 6, "one run of ids per entry: {runs:?}");
     }
 
     #[tokio::test]
