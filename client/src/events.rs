@@ -3,9 +3,15 @@
 //!
 //! The node called serves the stream from its own applied entries, so any node
 //! will do: the stream opens on the first endpoint that answers. Each message's
-//! `id` is the log index of its entry; to resume after a disconnect, open again
-//! with `from = id + 1` (a 410 `too_far_behind` means the node no longer keeps
-//! events that old: re-read the state instead).
+//! `id` is the stream's cursor after it ([`EventCursor`]): the log index of its
+//! entry when the stream covers one shard (a key's, or any stream at one
+//! shard), one index per shard joined by commas when it merges every shard.
+//! To resume after a disconnect, open again after the last message's id
+//! ([`SemaphoreClient::events_after`], whatever its form; a 410
+//! `too_far_behind` means the node no longer keeps events that old: re-read
+//! the state instead).
+//!
+//! [`EventCursor`]: permitd_core::contract::EventCursor
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -25,8 +31,12 @@ pub const MAX_EVENT_LINE_BYTES: usize = 1024 * 1024;
 pub struct SseMessage {
     /// The `event:` field (`round`, `grant_reclaimed`, … or `stream_error`).
     pub event: String,
-    /// The `id:` field: the log index of the event's entry.
+    /// The `id:` field as a log index: the event's entry's, when the stream
+    /// covers one shard; `None` for a merged stream's cursor.
     pub id: Option<u64>,
+    /// The `id:` field as sent: the cursor to resume after
+    /// ([`SemaphoreClient::events_after`]), whatever the stream covers.
+    pub cursor: Option<String>,
     /// The `data:` lines joined by `\n`: one JSON event record.
     pub data: String,
 }
@@ -46,19 +56,39 @@ pub struct EventStream {
 impl SemaphoreClient {
     /// Opens the event stream of `key` (every key when `None`) from log index
     /// `from` (only new events when `None`).
+    /// `from` is the first index in every shard the stream covers.
     pub async fn events(
         &self,
         key: Option<&str>,
         from: Option<u64>,
+    ) -> Result<EventStream, ClientError> {
+        let from = from.map(|from| ("from", from.to_string()));
+        self.open_events(key, from).await
+    }
+
+    /// Opens the event stream of `key` (every key when `None`) right after
+    /// `cursor`, a message's [`SseMessage::cursor`] of the same stream: every
+    /// shard it covers resumes after what that message had passed.
+    pub async fn events_after(
+        &self,
+        key: Option<&str>,
+        cursor: &str,
+    ) -> Result<EventStream, ClientError> {
+        self.open_events(key, Some(("cursor", cursor.to_owned())))
+            .await
+    }
+
+    async fn open_events(
+        &self,
+        key: Option<&str>,
+        start: Option<(&'static str, String)>,
     ) -> Result<EventStream, ClientError> {
         let path = paths::segments(paths::EVENTS, &[]);
         let mut query = Vec::new();
         if let Some(key) = key {
             query.push(("key", key.to_owned()));
         }
-        if let Some(from) = from {
-            query.push(("from", from.to_string()));
-        }
+        query.extend(start);
         let (url, body) = self.open_stream(&path, &query).await?;
         Ok(EventStream {
             url: url.to_string(),
@@ -172,7 +202,15 @@ impl SseParser {
         let value = value.strip_prefix(' ').unwrap_or(value);
         match field {
             "event" => value.clone_into(&mut self.current.event),
-            "id" => self.current.id = value.parse().ok(),
+            "id" => {
+                // Digits only: a merged stream's cursor (`12,0,7`) is no index.
+                self.current.id = value
+                    .bytes()
+                    .all(|byte| byte.is_ascii_digit())
+                    .then(|| value.parse().ok())
+                    .flatten();
+                self.current.cursor = Some(value.to_owned());
+            }
             "data" => {
                 if self.has_data {
                     self.current.data.push('\n');
@@ -211,6 +249,21 @@ mod tests {
         let second = parser.next_message().unwrap();
         assert_eq!((second.id, second.data.as_str()), (None, "x\ny"));
         assert_eq!(parser.next_message(), None);
+    }
+
+    #[test]
+    fn a_merged_streams_id_is_a_cursor_and_no_index() {
+        let mut parser = SseParser::default();
+        parser
+            .feed(b"event: round\nid: 12,0,7\ndata: {}\n\nid: 9\ndata: {}\n\n")
+            .unwrap();
+        let merged = parser.next_message().unwrap();
+        assert_eq!(
+            (merged.id, merged.cursor.as_deref()),
+            (None, Some("12,0,7"))
+        );
+        let single = parser.next_message().unwrap();
+        assert_eq!((single.id, single.cursor.as_deref()), (Some(9), Some("9")));
     }
 
     #[test]

@@ -276,8 +276,13 @@ async fn the_event_stream_is_read_from_the_transport_body() {
     let mut stream = client.events(Some("k"), Some(5)).await.unwrap();
     let message = stream.next().await.unwrap().unwrap();
     assert_eq!(
-        (message.event.as_str(), message.id, message.data.as_str()),
-        ("round", Some(5), "{\"key\":\"k\"}")
+        (
+            message.event.as_str(),
+            message.id,
+            message.cursor.as_deref(),
+            message.data.as_str()
+        ),
+        ("round", Some(5), Some("5"), "{\"key\":\"k\"}")
     );
     assert_eq!(stream.next().await.unwrap(), None);
     assert_eq!(transport.sent(), ["GET b:2/v1/events"]);

@@ -105,6 +105,16 @@ pub const EVENT_BUFFER_EVENTS: usize = 10_000;
 pub const MAX_EVENT_SUBSCRIBERS: usize = 64;
 /// Seconds between keep-alive comments on an idle event stream.
 pub const EVENT_KEEP_ALIVE_SECONDS: u64 = 15;
+/// Longest event-stream cursor (`cursor=`, `Last-Event-ID`), in bytes: one
+/// log index of at most 20 digits per shard, a comma between two
+/// (`contract::event_stream::EventCursor`). A cursor is also checked against
+/// the stream's own shard count, so a node of S shards takes at most
+/// `21 × S - 1` bytes.
+pub const MAX_EVENT_CURSOR_BYTES: usize =
+    EVENT_CURSOR_BYTES_PER_SHARD * crate::shard::MAX_SHARDS as usize - 1;
+/// Bytes one shard's position may take in a cursor: a `u64` has at most 20
+/// decimal digits, and one comma separates it from the next.
+pub const EVENT_CURSOR_BYTES_PER_SHARD: usize = 21;
 
 /// API tokens one cluster holds (`POST /v1/tokens` answers 409 beyond).
 pub const MAX_TOKENS: usize = 1_000;

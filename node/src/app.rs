@@ -17,6 +17,7 @@ use tokio::runtime::Handle;
 use crate::config::{ForwardTimings, RaftTimings};
 use crate::credentials::tls::Tls;
 use crate::credentials::{AuthSettings, Secret};
+use crate::observe::event_log::EventHub;
 use crate::raft::network::Network;
 use crate::seams::Seams;
 use crate::shard::{Shard, ShardStart, META_SHARD};
@@ -108,6 +109,9 @@ pub struct Node {
     pub metrics: PrometheusHandle,
     /// Its clock (usage reads count lease expiry from it), blocking work.
     pub seams: Seams,
+    /// What the shards' event logs share: the node's limit on open event
+    /// streams, which a stream of every shard takes once.
+    pub events: EventHub,
 }
 
 impl Node {
@@ -238,6 +242,7 @@ pub async fn start_unbound(
     )
     .with_seams(settings.seams.clone())
     .with_shards(count, Duration::from_millis(timings.heartbeat_interval_ms));
+    let events = EventHub::default();
     let start = ShardStart {
         node: settings.id,
         timings,
@@ -248,6 +253,7 @@ pub async fn start_unbound(
         network: &network,
         config: Arc::new(raft_config(settings.id, timings)?),
         shards: count,
+        events: &events,
     };
     let mut shards = Vec::with_capacity(opened.len());
     for (id, opened) in (0..).zip(opened) {
@@ -284,6 +290,7 @@ pub async fn start_unbound(
         defaults: Arc::new(settings.defaults.clone()),
         metrics: crate::observe::metrics::install(),
         seams: settings.seams.clone(),
+        events,
     })))
 }
 

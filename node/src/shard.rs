@@ -21,7 +21,7 @@ use crate::config::RaftTimings;
 use crate::leader::leadership::{watch_leadership, Leadership};
 use crate::leader::rounds::RoundLimits;
 use crate::leader::rounds::Rounds;
-use crate::observe::event_log::EventLog;
+use crate::observe::event_log::{EventHub, EventLog};
 use crate::raft::election_guard::ElectionGuard;
 use crate::raft::network::Network;
 use crate::raft::stall_probe::LeaderContact;
@@ -78,6 +78,8 @@ pub(crate) struct ShardStart<'a> {
     pub config: Arc<openraft::Config>,
     /// The node's shard count: the parked-work limits are shared out over it.
     pub shards: u32,
+    /// What every shard's event log shares (the node's stream limit).
+    pub events: &'a EventHub,
 }
 
 impl Shard {
@@ -150,7 +152,7 @@ impl Shard {
             start.seams.clock.clone(),
         );
         crate::leader::snapshots::start(raft.clone(), start.node, timings.snapshot_every_ms);
-        let events = start_events(&state, &start.seams.clock);
+        let events = start_events(&state, &start.seams.clock, start.events);
         crate::observe::raft_metrics::start(raft.clone(), id);
         Ok(Self {
             id,
@@ -188,13 +190,13 @@ impl Shard {
 }
 
 /// The shard's event log, fed from its applied entries.
-fn start_events(state: &SharedState, clock: &crate::clock::Clock) -> EventLog {
+fn start_events(state: &SharedState, clock: &crate::clock::Clock, hub: &EventHub) -> EventLog {
     // Listen before reading where the state stands: openraft may be applying
     // (replaying) entries in its own task, and an entry's notice is sent after
     // its state, so none applied after the read is missed.
     let applied = state.subscribe();
     let applied_at_start = state.last_applied().map_or(0, |log_id| log_id.index);
-    let events = EventLog::new(applied_at_start);
+    let events = EventLog::new(applied_at_start, hub);
     crate::observe::applied_events::start(state.clone(), events.clone(), applied, clock.clone());
     events
 }

@@ -290,8 +290,12 @@ async function refreshHolders() {
 
 // ---- events --------------------------------------------------------------
 
-/** The last log index shown; 0 at first: ask for every event the node keeps. */
-let lastEventIndex = 0;
+/**
+ * Where the event stream resumes: `{ from: 0 }` at first (every event the node
+ * keeps), then `{ cursor }`, the last message's id (a log index, or with several
+ * shards one per shard: passed back as it came); `null` for new events only.
+ */
+let eventsResume = { from: 0 };
 
 function describeEvent(record) {
   switch (record.type) {
@@ -342,11 +346,16 @@ function takeMessages(buffer, onMessage) {
 }
 
 async function streamEventsOnce() {
-  const query = lastEventIndex === null ? "" : `?from=${lastEventIndex + 1}`;
+  const query =
+    eventsResume === null
+      ? ""
+      : eventsResume.cursor !== undefined
+        ? `?cursor=${encodeURIComponent(eventsResume.cursor)}`
+        : `?from=${eventsResume.from}`;
   const answer = await fetch(`/v1/events${query}`, { headers: authHeaders(), cache: "no-store" });
   if (answer.status === 401) throw new Unauthorized();
   if (answer.status === 410) {
-    lastEventIndex = null; // Too far behind: carry on with new events only.
+    eventsResume = null; // Too far behind: carry on with new events only.
     return "resumed too late; showing new events";
   }
   if (!answer.ok) return `not streaming (${answer.status})`;
@@ -358,11 +367,11 @@ async function streamEventsOnce() {
     if (done) return "stream closed; reconnecting";
     buffer = takeMessages(buffer + value, (message) => {
       if (message.event === "stream_error") {
-        lastEventIndex = null;
+        eventsResume = null;
         return;
       }
       const record = JSON.parse(message.data.join("\n"));
-      lastEventIndex = record.logIndex;
+      if (message.id !== undefined) eventsResume = { cursor: message.id };
       showEvent(record);
     });
   }

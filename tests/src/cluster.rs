@@ -365,6 +365,74 @@ impl Cluster {
         }
     }
 
+    /// The cluster's shard count ([`Settings::shards`]; 1 by default).
+    pub fn shard_count(&self) -> u32 {
+        self.settings.shards.unwrap_or(1)
+    }
+
+    /// The shard that holds `key` in this cluster.
+    pub fn shard_of_key(&self, key: &str) -> u32 {
+        permitd_core::shard::shard_of(key, self.shard_count()).expect("a valid shard count")
+    }
+
+    /// Each running node's view of every shard (`GET /cluster/shards`), in
+    /// node order; an empty list for a node that does not answer.
+    async fn shard_maps(&self) -> Vec<Vec<Value>> {
+        let mut maps = Vec::new();
+        for node in self.nodes.iter().filter(|node| node.is_running()) {
+            let map = self.admin_get(node.id, "/cluster/shards").await;
+            let shards = map
+                .as_ref()
+                .and_then(|map| map["shards"].as_array().cloned())
+                .unwrap_or_default();
+            maps.push(shards);
+        }
+        maps
+    }
+
+    /// Waits until every running node names the same running leader of
+    /// `shard`, and returns it: at one shard, the leader
+    /// [`Cluster::wait_for_leader`] finds.
+    pub async fn shard_leader(&self, shard: u32) -> u64 {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let leaders: Vec<Option<u64>> = self
+                .shard_maps()
+                .await
+                .iter()
+                .map(|map| {
+                    map.get(shard as usize)
+                        .and_then(|status| status["leader"].as_u64())
+                })
+                .collect();
+            if let Some(Some(leader)) = leaders.first() {
+                let agreed = leaders.iter().all(|seen| *seen == Some(*leader));
+                let running = self.nodes.iter().any(|n| n.id == *leader && n.is_running());
+                if agreed && running {
+                    return *leader;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no leader of shard {shard} agreed: {leaders:?}"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The leader of `key`'s shard, once every running node agrees on it
+    /// ([`Cluster::shard_leader`]): the node that runs `key`'s rounds.
+    pub async fn key_leader(&self, key: &str) -> u64 {
+        self.shard_leader(self.shard_of_key(key)).await
+    }
+
+    /// The index of the last entry of `shard` node `id` applied, or `None`
+    /// if it does not answer or has applied nothing.
+    pub async fn shard_applied(&self, id: u64, shard: u32) -> Option<u64> {
+        let map = self.admin_get(id, "/cluster/shards").await?;
+        map["shards"].get(shard as usize)?["appliedIndex"].as_u64()
+    }
+
     /// A running node that is not `leader`.
     pub fn follower_of(&self, leader: u64) -> u64 {
         self.nodes

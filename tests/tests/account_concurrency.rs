@@ -57,7 +57,8 @@ async fn configure(cluster: &Cluster, leader: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn account_limits_workflow_caps_reports_and_reclaim() {
     let cluster = Cluster::start(Settings::default()).await;
-    let leader = cluster.wait_for_leader().await;
+    // The node that runs the account's rounds: its shard's leader.
+    let leader = cluster.key_leader(KEY).await;
     let follower = cluster.follower_of(leader);
     configure(&cluster, leader).await;
     let (a, b) = one_round_shares_the_account_limit(&cluster, leader, follower).await;
@@ -170,7 +171,9 @@ async fn the_reclaim_timer_returns_unclaimed_permits(
     leader: u64,
     follower: u64,
 ) {
-    let index_before = cluster.status(leader).await.unwrap()["lastLogIndex"].as_u64();
+    let shard = cluster.shard_of_key(KEY);
+    let index_before = cluster.shard_applied(leader, shard).await;
+    assert!(index_before.is_some(), "the leader answers its shard map");
     let reclaimed = eventually(Duration::from_secs(10), || async {
         let metrics = cluster
             .http
@@ -183,7 +186,8 @@ async fn the_reclaim_timer_returns_unclaimed_permits(
     })
     .await;
     assert!(reclaimed, "the follower saw the reclaim entry apply");
-    let index_after = cluster.status(leader).await.unwrap()["lastLogIndex"].as_u64();
+    // The follower applied it: the account's shard's log grew by an entry.
+    let index_after = cluster.shard_applied(follower, shard).await;
     assert!(index_after > index_before, "a reclaim entry was appended");
     assert_eq!(cluster.usage(leader, KEY).await["granted"], 4);
 }

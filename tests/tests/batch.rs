@@ -7,7 +7,8 @@
 //! - a `request` item's `requestId` replays its answer when the batch is sent
 //!   again;
 //! - a follower forwards the batch as one call: the leader handles every item,
-//!   the follower none;
+//!   the follower none (at several shards: each item is handled once, by its
+//!   shard's leader, one sub-batch per shard);
 //! - the envelope's limits fail the whole call (items, distinct keys);
 //! - a runner token is checked item by item (its keys and clientIds), a reader
 //!   may not post a batch at all, and no token is 401;
@@ -104,18 +105,55 @@ async fn each_item_is_answered_alone_and_a_follower_forwards_the_batch_whole() {
     assert_eq!(again.body["items"][0]["answer"], items[0]["answer"]);
     assert_ne!(again.body["items"][1]["answer"], items[1]["answer"]);
 
-    // One call reached the leader's handler with all six items; the follower
-    // handled none of them.
-    assert_eq!(
-        metric_sum(&cluster, leader, &["permitd_batch_items_total"]).await,
-        12.0
-    );
-    assert_eq!(
-        metric_sum(&cluster, follower, &["permitd_batch_items_total"]).await,
-        0.0
-    );
+    // Every item reached exactly one handler: its shard's leader's (a bad
+    // item's, the meta shard's leader, which answers its error). At one
+    // shard the follower forwarded its batch as one call: the leader handled
+    // all six items of each, the follower none.
+    let item_shards: Vec<u32> = [
+        Some("acct-1"),
+        Some("acct-2"),
+        Some("acct-1"),
+        None,
+        None,
+        None,
+    ]
+    .iter()
+    .map(|key| key.map_or(0, |key| cluster.shard_of_key(key)))
+    .collect();
+    let mut leaders = Vec::new();
+    for shard in 0..cluster.shard_count() {
+        leaders.push(cluster.shard_leader(shard).await);
+    }
+    let nodes: Vec<u64> = cluster.nodes.iter().map(|node| node.id).collect();
+    for node in nodes {
+        let handled = item_shards
+            .iter()
+            .filter(|shard| leaders[**shard as usize] == node)
+            .count();
+        assert_eq!(
+            metric_sum(&cluster, node, &["permitd_batch_items_total"]).await,
+            2.0 * handled as f64,
+            "node {node}: each batch's items of the shards it leads"
+        );
+    }
     let leader_calls = ["permitd_http_requests_total", "/v1/batch", "status=\"200\""];
-    assert_eq!(metric_sum(&cluster, leader, &leader_calls).await, 2.0);
+    let calls = if cluster.shard_count() == 1 {
+        // The batch sent to the leader, and the follower's forwarded one.
+        2
+    } else {
+        // The batch sent to it, and one sub-batch per shard of the items it
+        // leads, per batch (the node called covers every shard by HTTP).
+        let led: std::collections::BTreeSet<u32> = item_shards
+            .iter()
+            .copied()
+            .filter(|shard| leaders[*shard as usize] == leader)
+            .collect();
+        1 + 2 * led.len()
+    };
+    assert_eq!(
+        metric_sum(&cluster, leader, &leader_calls).await,
+        calls as f64
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,15 +2,20 @@
 //! a follower streams the rounds and grants of permits taken through the
 //! leader; another node resumes from a log index; `from=0` on a fresh cluster
 //! streams from the first event; a restarted node answers `too_far_behind` for
-//! events applied before it started; streams are bounded.
+//! events applied before it started; streams are bounded. At three shards, a
+//! stream of every key merges the shards and resumes after its composite
+//! cursor with every event exactly once; bad cursors are refused.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use permitd_client::events::{EventStream, SseMessage};
 use permitd_client::{ClientConfig, SemaphoreClient};
+use permitd_core::contract::EventCursor;
 use permitd_core::limits::MAX_EVENT_SUBSCRIBERS;
+use permitd_core::shard::shard_of;
 use permitd_tests::{permitctl_bin, Cluster, Settings, ADMIN_TOKEN};
 use serde_json::Value;
 
@@ -143,7 +148,9 @@ async fn followers_stream_rounds_and_streams_resume_from_an_index() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn from_zero_on_a_fresh_cluster_streams_from_the_first_event() {
-    let cluster = Cluster::start(Settings::default()).await;
+    let settings = Settings::default();
+    let shards = settings.shards.unwrap_or(1);
+    let cluster = Cluster::start(settings).await;
     let leader = cluster.wait_for_leader().await;
     cluster.take(leader, "ev-0", "c1", 2).await;
     cluster.take(leader, "ev-0", "c2", 3).await;
@@ -160,11 +167,18 @@ async fn from_zero_on_a_fresh_cluster_streams_from_the_first_event() {
             loop {
                 let message = stream.next().await.expect("stream").expect("open stream");
                 let record: Value = serde_json::from_str(&message.data).expect("JSON record");
-                let id = message.id.expect("every event carries its log index");
-                let granted = (record["key"] == "ev-0" && record["type"] == "round")
+                // A stream of every shard: the id names each shard's position,
+                // the event's own shard's at its entry's index.
+                let id = message.cursor.expect("every event carries its cursor");
+                let cursor = EventCursor::parse(&id, shards).expect("a cursor of every shard");
+                let key = record["key"].as_str().expect("a key");
+                let shard = shard_of(key, shards).unwrap();
+                let index = record["logIndex"].as_u64().expect("a log index");
+                assert_eq!(cursor.positions()[shard as usize], index, "{id}: {record}");
+                let granted = (key == "ev-0" && record["type"] == "round")
                     .then(|| record["granted"].as_u64())
                     .flatten();
-                seen.push((id, granted));
+                seen.push((shard, index, granted));
                 if granted == Some(3) {
                     return;
                 }
@@ -172,12 +186,18 @@ async fn from_zero_on_a_fresh_cluster_streams_from_the_first_event() {
         })
         .await
         .unwrap_or_else(|_| panic!("node {}: the rounds from 0: {seen:?}", node.id));
+        // Each shard's events in its log's order (shards have no order
+        // between them).
+        for shard in 0..shards {
+            let indexes: Vec<u64> = seen
+                .iter()
+                .filter(|(of, _, _)| *of == shard)
+                .map(|(_, index, _)| *index)
+                .collect();
+            assert!(indexes.is_sorted(), "shard {shard}: {seen:?}");
+        }
         assert!(
-            seen.windows(2).all(|pair| pair[0].0 <= pair[1].0),
-            "{seen:?}"
-        );
-        assert!(
-            seen.iter().any(|(_, granted)| *granted == Some(2)),
+            seen.iter().any(|(_, _, granted)| *granted == Some(2)),
             "node {}: the first round is streamed too: {seen:?}",
             node.id
         );
@@ -224,4 +244,234 @@ async fn bad_queries_and_too_many_streams_are_refused() {
     })
     .await;
     assert!(reopened.is_ok(), "a place frees up once a stream closes");
+}
+
+/// Shards of the merged-stream tests.
+const MERGED_SHARDS: u32 = 3;
+
+fn three_shards() -> Settings {
+    Settings {
+        shards: Some(MERGED_SHARDS),
+        ..Settings::default()
+    }
+}
+
+/// Twelve keys over every one of [`MERGED_SHARDS`] shards.
+fn keys_of_every_shard() -> Vec<String> {
+    let keys: Vec<String> = (0..12).map(|i| format!("merged-{i:02}")).collect();
+    let shards: BTreeSet<u32> = keys
+        .iter()
+        .map(|key| shard_of(key, MERGED_SHARDS).unwrap())
+        .collect();
+    assert_eq!(shards.len(), MERGED_SHARDS as usize, "{keys:?}");
+    keys
+}
+
+/// One event as a merged stream sent it: its record's key, type and log
+/// index, and the message's id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Seen {
+    key: String,
+    kind: String,
+    log_index: u64,
+}
+
+/// Checks a merged stream's message: its id is a cursor of every shard whose
+/// position of the event's shard is the event's log index.
+fn seen(id: &str, data: &str) -> Seen {
+    let record: Value = serde_json::from_str(data).expect("JSON record");
+    let key = record["key"].as_str().expect("a key").to_owned();
+    let log_index = record["logIndex"].as_u64().expect("a log index");
+    let cursor = EventCursor::parse(id, MERGED_SHARDS).expect("the id is a cursor of every shard");
+    let shard = shard_of(&key, MERGED_SHARDS).unwrap() as usize;
+    assert_eq!(cursor.positions()[shard], log_index, "{id}: {record}");
+    Seen {
+        key,
+        kind: record["type"].as_str().expect("a type").to_owned(),
+        log_index,
+    }
+}
+
+/// Reads a merged stream with a bare `GET` that sends `Last-Event-ID`, as a
+/// reconnecting `EventSource` does: (id, data) per message, until `enough`.
+async fn read_with_last_event_id(
+    url: &str,
+    last_event_id: &str,
+    enough: impl Fn(&[(String, String)]) -> bool,
+) -> Vec<(String, String)> {
+    let response = reqwest::Client::new()
+        .get(format!("{url}/v1/events"))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("last-event-id", last_event_id)
+        .send()
+        .await
+        .expect("the node answers");
+    assert_eq!(response.status(), 200, "resumed after {last_event_id}");
+    let mut response = response;
+    let mut text = String::new();
+    let mut messages = Vec::new();
+    tokio::time::timeout(EVENT_WAIT, async {
+        while !enough(&messages) {
+            let chunk = response
+                .chunk()
+                .await
+                .expect("stream")
+                .expect("open stream");
+            text.push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
+            while let Some(end) = text.find("\n\n") {
+                let block: String = text.drain(..end + 2).collect();
+                let field = |name: &str| {
+                    block
+                        .lines()
+                        .find_map(|line| line.strip_prefix(name))
+                        .map(str::to_owned)
+                };
+                if let (Some(id), Some(data)) = (field("id: "), field("data: ")) {
+                    messages.push((id, data));
+                }
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the resumed stream sent too little: {messages:?}"));
+    messages
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_every_shard_resumes_after_its_cursor_exactly_once() {
+    let cluster = Cluster::start(three_shards()).await;
+    cluster.wait_spread().await;
+    let keys = keys_of_every_shard();
+    let (first_half, second_half) = keys.split_at(8);
+
+    // A live stream of every key, on node 2 (which leads one shard of three).
+    let mut live = client_of(&cluster, 2)
+        .events(None, None)
+        .await
+        .expect("a stream of every shard opens");
+    // One round (one entry, one event) per take: takes run one at a time.
+    for key in first_half {
+        cluster.take(1, key, "c1", 1).await;
+    }
+    // Read half of what was written, then disconnect with the rest in flight.
+    let mut received = Vec::new();
+    let mut last_id = String::new();
+    while received.len() < 4 {
+        let message = tokio::time::timeout(EVENT_WAIT, live.next())
+            .await
+            .expect("an event in time")
+            .expect("stream")
+            .expect("open stream");
+        let id = message.cursor.clone().expect("every message has an id");
+        assert_eq!(message.id, None, "a cursor of three shards is no log index");
+        received.push(seen(&id, &message.data));
+        last_id = id;
+    }
+    drop(live);
+    for key in second_half {
+        cluster.take(3, key, "c1", 1).await;
+    }
+
+    // Resuming after the last id on another node sends the rest, each once.
+    let expected = keys.len();
+    let first_part = received.len();
+    let resumed = read_with_last_event_id(&cluster.node(3).url(), &last_id, |messages| {
+        first_part + messages.len() >= expected
+    })
+    .await;
+    received.extend(resumed.iter().map(|(id, data)| seen(id, data)));
+    let rounds: BTreeSet<&str> = received
+        .iter()
+        .filter(|event| event.kind == "round")
+        .map(|event| event.key.as_str())
+        .collect();
+    assert_eq!(received.len(), expected, "no event repeated: {received:?}");
+    assert_eq!(
+        rounds,
+        keys.iter().map(String::as_str).collect(),
+        "every key's round arrived: {received:?}"
+    );
+
+    // The same resume through the client's `cursor=` on node 1.
+    let mut again = client_of(&cluster, 1)
+        .events_after(None, &last_id)
+        .await
+        .expect("resumes after the cursor");
+    let mut rest = Vec::new();
+    while rest.len() < expected - first_part {
+        let message = tokio::time::timeout(EVENT_WAIT, again.next())
+            .await
+            .expect("an event in time")
+            .expect("stream")
+            .expect("open stream");
+        rest.push(seen(&message.cursor.expect("an id"), &message.data));
+    }
+    assert_eq!(
+        rest,
+        received[first_part..],
+        "the same rest, in the same order per shard"
+    );
+
+    // A key's stream, and a stream of one named shard, keep plain log indexes.
+    let key = &keys[0];
+    let mut one = client_of(&cluster, 2)
+        .events(Some(key), Some(0))
+        .await
+        .expect("a key's stream opens");
+    let message = one.next().await.expect("stream").expect("an event");
+    let index = received
+        .iter()
+        .find(|event| &event.key == key)
+        .unwrap()
+        .log_index;
+    assert_eq!(message.id, Some(index), "{message:?}");
+}
+
+/// A refused stream: its query, its `Last-Event-ID`, and the field the 400
+/// names.
+type BadCursor<'a> = (Vec<(&'a str, &'a str)>, Option<&'a str>, &'a str);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_cursors_are_refused_with_400() {
+    let cluster = Cluster::start(three_shards()).await;
+    let url = format!("{}/v1/events", cluster.node(1).url());
+    let http = reqwest::Client::new();
+    let too_long = "1,".repeat(200) + "1";
+    let cases: Vec<BadCursor> = vec![
+        (vec![("cursor", "x,y,z")], None, "cursor"),
+        (vec![("cursor", "1,2")], None, "cursor"),
+        (vec![("cursor", "5")], None, "cursor"),
+        (vec![("cursor", "1,2,3,4")], None, "cursor"),
+        (vec![("cursor", "1,-2,3")], None, "cursor"),
+        (vec![("cursor", "1,2,99999999999999999999")], None, "cursor"),
+        (vec![("cursor", &too_long)], None, "cursor"),
+        (vec![], Some("1,2"), "Last-Event-ID"),
+        (vec![], Some("garbage"), "Last-Event-ID"),
+        (vec![], Some(&too_long), "Last-Event-ID"),
+        // A key's stream covers one shard: its cursor is one index.
+        (vec![("key", "k"), ("cursor", "1,2,3")], None, "cursor"),
+    ];
+    for (query, last_event_id, field) in cases {
+        let mut request = http.get(&url).bearer_auth(ADMIN_TOKEN).query(&query);
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let answer = request.send().await.expect("the node answers");
+        let status = answer.status().as_u16();
+        let body: Value = answer.json().await.expect("a JSON error");
+        assert_eq!(status, 400, "{query:?} {last_event_id:?}: {body}");
+        assert_eq!(body["error"]["code"], "bad_request", "{body}");
+        assert_eq!(body["error"]["field"], field, "{query:?}: {body}");
+    }
+    let both = cluster.get(1, "/v1/events?cursor=1,2,3&from=4").await;
+    assert_eq!(both.status, 400, "{}", both.body);
+    // A good cursor opens the stream, and the node still answers.
+    let answer = http
+        .get(&url)
+        .bearer_auth(ADMIN_TOKEN)
+        .query(&[("cursor", "0,0,0")])
+        .send()
+        .await
+        .expect("the node answers");
+    assert_eq!(answer.status(), 200);
 }

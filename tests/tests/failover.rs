@@ -8,14 +8,16 @@ use permitd_tests::{granted, request, Cluster, Settings};
 /// its oldest entry; a follower whose vote said it holds a run gets an empty
 /// probe for it instead of the run (`node/src/raft/peer_logs.rs`). The cluster
 /// then goes on as before: the new leader grants, the follower applies
-/// everything, and the killed node, back, catches up.
+/// everything, and the killed node, back, catches up. At several shards the
+/// keys are the meta shard's, the shard whose leader the test kills.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_probes_the_runs_its_follower_holds_instead_of_sending_them() {
     let mut cluster = Cluster::start(Settings::default()).await;
     let leader = cluster.wait_for_leader().await;
+    let keys = meta_shard_keys(&cluster, "run", 11);
     // Far more entries than one append carries (64), all held by the followers.
     for client in 0..200 {
-        let key = format!("run-{}", client % 10);
+        let key = &keys[client % 10];
         let answer = cluster
             .post(
                 leader,
@@ -31,7 +33,7 @@ async fn a_new_leader_probes_the_runs_its_follower_holds_instead_of_sending_them
     let answer = cluster
         .post(
             new_leader,
-            "/v1/semaphores/after",
+            &format!("/v1/semaphores/{}", keys[10]),
             &request("after", &[("g", 1, 1)]),
         )
         .await;
@@ -46,4 +48,14 @@ async fn a_new_leader_probes_the_runs_its_follower_holds_instead_of_sending_them
     cluster.restart(leader);
     cluster.wait_healthy().await;
     cluster.wait_applied_everywhere(new_leader).await;
+}
+
+/// `count` keys `{prefix}-{i}` of the meta shard, the one whose leader
+/// `/cluster/status` names (every key at one shard).
+fn meta_shard_keys(cluster: &Cluster, prefix: &str, count: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .filter(|key| cluster.shard_of_key(key) == 0)
+        .take(count)
+        .collect()
 }

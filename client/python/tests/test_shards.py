@@ -160,3 +160,44 @@ def test_keyed_calls_go_to_their_shards_leader_without_a_forwarding_hop(sharded_
             served = [count - earlier for count, earlier in zip(after, before)]
             assert served == expected, f"keyed calls each node served (shard leaders {leaders})"
             return
+
+
+def test_a_stream_of_every_shard_resumes_after_its_cursor_on_another_node() -> None:
+    """A stream of every key at three shards merges them; its ids are cursors of one
+    index per shard. The node streamed from dies mid-stream: the iterator resumes on
+    the next endpoint right after the last id it saw, and every event arrives once."""
+    cluster = Cluster.start(shards=SHARDS)
+    try:
+        leader = cluster.wait_for_leader()
+        streamed, other = [node for node in cluster.nodes if node.id != leader][:2]
+        keys = keys_of_each_shard()
+        with SemaphoreClient([streamed.url, other.url], token=ADMIN_TOKEN, call_timeout=20) as client:
+            stream = client.events(None, 0)
+            for key, _ in keys:
+                client.acquire(key, "wf", 1).release()
+            rounds: List[Tuple[str, int]] = []
+            cursors: List[str] = []
+
+            def read_rounds(count: int) -> None:
+                while len(rounds) < count:
+                    message = next(stream)
+                    assert message.id is None and message.cursor is not None, message
+                    positions = [int(position) for position in message.cursor.split(",")]
+                    assert len(positions) == SHARDS, message.cursor
+                    record = message.record()
+                    shard = shard_of(record["key"], SHARDS)
+                    assert positions[shard] == record["logIndex"], (message.cursor, record)
+                    cursors.append(message.cursor)
+                    if record["type"] == "round":
+                        rounds.append((record["key"], record["logIndex"]))
+
+            read_rounds(len(keys))
+            cluster.kill(streamed.id)
+            # New rounds the dead node never sent: the stream must resume elsewhere.
+            for key, _ in keys:
+                client.acquire(key, "wf", 1).release()
+            read_rounds(2 * len(keys))
+            assert sorted(key for key, _ in rounds) == sorted(2 * [key for key, _ in keys])
+            assert len(set(rounds)) == len(rounds), f"no round twice: {rounds}"
+    finally:
+        cluster.stop()

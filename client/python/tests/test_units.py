@@ -12,7 +12,7 @@ import pytest
 from permitd import RejectedError
 from permitd.backoff import Backoff
 from permitd.errors import DeadlineExceededError
-from permitd.events import SseParser, stream_error
+from permitd.events import Cursor, SseParser, stream_error
 from permitd.leader import LeaderTracker, parse_endpoints, parse_leader_hint
 from permitd.permit import claim_amounts
 from permitd.plan import ClientConfig, ClientCore, Failure, Response, Send, Sleep, parse_retry_after
@@ -64,6 +64,21 @@ def test_sse_messages_are_cut_at_blank_lines_across_chunks() -> None:
     assert (second.id, second.data) == (None, "x\ny")
     error = stream_error('{"error":{"code":"too_far_behind","message":"resume from 9"}}')
     assert (error.status, error.code) == (410, "too_far_behind")
+
+
+def test_a_merged_streams_id_is_a_cursor_the_stream_resumes_after() -> None:
+    parser = SseParser()
+    parser.feed(b"event: round\nid: 12,0,7\ndata: {}\n\nid: \xd9\xa3\ndata: {}\n\nid: 9\ndata: {}\n\n")
+    merged, foreign_digit, single = parser.ready
+    assert (merged.id, merged.cursor) == (None, "12,0,7")
+    assert (foreign_digit.id, foreign_digit.cursor) == (None, "\u0663")
+    assert (single.id, single.cursor) == (9, "9")
+    cursor = Cursor(None, 0)
+    assert cursor.query() == {"from": "0"}
+    cursor.seen(merged)
+    assert cursor.query() == {"cursor": "12,0,7"}
+    cursor.seen(single)
+    assert Cursor("k", None).query() == {"key": "k"}
 
 
 def test_claims_cover_what_is_needed_and_no_more() -> None:

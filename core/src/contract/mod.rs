@@ -37,6 +37,6 @@ pub use cluster::{
     ClusterMember, ClusterStatus, MemberRole, MembershipChange, ShardMap, ShardStatus,
 };
 pub use errors::{ErrorAnswer, ErrorBody, ErrorCode};
-pub use event_stream::{EventQuery, EventRecord};
+pub use event_stream::{CursorError, EventCursor, EventQuery, EventRecord};
 pub use health::{Health, HealthStatus, Readiness, ReadyStatus, Serving};
 pub use keys::{DeleteKeyQuery, KeyList, KeyUsage, ListQuery};

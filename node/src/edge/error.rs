@@ -45,6 +45,13 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("{message}")]
     TooMany { code: ErrorCode, message: String },
+    /// An event stream's cursor that is not one (`field`: `cursor` or
+    /// `Last-Event-ID`, where it came from).
+    #[error("{error}")]
+    Cursor {
+        field: &'static str,
+        error: permitd_core::contract::CursorError,
+    },
     /// An event stream that cannot start (`too_far_behind`,
     /// `too_many_subscribers`).
     #[error("{message}")]
@@ -86,7 +93,7 @@ impl ApiError {
     /// The code; its status follows from it ([`ErrorCode::status`]).
     fn code(&self) -> ErrorCode {
         match self {
-            Self::Invalid(_) | Self::BadRequest(_) => ErrorCode::BadRequest,
+            Self::Invalid(_) | Self::BadRequest(_) | Self::Cursor { .. } => ErrorCode::BadRequest,
             Self::Unauthorized(_) => ErrorCode::Unauthorized,
             Self::Forbidden(_) => ErrorCode::Forbidden,
             Self::NotFound(_) => ErrorCode::NotFound,
@@ -110,6 +117,11 @@ impl ApiError {
     pub(crate) fn body(&self) -> ErrorAnswer {
         match self {
             Self::Invalid(error) => ErrorAnswer::from(error),
+            Self::Cursor { field, error } => {
+                let mut answer = ErrorAnswer::new(ErrorCode::BadRequest, error.to_string());
+                answer.error.field = Some((*field).to_owned());
+                answer
+            }
             other => ErrorAnswer::new(other.code(), other.to_string()),
         }
     }

@@ -22,8 +22,17 @@
 //! began (index 0 is openraft's initial membership entry, which has none), so a
 //! `from` older than that streams from the first event held rather than being
 //! refused: nothing before it is gone.
+//!
+//! Each shard has its own log; the node's logs share one [`EventHub`]: the
+//! limit on open streams (a stream of every shard is one subscriber, as a
+//! stream of one is) and a counter that stamps each event with the order this
+//! node applied it in across shards, so a stream of several shards sends its
+//! backlog in that order. Shards apply independently: that order is this
+//! node's, not the cluster's (another node may apply two shards' entries the
+//! other way round).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use permitd_core::contract::EventRecord;
@@ -39,6 +48,13 @@ use tokio::sync::{broadcast, watch, OwnedSemaphorePermit, Semaphore};
 #[derive(Debug)]
 pub struct KeptEvent {
     pub log_index: u64,
+    /// When this node applied its entry, among every shard's entries
+    /// ([`EventHub`]): increasing in push order on this node, the same for
+    /// every event of one entry.
+    pub applied_order: u64,
+    /// The last of its entry's events: a stream of several shards sends an
+    /// entry's events together, never another shard's between them.
+    pub last_of_entry: bool,
     pub key: String,
     /// The event's type (the message's `event:`).
     pub name: &'static str,
@@ -47,7 +63,11 @@ pub struct KeptEvent {
 }
 
 impl KeptEvent {
-    fn new(log_index: u64, key: &str, event: &permitd_core::Event) -> Self {
+    fn new(
+        (log_index, applied_order, last_of_entry): (u64, u64, bool),
+        key: &str,
+        event: &permitd_core::Event,
+    ) -> Self {
         let record = EventRecord {
             log_index,
             key: key.to_owned(),
@@ -56,10 +76,62 @@ impl KeptEvent {
         let json = serde_json::to_string(&record).expect("an event record serialises");
         Self {
             log_index,
+            applied_order,
+            last_of_entry,
             name: event.name(),
             key: record.key,
             json: json.into_boxed_str(),
         }
+    }
+}
+
+/// What the event logs of every shard of a node share; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EventHub {
+    /// The next entry's [`KeptEvent::applied_order`].
+    applied_order: Arc<AtomicU64>,
+    /// One permit per open stream ([`MAX_EVENT_SUBSCRIBERS`]), whatever
+    /// shards it covers.
+    subscribers: Arc<Semaphore>,
+    max_subscribers: usize,
+}
+
+/// An open stream's place among the node's [`MAX_EVENT_SUBSCRIBERS`]; held
+/// for the stream's life.
+#[derive(Debug)]
+pub struct Admission {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Default for EventHub {
+    fn default() -> Self {
+        Self::with_max_subscribers(MAX_EVENT_SUBSCRIBERS)
+    }
+}
+
+impl EventHub {
+    pub(crate) fn with_max_subscribers(max_subscribers: usize) -> Self {
+        Self {
+            applied_order: Arc::new(AtomicU64::new(0)),
+            subscribers: Arc::new(Semaphore::new(max_subscribers)),
+            max_subscribers,
+        }
+    }
+
+    /// A place for one more stream, or `TooManySubscribers`.
+    pub fn admit(&self) -> Result<Admission, SubscribeError> {
+        Arc::clone(&self.subscribers)
+            .try_acquire_owned()
+            .map(|permit| Admission { _permit: permit })
+            .map_err(|_| SubscribeError::TooManySubscribers {
+                max: self.max_subscribers,
+            })
+    }
+
+    fn next_order(&self) -> u64 {
+        // Relaxed is enough: each log pushes under its own lock, and only the
+        // order among one node's pushes matters, which the counter gives.
+        self.applied_order.fetch_add(1, Ordering::Relaxed)
     }
 }
 
@@ -68,8 +140,7 @@ impl KeptEvent {
 pub struct EventLog {
     buffer: Arc<Mutex<Buffer>>,
     live: broadcast::Sender<Arc<KeptEvent>>,
-    /// One permit per open stream ([`MAX_EVENT_SUBSCRIBERS`]).
-    subscribers: Arc<Semaphore>,
+    hub: EventHub,
     /// Set at shutdown: open streams end so the server can drain.
     closed: watch::Sender<bool>,
 }
@@ -97,27 +168,27 @@ pub enum SubscribeError {
     TooManySubscribers { max: usize },
 }
 
-/// A started stream: the kept events it asked for, then the live feed.
+/// A started stream of one shard: the kept events it asked for, then the
+/// live feed.
 #[derive(Debug)]
 pub struct Subscription {
     pub backlog: Vec<Arc<KeptEvent>>,
     pub live: broadcast::Receiver<Arc<KeptEvent>>,
     pub closed: watch::Receiver<bool>,
-    /// Held for the stream's life.
-    pub permit: OwnedSemaphorePermit,
+    /// The log index the stream starts after: every event of this shard up
+    /// to it is behind the stream (`from - 1`, or the last index this log had
+    /// seen when the stream asked for new events only). The stream's cursor
+    /// starts here.
+    pub after: u64,
 }
 
 impl EventLog {
     /// An empty log whose events start after `applied_at_start`.
-    pub fn new(applied_at_start: u64) -> Self {
-        Self::with_capacity(applied_at_start, EVENT_BUFFER_EVENTS, MAX_EVENT_SUBSCRIBERS)
+    pub fn new(applied_at_start: u64, hub: &EventHub) -> Self {
+        Self::with_capacity(applied_at_start, EVENT_BUFFER_EVENTS, hub)
     }
 
-    pub(crate) fn with_capacity(
-        applied_at_start: u64,
-        capacity: usize,
-        max_subscribers: usize,
-    ) -> Self {
+    pub(crate) fn with_capacity(applied_at_start: u64, capacity: usize, hub: &EventHub) -> Self {
         let buffer = Buffer {
             records: VecDeque::with_capacity(capacity.min(1_024)),
             capacity,
@@ -128,7 +199,7 @@ impl EventLog {
         Self {
             buffer: Arc::new(Mutex::new(buffer)),
             live: broadcast::channel(capacity).0,
-            subscribers: Arc::new(Semaphore::new(max_subscribers)),
+            hub: hub.clone(),
             closed: watch::channel(false).0,
         }
     }
@@ -143,8 +214,11 @@ impl EventLog {
         }
         buffer.gap = false;
         buffer.last_index = buffer.last_index.max(applied.log_index);
-        for (key, event) in &applied.events {
-            let record = Arc::new(KeptEvent::new(applied.log_index, key, event));
+        let order = self.hub.next_order();
+        let last = applied.events.len().saturating_sub(1);
+        for (at, (key, event)) in applied.events.iter().enumerate() {
+            let place = (applied.log_index, order, at == last);
+            let record = Arc::new(KeptEvent::new(place, key, event));
             buffer.keep(Arc::clone(&record));
             // No subscriber is fine.
             let _ = self.live.send(record);
@@ -162,17 +236,13 @@ impl EventLog {
     /// Starts a stream of the events with index ≥ `from` (of `key` only, when
     /// given); `from: None` means only events applied from now on. A `from`
     /// older than the complete run is refused unless the run reaches back to
-    /// the cluster's start ([`Buffer::holds_whole_history`]).
+    /// the cluster's start ([`Buffer::holds_whole_history`]). The caller
+    /// holds the stream's [`Admission`] ([`EventHub::admit`]).
     pub fn subscribe(
         &self,
         key: Option<&str>,
         from: Option<u64>,
     ) -> Result<Subscription, SubscribeError> {
-        let permit = Arc::clone(&self.subscribers)
-            .try_acquire_owned()
-            .map_err(|_| SubscribeError::TooManySubscribers {
-                max: MAX_EVENT_SUBSCRIBERS,
-            })?;
         let buffer = self.lock();
         let backlog = match from {
             None => Vec::new(),
@@ -194,7 +264,7 @@ impl EventLog {
             backlog,
             live: self.live.subscribe(),
             closed: self.closed.subscribe(),
-            permit,
+            after: from.map_or(buffer.last_index, |from| from.saturating_sub(1)),
         })
     }
 
@@ -273,7 +343,7 @@ mod tests {
 
     #[test]
     fn a_kept_event_is_its_record_as_json() {
-        let log = EventLog::with_capacity(0, 10, 1);
+        let log = EventLog::with_capacity(0, 10, &EventHub::default());
         let entry = round_entry(7, &["a"]);
         log.push(&entry);
         let kept = &log.subscribe(None, Some(7)).unwrap().backlog[0];
@@ -291,7 +361,7 @@ mod tests {
 
     #[test]
     fn a_resume_gets_kept_events_of_its_key_from_its_index() {
-        let log = EventLog::with_capacity(10, 100, 4);
+        let log = EventLog::with_capacity(10, 100, &EventHub::default());
         log.push(&round_entry(11, &["a", "b"]));
         log.push(&round_entry(12, &["a"]));
         let all = log.subscribe(None, Some(11)).unwrap();
@@ -304,7 +374,7 @@ mod tests {
 
     #[test]
     fn events_before_start_or_dropped_ones_are_too_far_behind() {
-        let log = EventLog::with_capacity(10, 3, 4);
+        let log = EventLog::with_capacity(10, 3, &EventHub::default());
         assert_eq!(
             log.subscribe(None, Some(10)).unwrap_err(),
             SubscribeError::TooFarBehind { oldest: 11 }
@@ -321,7 +391,7 @@ mod tests {
 
     #[test]
     fn from_zero_streams_everything_while_the_whole_history_is_kept() {
-        let log = EventLog::with_capacity(0, 3, 4);
+        let log = EventLog::with_capacity(0, 3, &EventHub::default());
         assert!(
             indexes(&log.subscribe(None, Some(0)).unwrap()).is_empty(),
             "a fresh node has nothing yet, but nothing is gone"
@@ -346,12 +416,12 @@ mod tests {
     #[test]
     fn from_zero_is_too_far_behind_after_a_restart_or_a_snapshot() {
         // Started on state applied by a previous process: its events are gone.
-        let restarted = EventLog::with_capacity(5, 100, 4);
+        let restarted = EventLog::with_capacity(5, 100, &EventHub::default());
         assert_eq!(
             restarted.subscribe(None, Some(0)).unwrap_err(),
             SubscribeError::TooFarBehind { oldest: 6 }
         );
-        let log = EventLog::with_capacity(0, 100, 4);
+        let log = EventLog::with_capacity(0, 100, &EventHub::default());
         log.push(&round_entry(1, &["a"]));
         let mut snapshot = round_entry(9, &[]);
         snapshot.installed_snapshot = true;
@@ -364,7 +434,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_or_lost_notices_restart_the_log() {
-        let log = EventLog::with_capacity(0, 100, 4);
+        let log = EventLog::with_capacity(0, 100, &EventHub::default());
         log.push(&round_entry(1, &["a"]));
         let mut snapshot = round_entry(50, &[]);
         snapshot.installed_snapshot = true;
@@ -426,7 +496,7 @@ mod tests {
             from in 0u64..80,
             key in proptest::option::of(0u8..3),
         ) {
-            let log = EventLog::with_capacity(0, capacity, 4);
+            let log = EventLog::with_capacity(0, capacity, &EventHub::default());
             let mut produced: Vec<(u64, String)> = Vec::new();
             let mut index = 0u64;
             for step in &steps {
@@ -468,20 +538,50 @@ mod tests {
     }
 
     #[test]
-    fn subscribers_are_bounded_and_freed_when_dropped() {
-        let log = EventLog::with_capacity(0, 10, 1);
-        let first = log.subscribe(None, None).unwrap();
+    fn subscribers_are_bounded_over_every_shard_and_freed_when_dropped() {
+        let hub = EventHub::with_max_subscribers(1);
+        let first = hub.admit().unwrap();
         assert!(matches!(
-            log.subscribe(None, None),
-            Err(SubscribeError::TooManySubscribers { .. })
+            hub.admit(),
+            Err(SubscribeError::TooManySubscribers { max: 1 })
         ));
         drop(first);
-        assert!(log.subscribe(None, None).is_ok());
+        assert!(hub.admit().is_ok());
+    }
+
+    #[test]
+    fn the_shards_of_a_node_stamp_their_entries_in_push_order() {
+        let hub = EventHub::default();
+        let (zero, one) = (
+            EventLog::with_capacity(0, 10, &hub),
+            EventLog::with_capacity(0, 10, &hub),
+        );
+        zero.push(&round_entry(1, &["a", "b"]));
+        one.push(&round_entry(1, &["c"]));
+        zero.push(&round_entry(2, &["a"]));
+        let order = |log: &EventLog| -> Vec<u64> {
+            let subscription = log.subscribe(None, Some(0)).unwrap();
+            subscription
+                .backlog
+                .iter()
+                .map(|record| record.applied_order)
+                .collect()
+        };
+        assert_eq!((order(&zero), order(&one)), (vec![0, 0, 2], vec![1]));
+    }
+
+    #[test]
+    fn a_subscription_starts_after_from_or_after_the_last_index_seen() {
+        let log = EventLog::with_capacity(0, 10, &EventHub::default());
+        log.push(&round_entry(4, &["a"]));
+        assert_eq!(log.subscribe(None, None).unwrap().after, 4);
+        assert_eq!(log.subscribe(None, Some(3)).unwrap().after, 2);
+        assert_eq!(log.subscribe(None, Some(0)).unwrap().after, 0);
     }
 
     #[test]
     fn live_events_follow_the_backlog_without_repeats() {
-        let log = EventLog::with_capacity(0, 10, 1);
+        let log = EventLog::with_capacity(0, 10, &EventHub::default());
         log.push(&round_entry(1, &["a"]));
         let mut subscription = log.subscribe(None, Some(1)).unwrap();
         log.push(&round_entry(2, &["a"]));

@@ -2,10 +2,13 @@
 that resumes from its cursor.
 
 The node called serves the stream from its own applied entries, so any node will
-do: the stream opens on the first endpoint that answers. Each message's ``id`` is
-the log index of its entry. When a stream breaks or a node ends it, the iterator
-opens it again (on any node) with ``from = last id + 1``: no event repeats, none
-is skipped. A 410 ``too_far_behind`` (the node no longer keeps events that old)
+do: the stream opens on the first endpoint that answers. Each message's id is the
+stream's cursor after it: the log index of its entry when the stream covers one
+shard (a key's, or any stream at one shard), one index per shard joined by commas
+(``12,0,7``) when a stream of every key merges several shards. When a stream
+breaks or a node ends it, the iterator opens it again (on any node) right after
+the last id it saw, whatever its form (``cursor=``): no event repeats, none is
+skipped. A 410 ``too_far_behind`` (the node no longer keeps events that old)
 and a ``stream_error`` message are raised as ``RejectedError``: re-read the state
 (usage, holders) and stream from now. Same parser as the Rust ``events.rs``.
 """
@@ -30,11 +33,14 @@ MAX_RECONNECTS = 20
 
 @dataclass
 class SseMessage:
-    """One Server-Sent Events message: ``data`` is one JSON event record."""
+    """One Server-Sent Events message: ``data`` is one JSON event record. ``id`` is the
+    entry's log index when the stream covers one shard (``None`` for a merged stream's
+    cursor); ``cursor`` is the id as sent, what a stream resumes after."""
 
     event: str
     id: Optional[int]
     data: str
+    cursor: Optional[str] = None
 
     def record(self) -> Dict[str, Any]:
         """The event record, decoded."""
@@ -50,7 +56,7 @@ class SseParser:
     def __init__(self) -> None:
         self._line = bytearray()
         self._event = ""
-        self._id: Optional[int] = None
+        self._id: Optional[str] = None
         self._data: list[str] = []
         self._has_data = False
         self.ready: Deque[SseMessage] = deque()
@@ -73,7 +79,8 @@ class SseParser:
     def _line_received(self, line: str) -> None:
         if line == "":
             if self._has_data:
-                self.ready.append(SseMessage(self._event, self._id, "\n".join(self._data)))
+                index = int(self._id) if self._id is not None and _is_index(self._id) else None
+                self.ready.append(SseMessage(self._event, index, "\n".join(self._data), self._id))
             self._event, self._id, self._data, self._has_data = "", None, [], False
             return
         if line.startswith(":"):
@@ -83,7 +90,7 @@ class SseParser:
         if name == "event":
             self._event = value
         elif name == "id":
-            self._id = int(value) if value.isdigit() else None
+            self._id = value
         elif name == "data":
             self._data.append(value)
             self._has_data = True
@@ -99,28 +106,38 @@ def stream_error(data: str) -> RejectedError:
     return RejectedError(status, error["code"], error["message"], error.get("field"))
 
 
+def _is_index(text: str) -> bool:
+    """Whether an id is a plain log index: ASCII digits only (``str.isdigit`` also
+    takes other scripts' digits)."""
+    return text != "" and all("0" <= char <= "9" for char in text)
+
+
 class Cursor:
-    """Where a stream resumes: the key and the next log index to ask for."""
+    """Where a stream resumes: the key, and the first log index to ask for until a
+    message was seen, then the last id seen (the node's cursor, passed back opaque)."""
 
     def __init__(self, key: Optional[str], from_index: Optional[int]) -> None:
         self.key = key
-        self.next_index = from_index
+        self.from_index = from_index
+        self.after: Optional[str] = None
         self.reconnects = 0
 
     def query(self) -> Dict[str, str]:
         query: Dict[str, str] = {}
         if self.key is not None:
             query["key"] = self.key
-        if self.next_index is not None:
-            query["from"] = str(self.next_index)
+        if self.after is not None:
+            query["cursor"] = self.after
+        elif self.from_index is not None:
+            query["from"] = str(self.from_index)
         return query
 
     def seen(self, message: SseMessage) -> None:
         if message.event == STREAM_ERROR_EVENT:
             raise stream_error(message.data)
         self.reconnects = 0
-        if message.id is not None:
-            self.next_index = message.id + 1
+        if message.cursor is not None:
+            self.after = message.cursor
 
     def broken(self, reason: str) -> None:
         self.reconnects += 1

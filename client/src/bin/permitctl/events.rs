@@ -2,8 +2,10 @@
 //! event (`logIndex`, `key`, `type` and the event's fields), until interrupted.
 //!
 //! When the node serving the stream goes away, the stream is opened again on the
-//! next endpoint that answers, from the index after the last event printed, so
-//! nothing is printed twice or skipped; a 410 `too_far_behind` ends the command.
+//! next endpoint that answers, right after the last event printed (its id, the
+//! stream's cursor: one log index, or one per shard for every key at several
+//! shards), so nothing is printed twice or skipped; a 410 `too_far_behind` ends
+//! the command.
 
 use std::io::Write;
 
@@ -23,18 +25,23 @@ pub struct EventsArgs {
 }
 
 pub async fn run(client: &SemaphoreClient, args: &EventsArgs) -> CliResult {
-    let mut from = args.from;
+    let key = args.key.as_deref();
+    // The last id printed: once there is one, resume after it.
+    let mut after: Option<String> = None;
     let mut stdout = std::io::stdout();
     loop {
-        let mut stream = client.events(args.key.as_deref(), from).await?;
+        let mut stream = match &after {
+            Some(cursor) => client.events_after(key, cursor).await?,
+            None => client.events(key, args.from).await?,
+        };
         while let Some(message) = stream.next().await? {
             writeln!(stdout, "{}", message.data)?;
             stdout.flush()?;
-            if let Some(id) = message.id {
-                from = Some(id + 1);
+            if message.cursor.is_some() {
+                after = message.cursor;
             }
         }
-        eprintln!("permitctl: the event stream closed; resuming from {from:?}");
+        eprintln!("permitctl: the event stream closed; resuming after {after:?}");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }

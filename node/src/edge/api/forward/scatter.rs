@@ -22,7 +22,11 @@
 //!   the meta shard first; the answer is the meta shard's membership.
 //!
 //! Each call carries the caller's `Authorization`, so every shard's leader
-//! decides for itself, as a forwarded call's leader does.
+//! decides for itself, as a forwarded call's leader does. A body that cannot
+//! be split (a batch or a backup that does not parse) goes whole to the meta
+//! shard's leader, which answers it as one call: the caller's token first
+//! (401, 403), then the body's error (400), as at one shard; the node called
+//! never answers a parse error to a caller no leader has let in.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -254,10 +258,14 @@ impl Fanout<'_> {
     }
 
     async fn batch(&self, body: &Bytes) -> Result<Response, ShardAnswer> {
-        // The whole batch's own checks (size, keys), as one call's.
-        let parsed = parse_batch(body).map_err(|error| ShardAnswer::from(ApiError::from(error)))?;
-        let raw: RawBatch<'_> = serde_json::from_slice(body)
-            .map_err(|error| ShardAnswer::from(ApiError::BadRequest(error.to_string())))?;
+        // The whole batch's own checks (size, keys), as one call's: by the
+        // meta shard's leader when they fail, after the caller's token.
+        let (Ok(parsed), Ok(raw)) = (
+            parse_batch(body),
+            serde_json::from_slice::<RawBatch<'_>>(body),
+        ) else {
+            return self.unsplit(body, Listener::Api).await;
+        };
         // Item i goes to the shard of its key; an item whose key does not
         // parse to the meta shard, whose leader answers its error.
         let mut by_shard: BTreeMap<ShardId, Vec<usize>> = BTreeMap::new();
@@ -309,12 +317,11 @@ impl Fanout<'_> {
     }
 
     async fn restore(&self, body: &Bytes) -> Result<Response, ShardAnswer> {
-        let file: BackupFile = serde_json::from_slice(body)
-            .map_err(|error| ShardAnswer::from(ApiError::BadRequest(error.to_string())))?;
-        if file.format != BACKUP_FORMAT {
-            let message = format!("unknown backup format {:?}", file.format);
-            return Err(ApiError::BadRequest(message).into());
-        }
+        let file = match serde_json::from_slice::<BackupFile>(body) {
+            Ok(file) if file.format == BACKUP_FORMAT => file,
+            // Refused by the meta shard's leader, after the caller's token.
+            _ => return self.unsplit(body, Listener::Raft).await,
+        };
         let parts = split_backup(&file, self.to.count());
         let calls = parts.into_iter().enumerate().map(|(shard, part)| {
             let body = serde_json::to_vec(&part).unwrap_or_default();
@@ -328,6 +335,14 @@ impl Fanout<'_> {
         }
         tracing::warn!(keys = restored_keys, "backup restored into every shard");
         Ok(Json(Restored { restored_keys }).into_response())
+    }
+
+    /// A body that cannot be split, sent whole to the meta shard's leader:
+    /// it checks the caller's token before the body, as one call's leader
+    /// does, and its answer is the call's.
+    async fn unsplit(&self, body: &Bytes, listener: Listener) -> Result<Response, ShardAnswer> {
+        let answer = self.on_shard(META_SHARD, body.clone(), listener).await?;
+        Ok(answer.into_response())
     }
 
     async fn members(&self, body: Bytes) -> Result<Response, ShardAnswer> {
