@@ -20,8 +20,7 @@
 //!    values split their votes on every failover) and checked every 10 ms, not
 //!    on openraft's 60 ms tick;
 //! 2. while it hears its leader (an append received, or one still being
-//!    received and handled), it does nothing, and looks again only when the
-//!    silence could reach the minimum election timeout; a vote it casts for another
+//!    received and handled), it does nothing; a vote it casts for another
 //!    node starts its wait again, as it restarts Raft's election timer, and
 //!    so does a vote request it will likely grant, noted on arrival: openraft's
 //!    metrics show a vote only once it is durable, a sync later;
@@ -75,10 +74,7 @@ use super::network::Network;
 use super::Raft;
 use crate::raft::stall_probe::LeaderContact;
 
-/// How often the guard looks while its shard's leader is silent (the wait
-/// for patience, the pre-votes). While the leader is heard, or this node
-/// leads, it looks less often ([`ElectionGuard::next_look`]): at 64 shards a
-/// 10 ms tick per shard was most of an idle node's CPU.
+/// How often the guard looks.
 const GUARD_TICK: Duration = Duration::from_millis(10);
 
 pub const PREVOTES: &str = "permitd_raft_prevotes_total";
@@ -193,8 +189,6 @@ pub struct ElectionGuard {
     /// answered another's pre-vote as in term 3 while its vote synced, and
     /// its candidacy then deposed the leader that other node had become).
     stood_in_term: AtomicU64,
-    /// Wakes the guard early: a handover hurried it.
-    woken: tokio::sync::Notify,
 }
 
 impl ElectionGuard {
@@ -218,7 +212,6 @@ impl ElectionGuard {
             rng,
             hurried_in_term: AtomicU64::new(0),
             stood_in_term: AtomicU64::new(0),
-            woken: tokio::sync::Notify::new(),
         }
     }
 
@@ -231,24 +224,6 @@ impl ElectionGuard {
     /// become 10 ms earlier).
     pub fn hurry(&self, term: u64) {
         self.hurried_in_term.store(term.max(1), Ordering::Relaxed);
-        self.woken.notify_one();
-    }
-
-    /// How long the guard may sleep before it looks again, given what it saw
-    /// at `now`: nothing can change for it while the leader is heard within
-    /// the minimum election timeout but that the leader falls silent, so it
-    /// sleeps until the silence could reach it (a leader, the same, until it
-    /// could have stepped down and heard nobody for that long). A vote cast
-    /// meanwhile only restarts the wait; a vote request is noted on arrival
-    /// ([`Self::note_vote_request`]).
-    fn next_look(&self, state: ServerState, now: Instant) -> Duration {
-        if state == ServerState::Leader {
-            return self.timeout_min;
-        }
-        let silent = self.silent_for(now);
-        self.timeout_min
-            .saturating_sub(silent)
-            .clamp(GUARD_TICK, self.timeout_min)
     }
 
     /// Whether a handover hurries this wait; consumed, so it hurries one
@@ -373,18 +348,14 @@ impl ElectionGuard {
             let mut decision = Decision::default();
             let mut vote = raft.metrics().borrow().vote;
             raft.runtime_config().elect(false);
-            let mut look = GUARD_TICK;
             loop {
                 let asked = Instant::now();
-                tokio::select! {
-                    () = tokio::time::sleep(look) => {}
-                    () = self.woken.notified() => {}
-                }
+                tokio::time::sleep(GUARD_TICK).await;
                 let now = Instant::now();
                 if raft.metrics().has_changed().is_err() {
                     return; // Raft shut down.
                 }
-                if now.saturating_duration_since(asked) > look + self.heartbeat {
+                if now.saturating_duration_since(asked) > GUARD_TICK + self.heartbeat {
                     self.stalled(now);
                 }
                 self.note_vote(&raft.metrics().borrow().vote, &mut vote, now);
@@ -399,11 +370,6 @@ impl ElectionGuard {
                     raft.runtime_config().elect(next.elect_until.is_some());
                 }
                 decision = next;
-                let state = raft.metrics().borrow().state;
-                look = match decision.patience.is_some() || decision.elect_until.is_some() {
-                    true => GUARD_TICK,
-                    false => self.next_look(state, Instant::now()),
-                };
             }
         });
     }
@@ -426,7 +392,7 @@ impl ElectionGuard {
         now: Instant,
         last: Decision,
     ) -> Decision {
-        // Every look per shard: the metrics are read, not cloned (a clone
+        // Every 10 ms per shard: the metrics are read, not cloned (a clone
         // of their maps was the most of an idle node's CPU at 64 shards).
         let (state, current_term, vote, stored) = {
             let metrics = raft.metrics();
@@ -711,26 +677,6 @@ mod tests {
             &BTreeSet::from([2, 3])
         ));
         assert!(!is_quorum(&[old], &BTreeSet::from([3])));
-    }
-
-    #[test]
-    fn the_guard_looks_often_only_once_the_leader_is_silent() {
-        let contact = Arc::new(LeaderContact::default());
-        let guard = ElectionGuard::new(
-            (1, 0),
-            contact,
-            (Duration::from_millis(40), MIN, LEASE),
-            Mutex::new(rand::SeedableRng::seed_from_u64(7)),
-        );
-        let now = Instant::now();
-        assert_eq!(guard.next_look(ServerState::Leader, now), MIN);
-        // Nothing heard since the start: the silence is counted from it.
-        let look = guard.next_look(ServerState::Follower, now);
-        assert!(look > MIN - Duration::from_millis(5) && look <= MIN);
-        let look = guard.next_look(ServerState::Follower, now + Duration::from_millis(50));
-        assert!(look <= MIN - Duration::from_millis(50));
-        assert!(look > MIN - Duration::from_millis(55));
-        assert_eq!(guard.next_look(ServerState::Follower, now + MIN), GUARD_TICK);
     }
 
     #[test]
