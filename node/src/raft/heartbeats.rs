@@ -1,7 +1,11 @@
-//! Heartbeats coalesced per peer: in a cluster of several shards, the empty
-//! appends every shard's leader sends each follower (heartbeats, and the
-//! appends that only carry a new commit index) travel together, one
+//! Heartbeats coalesced per peer: in a cluster of several shards, the
+//! heartbeats every shard's leader sends each follower (empty appends that
+//! carry the commit index already sent) travel together, one
 //! `POST /raft/heartbeats` per peer for all the shards that have one due.
+//! An empty append that moves the follower's commit index is not one of them
+//! (`raft/network.rs`, `Connection::coalesces`): openraft sends a follower
+//! nothing else while an append is in flight, so holding it would hold the
+//! shard's next entries too.
 //!
 //! Each shard's openraft core ticks its own heartbeat timer, at phases of its
 //! own, so sent one by one an idle node's calls to a peer grow with the

@@ -199,6 +199,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             target_node: node.clone(),
             append: None,
+            commit_sent: None,
         }
     }
 }
@@ -250,11 +251,27 @@ pub struct Connection {
     target_node: PeerNode,
     /// The last append with entries, while it is being sent.
     append: Option<AppendInFlight>,
+    /// The commit index the last append sent on this connection carried
+    /// (`None` before the first): an empty append that moves it is news to
+    /// the follower, not a heartbeat ([`Connection::coalesces`]).
+    commit_sent: Option<Option<LogId<NodeId>>>,
 }
 
 type RpcResult<T, E = RaftError<NodeId>> = Result<T, RPCError<NodeId, PeerNode, E>>;
 
 impl Connection {
+    /// Whether `request` waits to go with the other shards' heartbeats
+    /// (`heartbeats.rs`): an empty append that carries the commit index this
+    /// connection last sent, a heartbeat. One that moves it (or the first
+    /// one) goes at once: openraft sends a follower nothing else while an
+    /// append is in flight, so holding the commit index for the coalescer's
+    /// window (half a heartbeat) held the next entries too, and every call
+    /// of a lightly loaded sharded cluster waited for it (bench
+    /// shard-failover, S = 3: p50 ~21 ms; sent at once, 4–6 ms).
+    fn coalesces(&self, request: &AppendEntriesRequest<TypeConfig>) -> bool {
+        request.entries.is_empty() && self.commit_sent == Some(request.leader_commit)
+    }
+
     /// Sends `request` to `/raft/{path}` within openraft's deadline and ours.
     async fn send<Req, Resp, Err>(
         &self,
@@ -507,7 +524,9 @@ impl RaftNetwork<TypeConfig> for Connection {
         request: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
-        if request.entries.is_empty() {
+        let coalesces = self.coalesces(&request);
+        self.commit_sent = Some(request.leader_commit);
+        if coalesces {
             if let Some(heartbeats) = &self.network.heartbeats {
                 let append = (self.network.shard, request);
                 let call = self.heartbeats_call();
@@ -515,6 +534,8 @@ impl RaftNetwork<TypeConfig> for Connection {
                     .send(self.target, &self.target_node, append, call)
                     .await;
             }
+        }
+        if request.entries.is_empty() {
             return self.send("append", &request, &option).await;
         }
         self.send_entries(request, &option).await
@@ -597,7 +618,25 @@ mod tests {
             target: 2,
             target_node: node,
             append: None,
+            commit_sent: None,
         }
+    }
+
+    #[test]
+    fn only_an_empty_append_that_repeats_the_commit_index_waits_for_the_others() {
+        let mut connection = nowhere();
+        let empty = |commit: Option<u64>| AppendEntriesRequest {
+            leader_commit: commit.map(log_id),
+            ..append_of(0, 0)
+        };
+        assert!(
+            !connection.coalesces(&empty(Some(3))),
+            "the first goes at once"
+        );
+        connection.commit_sent = Some(Some(log_id(3)));
+        assert!(connection.coalesces(&empty(Some(3))), "a heartbeat");
+        assert!(!connection.coalesces(&empty(Some(4))), "a new commit index");
+        assert!(!connection.coalesces(&append_of(1, 8)), "entries");
     }
 
     fn append_of(entries: u64, bytes_each: usize) -> AppendEntriesRequest<TypeConfig> {

@@ -18,7 +18,11 @@
 //! 7. shards ([`shards`]): fresh clusters of S Raft groups, each idle, then
 //!    under the grant path (256 clients, 100 keys) and queue runners spread
 //!    over 64 keys, with every node's CPU, fsyncs and peer calls; more S idle
-//!    only.
+//!    only;
+//! 8. shard failover ([`shard_failover`]): a fresh cluster of three shards
+//!    under steady load on every shard; SIGKILL of a node that leads one to
+//!    its shard's first grant, and the other shards' failed calls and
+//!    latency during that failover against before it.
 //!
 //! Every throughput row also says what it cost ([`cpu`]): CPU µs per permit
 //! cycle of the leader, the followers, the clients (the bench process) and in
@@ -39,6 +43,7 @@ pub mod lease;
 mod report;
 pub mod reuse;
 pub mod scale;
+pub mod shard_failover;
 pub mod shards;
 pub mod stats;
 pub mod transport;
@@ -75,8 +80,12 @@ pub struct Profile {
     pub shard_grant_clients: usize,
     /// The shards section's window with no load.
     pub idle_window: Duration,
+    /// Kills of the shard failover section, one per round.
+    pub shard_failover_rounds: usize,
+    /// Its steady window before each kill (the latency it compares with).
+    pub shard_failover_steady: Duration,
     /// Sections to run (all when empty): floor, grant, messages, lease,
-    /// failover, scale, shards.
+    /// failover, scale, shards, shard-failover.
     pub only: Vec<String>,
 }
 
@@ -118,6 +127,8 @@ impl Profile {
             idle_shard_counts: vec![64],
             shard_grant_clients: 256,
             idle_window: Duration::from_secs(5),
+            shard_failover_rounds: 12,
+            shard_failover_steady: Duration::from_secs(2),
             only: Vec::new(),
         }
     }
@@ -142,6 +153,8 @@ impl Profile {
             idle_shard_counts: vec![64],
             shard_grant_clients: 256,
             idle_window: Duration::from_secs(2),
+            shard_failover_rounds: 5,
+            shard_failover_steady: Duration::from_secs(1),
             only: Vec::new(),
         }
     }
@@ -305,6 +318,9 @@ pub async fn run(profile: &Profile) -> Report {
     }
     if profile.runs("shards") {
         report.shards(&shards::run(profile).await);
+    }
+    if profile.runs("shard-failover") {
+        report.shard_failover(&shard_failover::run(profile).await);
     }
     report.leader_changes(calm_terms);
     report.finish(started.elapsed());

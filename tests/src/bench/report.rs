@@ -15,6 +15,7 @@ use super::floor::FloorResult;
 use super::grant::{GrantResult, GrantRun};
 use super::lease::{LeaseResult, LeaseRun};
 use super::scale::ScalePoint;
+use super::shard_failover::{self, ShardFailoverResult};
 use super::shards::{Load, ShardRow};
 
 /// Permit cycles per second through leases, 16 runners, limit 1,000.
@@ -30,6 +31,9 @@ const TARGET_OVERHEAD_MS_P99: f64 = 3.0;
 const TARGET_FAILOVER_MS_P50: f64 = 500.0;
 /// Longest of the failover samples, in ms.
 const TARGET_FAILOVER_MS_MAX: f64 = 800.0;
+/// A node killed at S = 3: its shards serve again, median and longest.
+const TARGET_SHARD_FAILOVER_MS_P50: f64 = 400.0;
+const TARGET_SHARD_FAILOVER_MS_MAX: f64 = 800.0;
 /// A freed permit's idle time before it is admitted again, contended run, p50.
 const TARGET_REUSE_GAP_MS_P50: f64 = 3.0;
 /// Resident memory per idle key.
@@ -408,6 +412,103 @@ impl Report {
             entries: shard_entries_cell(row),
             gaps: row.cost.gaps_cell(),
         }
+    }
+
+    /// The shard failover section: kill → serve of the killed node's shards,
+    /// and the other shards' calls during those failovers.
+    pub fn shard_failover(&mut self, result: &ShardFailoverResult) {
+        let rounds = &result.rounds;
+        let joined = |each: &dyn Fn(&shard_failover::Round) -> String| {
+            rounds.iter().map(each).collect::<Vec<_>>().join(", ")
+        };
+        let kept = rounds.iter().filter(|round| round.others_kept).count();
+        self.rows.push(Row {
+            section: "4 shard failover",
+            scenario: format!(
+                "S = {}: SIGKILL the node leading shard k (k = round mod {}) → the first grant of \
+                 a call to its shard sent after the kill, {} rounds; {} clients per shard, one \
+                 call each per {} ms (election timeout {}–{} ms)",
+                result.shards,
+                result.shards,
+                rounds.len(),
+                result.clients_per_shard,
+                shard_failover::CALL_PERIOD.as_millis(),
+                crate::ELECTION_TIMEOUT_MIN_MS,
+                crate::ELECTION_TIMEOUT_MAX_MS
+            ),
+            throughput: "—".into(),
+            p50: format!("{:.0} ms", result.serve_ms_p50),
+            p99: format!("max {:.0} ms", result.serve_ms_max),
+            notes: format!(
+                "samples: {}; killed nodes: {}; the other shards kept leader and term in {kept} \
+                 of {} rounds",
+                joined(&|round| format!("{:.0}", round.serve_ms)),
+                joined(&|round| round.victim.to_string()),
+                rounds.len()
+            ),
+            target: format!(
+                "p50 ≤ {TARGET_SHARD_FAILOVER_MS_P50:.0} ms: {}; max ≤ \
+                 {TARGET_SHARD_FAILOVER_MS_MAX:.0} ms: {}",
+                at_most(result.serve_ms_p50, TARGET_SHARD_FAILOVER_MS_P50),
+                at_most(result.serve_ms_max, TARGET_SHARD_FAILOVER_MS_MAX)
+            ),
+            cpu: NO_COST.into(),
+            entries: NO_COST.into(),
+            gaps: NO_COST.into(),
+        });
+        let (before, during) = (result.before_ms, result.during_ms);
+        self.rows.push(Row {
+            section: "4 shard failover",
+            scenario: format!(
+                "S = {}: the other shards' calls during those failovers (kill → the killed \
+                 shard's first grant), latency before (steady window) → during",
+                result.shards
+            ),
+            throughput: format!("{} calls/s steady", thousands(result.steady_calls_per_s)),
+            p50: format!("{} → {}", self.latency(before.0), self.latency(during.0)),
+            p99: format!("{} → {}", self.latency(before.1), self.latency(during.1)),
+            notes: format!(
+                "{} calls during, {} failed; per round (failed/calls, p99 before → during): {}",
+                result.other_calls,
+                result.other_failed,
+                joined(&|round| format!(
+                    "{}/{} {:.1} → {:.1} ms",
+                    round.other_failed, round.other_calls, round.before_ms.1, round.during_ms.1
+                ))
+            ),
+            target: match result.other_failed {
+                0 if result.other_calls > 0 => "every call answered: met".into(),
+                0 => "every call answered: **no calls measured**".into(),
+                failed => format!("every call answered: **missed, {failed} failed**"),
+            },
+            cpu: NO_COST.into(),
+            entries: NO_COST.into(),
+            gaps: NO_COST.into(),
+        });
+        let per_round: Vec<Value> = rounds
+            .iter()
+            .map(|round| {
+                json!({"victim": round.victim, "killedShards": round.killed_shards,
+                "serveMs": round.serve_ms, "otherCalls": round.other_calls,
+                "otherFailedCalls": round.other_failed,
+                "otherMsP50Before": finite(round.before_ms.0),
+                "otherMsP99Before": finite(round.before_ms.1),
+                "otherMsP50During": finite(round.during_ms.0),
+                "otherMsP99During": finite(round.during_ms.1),
+                "othersKeptLeaderAndTerm": round.others_kept})
+            })
+            .collect();
+        self.json
+            .push(json!({"section": "shard-failover", "shards": result.shards,
+            "clientsPerShard": result.clients_per_shard,
+            "callPeriodMs": shard_failover::CALL_PERIOD.as_millis() as u64,
+            "rounds": rounds.len(), "serveMsP50": finite(result.serve_ms_p50),
+            "serveMsMax": finite(result.serve_ms_max),
+            "serveSamplesMs": rounds.iter().map(|round| round.serve_ms).collect::<Vec<_>>(),
+            "otherCalls": result.other_calls, "otherFailedCalls": result.other_failed,
+            "otherMsP50Before": finite(before.0), "otherMsP99Before": finite(before.1),
+            "otherMsP50During": finite(during.0), "otherMsP99During": finite(during.1),
+            "steadyCallsPerS": finite(result.steady_calls_per_s), "perRound": per_round}));
     }
 
     /// Elections outside the failover section, as term increases (expected 0).

@@ -4,7 +4,8 @@
 //! Starts its own three-node cluster on loopback with the release `permitd`
 //! (built first unless `PERMITD_BIN` names one), runs the profile, prints the
 //! markdown table and writes the JSON under `<target>/bench/`.
-//! Sections for `--only`: floor, grant, messages, lease, failover, scale, shards.
+//! Sections for `--only`: floor, grant, messages, lease, failover, scale, shards,
+//! shard-failover.
 
 use std::path::PathBuf;
 use std::process::Command;
