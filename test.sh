@@ -61,7 +61,7 @@ PERMITD_TEST_SHARDS=8 CHAOS_SECONDS="${SHARDED_CHAOS_SECONDS:-40}" cargo test -p
 cargo test -p permitd-sim --release --locked -- --nocapture
 # And seeds of clusters of 3 shards (each its own Raft group, leaders spread by
 # handovers, a membership change going shard by shard): fewer, for CI's budget.
-SIM_SHARDS=3 SIM_SEEDS="${SIM_SHARDED_SEEDS:-150}" cargo test -p permitd-sim --release --locked \
+SIM_SHARDS=3 SIM_SEEDS="${SIM_SHARDED_SEEDS:-100}" cargo test -p permitd-sim --release --locked \
   --test seeds -- --nocapture
 # schemathesis against a live three-node cluster of the permitd just built.
 tests/schemathesis/run.sh "$TARGET/debug/permitd"
