@@ -55,7 +55,7 @@ cargo test --workspace --exclude permitd-powerfs --exclude permitd-sim --locked
 PERMITD_TEST_SHARDS=8 CHAOS_SECONDS="${SHARDED_CHAOS_SECONDS:-40}" cargo test -p permitd-tests --locked \
   --test chaos --test power_loss --test restarts --test membership --test init_defaults \
   --test delete_key --test hostile_input --test account_concurrency --test batch \
-  --test events --test auth_matrix --test failover -- --skip power_loss_soak
+  --test events --test auth_matrix --test failover --test operator_cli -- --skip power_loss_soak
 # The deterministic simulator (docs/simulation.md): 1,000 seeds of a whole cluster
 # under faults, optimised (a debug build simulates several times slower).
 cargo test -p permitd-sim --release --locked -- --nocapture

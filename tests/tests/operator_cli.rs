@@ -194,7 +194,10 @@ fn spawn_request(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_show_grants_and_waiting_demand_and_release_frees_a_dead_client() {
     let cluster = std::sync::Arc::new(Cluster::start(Settings::default()).await);
-    let leader = cluster.wait_for_leader().await;
+    cluster.wait_for_leader().await;
+    // The leader of the key's shard parks the demand (every shard's at S = 1).
+    cluster.wait_spread().await;
+    let leader = cluster.key_leader("held").await;
     let follower = cluster.follower_of(leader);
     // A long round wait, so that a parked request can be seen waiting.
     let config = json!({"limit": 10, "roundWaitMs": 1500, "roundPeriodMs": 20});

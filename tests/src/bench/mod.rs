@@ -224,6 +224,9 @@ fn settings() -> Settings {
         raft_timings_ms: std::env::var("PERMITD_BENCH_RAFT_TIMINGS")
             .ok()
             .and_then(|timings| parse_timings(&timings)),
+        // Each row names its shard count; the suite's PERMITD_TEST_SHARDS
+        // (every test cluster at 8 shards) does not apply to the bench.
+        shards: None,
         ..Settings::default()
     }
 }

@@ -192,9 +192,11 @@ struct Sharded {
 impl Sharded {
     /// A fresh bench cluster of `shards` shards.
     async fn start(shards: u32) -> Self {
-        let base = super::settings();
-        let extra_toml = format!("{}\n[cluster]\nshards = {shards}\n", base.extra_toml);
-        let cluster = Cluster::start(Settings { extra_toml, ..base }).await;
+        let settings = Settings {
+            shards: Some(shards),
+            ..super::settings()
+        };
+        let cluster = Cluster::start(settings).await;
         cluster.wait_for_leader().await;
         Self {
             cluster,
