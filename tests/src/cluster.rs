@@ -394,8 +394,7 @@ impl Cluster {
     /// `shard`, and returns it: at one shard, the leader
     /// [`Cluster::wait_for_leader`] finds.
     pub async fn shard_leader(&self, shard: u32) -> u64 {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
+        let (agreed, leaders) = crate::wait::eventually_seen(START_TIMEOUT, || async {
             let leaders: Vec<Option<u64>> = self
                 .shard_maps()
                 .await
@@ -405,19 +404,21 @@ impl Cluster {
                         .and_then(|status| status["leader"].as_u64())
                 })
                 .collect();
-            if let Some(Some(leader)) = leaders.first() {
-                let agreed = leaders.iter().all(|seen| *seen == Some(*leader));
-                let running = self.nodes.iter().any(|n| n.id == *leader && n.is_running());
-                if agreed && running {
-                    return *leader;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no leader of shard {shard} agreed: {leaders:?}"
-            );
-            tokio::time::sleep(POLL).await;
-        }
+            let agreed = self.agreed_running_leader(&leaders).is_some();
+            (agreed, leaders)
+        })
+        .await;
+        assert!(agreed, "no leader of shard {shard} agreed: {leaders:?}");
+        self.agreed_running_leader(&leaders).expect("agreed above")
+    }
+
+    /// The leader every node names in `leaders`, if they all name the same
+    /// one and it runs.
+    fn agreed_running_leader(&self, leaders: &[Option<u64>]) -> Option<u64> {
+        let leader = (*leaders.first()?)?;
+        let agreed = leaders.iter().all(|seen| *seen == Some(leader));
+        let running = self.nodes.iter().any(|n| n.id == leader && n.is_running());
+        (agreed && running).then_some(leader)
     }
 
     /// The leader of `key`'s shard, once every running node agrees on it
@@ -728,4 +729,20 @@ impl Drop for Cluster {
         // Deleted once no process runs in them.
         drop(self.lan.take());
     }
+}
+
+/// `count` keys named `prefix-00`, `prefix-01`, …, checked to cover every one
+/// of `shards` shards (so a test over them touches each shard).
+pub fn keys_covering_shards(prefix: &str, count: usize, shards: u32) -> Vec<String> {
+    let keys: Vec<String> = (0..count).map(|i| format!("{prefix}-{i:02}")).collect();
+    let covered: std::collections::BTreeSet<u32> = keys
+        .iter()
+        .map(|key| permitd_core::shard::shard_of(key, shards).expect("a valid shard count"))
+        .collect();
+    assert_eq!(
+        covered.len(),
+        shards as usize,
+        "the keys cover every shard: {keys:?}"
+    );
+    keys
 }

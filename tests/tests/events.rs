@@ -256,17 +256,6 @@ fn three_shards() -> Settings {
     }
 }
 
-/// Twelve keys over every one of [`MERGED_SHARDS`] shards.
-fn keys_of_every_shard() -> Vec<String> {
-    let keys: Vec<String> = (0..12).map(|i| format!("merged-{i:02}")).collect();
-    let shards: BTreeSet<u32> = keys
-        .iter()
-        .map(|key| shard_of(key, MERGED_SHARDS).unwrap())
-        .collect();
-    assert_eq!(shards.len(), MERGED_SHARDS as usize, "{keys:?}");
-    keys
-}
-
 /// One event as a merged stream sent it: its record's key, type and log
 /// index, and the message's id.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -341,7 +330,7 @@ async fn read_with_last_event_id(
 async fn a_stream_of_every_shard_resumes_after_its_cursor_exactly_once() {
     let cluster = Cluster::start(three_shards()).await;
     cluster.wait_spread().await;
-    let keys = keys_of_every_shard();
+    let keys = permitd_tests::cluster::keys_covering_shards("merged", 12, MERGED_SHARDS);
     let (first_half, second_half) = keys.split_at(8);
 
     // A live stream of every key, on node 2 (which leads one shard of three).

@@ -4,7 +4,7 @@
 //! defaults and tokens reach every shard, a backup of S shards restores into
 //! S′, and a node's death moves only the shards it led.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use permitd_core::shard::shard_of;
@@ -24,17 +24,6 @@ fn sharded(shards: u32) -> Settings {
     }
 }
 
-/// Keys that cover every shard of `shards`, several each.
-fn keys(shards: u32) -> Vec<String> {
-    let keys: Vec<String> = (0..30).map(|i| format!("acct-{i:02}")).collect();
-    let covered: BTreeSet<u32> = keys
-        .iter()
-        .map(|key| shard_of(key, shards).unwrap())
-        .collect();
-    assert_eq!(covered.len(), shards as usize, "the keys cover every shard");
-    keys
-}
-
 /// Every shard's leader, once each voter leads its preferred shards
 /// (`leader/handover.rs`: shard k prefers the (k mod 3)-th voter).
 async fn spread_leaders(cluster: &Cluster) -> BTreeMap<u32, u64> {
@@ -45,7 +34,7 @@ async fn spread_leaders(cluster: &Cluster) -> BTreeMap<u32, u64> {
 async fn every_call_reaches_its_shard_and_keyless_calls_cover_every_shard() {
     let cluster = Cluster::start(sharded(SHARDS)).await;
     let leaders = spread_leaders(&cluster).await;
-    let keys = keys(SHARDS);
+    let keys = permitd_tests::cluster::keys_covering_shards("acct", 30, SHARDS);
 
     // Any node takes any key's call; its shard's leader answers.
     for (i, key) in keys.iter().enumerate() {
@@ -135,7 +124,7 @@ async fn backup_and_restore_into_another_shard_count(cluster: &Cluster, keys: &[
 async fn defaults_and_tokens_of_the_meta_shard_reach_every_shard() {
     let cluster = Cluster::start(sharded(SHARDS)).await;
     spread_leaders(&cluster).await;
-    let keys = keys(SHARDS);
+    let keys = permitd_tests::cluster::keys_covering_shards("acct", 30, SHARDS);
     let one_per_shard: Vec<&String> = (0..SHARDS)
         .map(|shard| {
             keys.iter()
@@ -186,7 +175,7 @@ async fn defaults_and_tokens_of_the_meta_shard_reach_every_shard() {
 async fn a_dead_node_moves_only_its_shards_and_takes_them_back() {
     let mut cluster = Cluster::start(sharded(SHARDS)).await;
     let leaders = spread_leaders(&cluster).await;
-    let keys = keys(SHARDS);
+    let keys = permitd_tests::cluster::keys_covering_shards("acct", 30, SHARDS);
     // Shard 2 is node 3's; the keys of the other shards keep answering.
     let dead_shard = 2;
     let victim = leaders[&dead_shard];
