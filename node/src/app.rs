@@ -18,6 +18,7 @@ use crate::config::{ForwardTimings, RaftTimings};
 use crate::credentials::tls::Tls;
 use crate::credentials::{AuthSettings, Secret};
 use crate::observe::event_log::EventHub;
+use crate::raft::liveness::Liveness;
 use crate::raft::network::Network;
 use crate::seams::Seams;
 use crate::shard::{Shard, ShardStart, META_SHARD};
@@ -243,6 +244,7 @@ pub async fn start_unbound(
     .with_seams(settings.seams.clone())
     .with_shards(count, Duration::from_millis(timings.heartbeat_interval_ms));
     let events = EventHub::default();
+    let liveness = Arc::new(Liveness::default());
     let start = ShardStart {
         node: settings.id,
         timings,
@@ -254,11 +256,18 @@ pub async fn start_unbound(
         config: Arc::new(raft_config(settings.id, timings)?),
         shards: count,
         events: &events,
+        liveness: &liveness,
     };
     let mut shards = Vec::with_capacity(opened.len());
     for (id, opened) in (0..).zip(opened) {
         let shard = Shard::start(id, opened, &start).await;
         shards.push(shard.map_err(|error| StartError::Raft(error.to_string()))?);
+    }
+    if count > 1 {
+        let _on_raft_runtime = raft_runtime.enter();
+        let callers = shards.iter().map(Shard::caller).collect();
+        let heartbeat = Duration::from_millis(timings.heartbeat_interval_ms);
+        liveness.start(settings.id, callers, network.clone(), heartbeat);
     }
     // One follower of the meta shard's defaults per node, made only when
     // another shard needs it.

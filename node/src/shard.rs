@@ -23,7 +23,9 @@ use crate::leader::rounds::RoundLimits;
 use crate::leader::rounds::Rounds;
 use crate::observe::event_log::{EventHub, EventLog};
 use crate::raft::election_guard::ElectionGuard;
+use crate::raft::liveness::{CallerShard, Liveness};
 use crate::raft::network::Network;
+use crate::raft::quiescence::{Quiescence, RaftSwitch};
 use crate::raft::stall_probe::LeaderContact;
 use crate::raft::Raft;
 
@@ -46,6 +48,8 @@ pub struct Shard {
     /// Handovers this node started for the shard (`leader/handover.rs`):
     /// each is an election on purpose.
     pub handovers: watch::Receiver<u64>,
+    /// When the shard is quiet here (`raft/quiescence.rs`).
+    pub quiescence: Quiescence,
 }
 
 impl std::fmt::Debug for Shard {
@@ -80,6 +84,9 @@ pub(crate) struct ShardStart<'a> {
     pub shards: u32,
     /// What every shard's event log shares (the node's stream limit).
     pub events: &'a EventHub,
+    /// The node's liveness calls (`raft/liveness.rs`): their answers stand
+    /// for a quiet shard's quorum acknowledgements.
+    pub liveness: &'a Arc<Liveness>,
 }
 
 impl Shard {
@@ -113,9 +120,16 @@ impl Shard {
                 .seams
                 .rng(RNG_ELECTION_GUARD + u64::from(id) * RNG_STREAMS_PER_SHARD),
         ));
+        let quiescence = Quiescence {
+            shard: id,
+            switch: RaftSwitch::new(raft.clone()),
+            wake: Arc::default(),
+        };
         {
             let _on_raft_runtime = start.raft_runtime.enter();
-            election_guard.clone().start(raft.clone(), network);
+            election_guard
+                .clone()
+                .start(raft.clone(), network, quiescence.switch.clone());
             if id == META_SHARD {
                 crate::raft::stall_probe::start(&raft, "raft");
             }
@@ -133,9 +147,15 @@ impl Shard {
             stepping_down,
             lease: Duration::from_millis(timings.election_timeout_max_ms),
             heartbeat: Duration::from_millis(timings.heartbeat_interval_ms),
+            switch: quiescence.switch.clone(),
             started,
         }
         .start(start.shards);
+        if start.shards > 1 {
+            let _on_raft_runtime = start.raft_runtime.enter();
+            let heartbeat = Duration::from_millis(timings.heartbeat_interval_ms);
+            quiescence.start(raft.clone(), leadership.clone(), heartbeat);
+        }
         let state = opened.state;
         let rounds = Rounds::start(
             raft.clone(),
@@ -153,7 +173,11 @@ impl Shard {
         );
         crate::leader::snapshots::start(raft.clone(), start.node, timings.snapshot_every_ms);
         let events = start_events(&state, &start.seams.clock, start.events);
-        crate::observe::raft_metrics::start(raft.clone(), id);
+        crate::observe::raft_metrics::start(
+            raft.clone(),
+            id,
+            (quiescence.switch.clone(), start.liveness.clone()),
+        );
         Ok(Self {
             id,
             raft,
@@ -164,7 +188,19 @@ impl Shard {
             election_guard,
             events,
             handovers,
+            quiescence,
         })
+    }
+
+    /// This shard as the node's liveness calls need it.
+    pub(crate) fn caller(&self) -> CallerShard {
+        CallerShard {
+            id: self.id,
+            raft: self.raft.clone(),
+            leadership: self.leadership.clone(),
+            switch: self.quiescence.switch.clone(),
+            wake: self.quiescence.wake.clone(),
+        }
     }
 
     /// Starts the task that writes the cluster defaults into this shard:

@@ -1,6 +1,8 @@
 //! Inbound Raft RPCs: `/raft/vote`, `/raft/append`, `/raft/snapshot`, and the
 //! election guard's `/raft/prevote` (`election_guard.rs`), each for the shard
-//! its `?shard=k` names (shard 0 without one).
+//! its `?shard=k` names (shard 0 without one); and, for every shard at once,
+//! the coalesced `/raft/heartbeats` (`heartbeats.rs`) and the quiet shards'
+//! `/raft/liveness` (`liveness.rs`).
 //!
 //! Bodies are in the storage codec ([`crate::raft::wire`]). Each answers the local
 //! Raft's `Result`, error included, so the caller can tell a remote Raft error
@@ -20,6 +22,7 @@ use crate::app::App;
 use crate::leader::handover::{elect_after, ElectRequest};
 use crate::raft::election_guard::PreVoteRequest;
 use crate::raft::heartbeats::{ShardAnswer, ShardAppend};
+use crate::raft::liveness::{heard, FollowerView, LivenessAnswer, LivenessCall};
 use crate::raft::wire::SnapshotChunk;
 use crate::shard::Shard;
 
@@ -32,6 +35,7 @@ pub fn router() -> Router<App> {
         .route("/raft/snapshot", post(snapshot))
         .route("/raft/elect", post(elect))
         .route("/raft/heartbeats", post(heartbeats))
+        .route("/raft/liveness", post(liveness))
 }
 
 /// The 400 for a body that does not decode.
@@ -195,4 +199,33 @@ async fn snapshot(
         Ok(chunk) => encoded(&shard.raft.install_snapshot(chunk.into()).await),
         Err(error) => undecodable(error),
     }
+}
+
+/// A peer's liveness call for the quiet shards it leads
+/// (`raft/liveness.rs`): each one this node follows in that term counts as
+/// its leader heard; the answer names those the caller should wake.
+async fn liveness(State(app): State<App>, body: Bytes) -> Response {
+    let call = match codec::decode::<LivenessCall>(&body) {
+        Ok(call) => call,
+        Err(error) => return undecodable(error),
+    };
+    if call.leads.len() > app.shard_count() as usize {
+        let message = format!("{} shards in one liveness call", call.leads.len());
+        return (StatusCode::BAD_REQUEST, message).into_response();
+    }
+    let now = tokio::time::Instant::now();
+    let wake = call
+        .leads
+        .iter()
+        .filter(|led| {
+            app.shard(led.shard).is_some_and(|shard| {
+                let view = FollowerView::of(&shard.raft);
+                !heard(call.from, led, view, &shard.leader_contact, now)
+            })
+        })
+        .map(|led| led.shard)
+        .collect();
+    encoded(&Ok::<_, openraft::error::Infallible>(LivenessAnswer {
+        wake,
+    }))
 }

@@ -47,6 +47,7 @@ use tokio::time::Instant;
 
 use crate::raft::election_guard::ElectionGuard;
 use crate::raft::network::Network;
+use crate::raft::quiescence::RaftSwitch;
 use crate::raft::Raft;
 
 /// How often a leader of a shard that prefers another leader checks
@@ -94,6 +95,8 @@ pub struct Handover {
     /// openraft's leader lease: `election_timeout_max`.
     pub lease: Duration,
     pub heartbeat: Duration,
+    /// Turns the shard's heartbeats off while the shard is handed over.
+    pub switch: Arc<RaftSwitch>,
     /// Counts the handovers this node started ([`Handover::started`]).
     pub started: watch::Sender<u64>,
 }
@@ -213,7 +216,7 @@ impl Handover {
         );
         self.started.send_modify(|started| *started += 1);
         self.stepping_down.send_replace(true);
-        self.raft.runtime_config().heartbeat(false);
+        self.switch.handing_over(true);
         let after = self.lease + self.heartbeat;
         let request = ElectRequest {
             after_ms: u64::try_from(after.as_millis()).unwrap_or(MAX_ELECT_AFTER_MS),
@@ -234,7 +237,7 @@ impl Handover {
             && self
                 .wait_until_follower(self.lease * HANDOVER_TIMEOUT_LEASES)
                 .await;
-        self.raft.runtime_config().heartbeat(true);
+        self.switch.handing_over(false);
         self.stepping_down.send_replace(false);
         if !stepped_down {
             tracing::warn!(

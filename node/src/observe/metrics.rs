@@ -183,6 +183,8 @@ fn describe() {
     crate::raft::peer_logs::describe();
     crate::raft::election_guard::describe();
     crate::raft::heartbeats::describe();
+    crate::raft::liveness::describe();
+    crate::raft::quiescence::describe();
     permitd_storage::describe_snapshot_metrics();
     permitd_storage::describe_wal_metrics();
 }

@@ -18,11 +18,14 @@
 //! every follower it exported to 0, so an old leader's series never alert.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::{RaftMetrics, ServerState};
 use permitd_storage::{NodeId, PeerNode};
 
+use crate::raft::liveness::Liveness;
+use crate::raft::quiescence::RaftSwitch;
 use crate::raft::Raft;
 
 pub const HAS_LEADER: &str = "permitd_has_leader";
@@ -92,6 +95,18 @@ pub fn sample(metrics: &RaftMetrics<NodeId, PeerNode>) -> RaftSample {
     sample
 }
 
+/// A quiet shard's quorum acknowledgement age, from the liveness answers.
+fn quiet_quorum_age(raft: &Raft, liveness: &Liveness) -> Option<u64> {
+    let (me, voters) = {
+        let metrics = raft.metrics();
+        let metrics = metrics.borrow();
+        let voters: BTreeSet<NodeId> = metrics.membership_config.membership().voter_ids().collect();
+        (metrics.id, voters)
+    };
+    let age = liveness.quorum_age(me, &voters, tokio::time::Instant::now())?;
+    Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The highest index at least a majority of `matched` (one per voter) reaches.
 pub fn majority_index(mut matched: Vec<u64>) -> u64 {
     if matched.is_empty() {
@@ -101,8 +116,11 @@ pub fn majority_index(mut matched: Vec<u64>) -> u64 {
     matched[matched.len() / 2]
 }
 
-/// Starts the sampling task; it ends when Raft shuts down.
-pub fn start(raft: Raft, shard: u32) {
+/// Starts the sampling task; it ends when Raft shuts down. While this node
+/// leads the shard and it is quiet (`raft/quiescence.rs`), openraft hears no
+/// acknowledgement and reports none; the quorum's answers to the node's
+/// liveness calls (`raft/liveness.rs`) stand for them.
+pub fn start(raft: Raft, shard: u32, (switch, liveness): (Arc<RaftSwitch>, Arc<Liveness>)) {
     crate::seams::spawn(async move {
         let mut ticker = tokio::time::interval(Duration::from_millis(SAMPLE_INTERVAL_MS));
         let mut exported_lag: BTreeSet<NodeId> = BTreeSet::new();
@@ -112,7 +130,10 @@ pub fn start(raft: Raft, shard: u32) {
             if metrics.has_changed().is_err() {
                 return; // Raft shut down.
             }
-            let current = sample(&metrics.borrow_and_update());
+            let mut current = sample(&metrics.borrow_and_update());
+            if current.is_leader && switch.is_quiet_leader() {
+                current.quorum_ack_age_ms = quiet_quorum_age(&raft, &liveness);
+            }
             publish(&current, &shard.to_string(), &mut exported_lag);
         }
     });

@@ -71,6 +71,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::network::Network;
+use super::quiescence::RaftSwitch;
 use super::Raft;
 use crate::raft::stall_probe::LeaderContact;
 
@@ -343,11 +344,10 @@ impl ElectionGuard {
     }
 
     /// Runs the guard until Raft shuts down.
-    pub fn start(self: Arc<Self>, raft: Raft, network: Network) {
+    pub fn start(self: Arc<Self>, raft: Raft, network: Network, switch: Arc<RaftSwitch>) {
         crate::seams::spawn(async move {
             let mut decision = Decision::default();
             let mut vote = raft.metrics().borrow().vote;
-            raft.runtime_config().elect(false);
             loop {
                 let asked = Instant::now();
                 tokio::time::sleep(GUARD_TICK).await;
@@ -367,7 +367,7 @@ impl ElectionGuard {
                 });
                 let next = self.decide(&raft, &network, now, decision).await;
                 if next.elect_until.is_some() != decision.elect_until.is_some() {
-                    raft.runtime_config().elect(next.elect_until.is_some());
+                    switch.electing(next.elect_until.is_some());
                 }
                 decision = next;
             }

@@ -1,7 +1,8 @@
 //! openraft wiring: the Raft handle type, Raft's own runtime ([`runtime`]), the
 //! outbound network over HTTP ([`network`]), pre-vote ([`election_guard`]),
-//! where each peer's log ends ([`peer_logs`]) and the metrics that show a stall
-//! ([`stall_probe`]). The inbound `/raft/*` endpoints the peers call are in the
+//! where each peer's log ends ([`peer_logs`]), quiet shards and the liveness
+//! calls that stand for their heartbeats ([`quiescence`], [`liveness`]) and the
+//! metrics that show a stall ([`stall_probe`]). The inbound `/raft/*` endpoints the peers call are in the
 //! edge, which serves both listeners (`edge/raft_inbound.rs`).
 //!
 //! Peers talk HTTP with MessagePack bodies ([`wire`]). Every request carries the
@@ -11,8 +12,10 @@
 
 pub mod election_guard;
 pub mod heartbeats;
+pub mod liveness;
 pub mod network;
 pub mod peer_logs;
+pub mod quiescence;
 pub mod runtime;
 pub mod stall_probe;
 pub mod wire;

@@ -123,6 +123,17 @@ impl ContactGaps {
         }
     }
 
+    /// A liveness call (`raft/liveness.rs`) from `from`, which says it still
+    /// leads this shard, arrived `at`: the leader counts as heard when it is
+    /// the one whose appends this node last took. Whether it was.
+    pub fn vouched(&mut self, from: Sender, at: Instant) -> bool {
+        let current = self.last.is_some_and(|(last, _)| last == from);
+        if current {
+            self.heard = Some(self.heard.map_or(at, |heard| heard.max(at)));
+        }
+        current
+    }
+
     /// When this node last heard its leader, as of `now`.
     pub fn heard_at(&self, now: Instant) -> Option<Instant> {
         if self.receiving > 0 {
@@ -146,6 +157,11 @@ impl LeaderContact {
     /// When this node last heard its leader, as of `now` (see [`ContactGaps`]).
     pub fn heard_at(&self, now: Instant) -> Option<Instant> {
         self.gaps().heard_at(now)
+    }
+
+    /// See [`ContactGaps::vouched`].
+    pub fn vouched(&self, from: Sender, at: Instant) -> bool {
+        self.gaps().vouched(from, at)
     }
 
     /// An append starts arriving; the leader counts as heard until the
@@ -315,6 +331,20 @@ mod tests {
         assert_eq!(gaps.heard_at(start + ms(150)), Some(start + ms(150)));
         gaps.done(false, start + ms(200));
         assert_eq!(gaps.heard_at(start + ms(250)), Some(start));
+    }
+
+    #[test]
+    fn a_liveness_call_counts_only_from_the_leader_whose_appends_were_taken() {
+        let start = Instant::now();
+        let mut gaps = ContactGaps::default();
+        assert!(!gaps.vouched(from(2, 1), start), "no append taken yet");
+        assert_eq!(gaps.heard_at(start), None);
+        gaps.received(from(2, 1), start);
+        assert!(gaps.vouched(from(2, 1), start + ms(500)));
+        assert_eq!(gaps.heard_at(start + ms(600)), Some(start + ms(500)));
+        assert!(!gaps.vouched(from(1, 1), start + ms(700)), "an older term");
+        assert!(!gaps.vouched(from(2, 3), start + ms(700)), "another node");
+        assert_eq!(gaps.heard_at(start + ms(800)), Some(start + ms(500)));
     }
 
     #[tokio::test(flavor = "current_thread")]
