@@ -48,14 +48,16 @@ cargo build --workspace --bins --locked
 # under investigation (a remounted session answering ECONNABORTED), kept visible.
 PROPTEST_CASES="${POWERFS_PROPTEST_CASES:-24}" cargo test -p permitd-powerfs --locked
 cargo test --workspace --exclude permitd-powerfs --exclude permitd-sim --locked
-# The cluster tests that check invariants rather than one leader's part, and
-# those that find each key's shard leader, again at 8 shards (docs/operations.md,
-# "Shards"): every test cluster gets [cluster] shards = 8. The suite above runs at
-# 1, and tests/tests/shards.rs at 3 and 2.
+# The cluster tests that check invariants rather than one leader's part, those
+# that find each key's shard leader, and those that pause or cut off a follower
+# of the shards they load, again at 8 shards (docs/operations.md, "Shards"):
+# every test cluster gets [cluster] shards = 8. The suite above runs at 1, and
+# tests/tests/shards.rs at 3 and 2.
 PERMITD_TEST_SHARDS=8 CHAOS_SECONDS="${SHARDED_CHAOS_SECONDS:-40}" cargo test -p permitd-tests --locked \
   --test chaos --test power_loss --test restarts --test membership --test init_defaults \
   --test delete_key --test hostile_input --test account_concurrency --test batch \
-  --test events --test auth_matrix --test failover --test operator_cli -- --skip power_loss_soak
+  --test events --test auth_matrix --test failover --test operator_cli \
+  --test steady_leader --test one_way_cut -- --skip power_loss_soak
 # The deterministic simulator (docs/simulation.md): 1,000 seeds of a whole cluster
 # under faults, optimised (a debug build simulates several times slower).
 cargo test -p permitd-sim --release --locked -- --nocapture

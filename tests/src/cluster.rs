@@ -378,16 +378,98 @@ impl Cluster {
     /// Each running node's view of every shard (`GET /cluster/shards`), in
     /// node order; an empty list for a node that does not answer.
     async fn shard_maps(&self) -> Vec<Vec<Value>> {
-        let mut maps = Vec::new();
+        let views = self.shard_views().await;
+        views.into_iter().map(|(_, shards)| shards).collect()
+    }
+
+    /// Each running node's id and its view of every shard (`GET
+    /// /cluster/shards`: per shard its `leader`, `term`, `members` and
+    /// `appliedIndex`, shard `k` at position `k`), in node order; an empty
+    /// list for a node that does not answer.
+    pub async fn shard_views(&self) -> Vec<(u64, Vec<Value>)> {
+        let mut views = Vec::new();
         for node in self.nodes.iter().filter(|node| node.is_running()) {
             let map = self.admin_get(node.id, "/cluster/shards").await;
             let shards = map
                 .as_ref()
                 .and_then(|map| map["shards"].as_array().cloned())
                 .unwrap_or_default();
-            maps.push(shards);
+            views.push((node.id, shards));
         }
-        maps
+        views
+    }
+
+    /// Waits until every running node names the same running leader and the
+    /// same term for every shard, and returns each shard's `(leader, term)`,
+    /// in shard order: at one shard, the leader and term of the cluster.
+    pub async fn shard_leaders_and_terms(&self) -> Vec<(u64, u64)> {
+        let shards = self.shard_count() as usize;
+        let agreed = |views: &[(u64, Vec<Value>)]| -> Option<Vec<(u64, u64)>> {
+            let (_, first) = views.first()?;
+            let seen: Vec<(u64, u64)> = (0..shards)
+                .map(|shard| {
+                    let status = first.get(shard)?;
+                    Some((status["leader"].as_u64()?, status["term"].as_u64()?))
+                })
+                .collect::<Option<_>>()?;
+            let same = views.iter().all(|(_, view)| {
+                view.len() == shards
+                    && view.iter().zip(&seen).all(|(status, (leader, term))| {
+                        status["leader"].as_u64() == Some(*leader)
+                            && status["term"].as_u64() == Some(*term)
+                    })
+            });
+            let running = seen.iter().all(|(leader, _)| {
+                self.nodes
+                    .iter()
+                    .any(|node| node.id == *leader && node.is_running())
+            });
+            (same && running).then_some(seen)
+        };
+        let (found, views) = crate::wait::eventually_seen(START_TIMEOUT, || async {
+            let views = self.shard_views().await;
+            (agreed(&views).is_some(), views)
+        })
+        .await;
+        assert!(
+            found,
+            "the nodes agree on no leader and term of every shard: {views:?}"
+        );
+        agreed(&views).expect("agreed above")
+    }
+
+    /// Whether node `id` names a leader of every shard and has applied, in
+    /// each, at least what that leader had applied when asked just before.
+    pub async fn caught_up(&self, id: u64) -> bool {
+        let Some(theirs) = self.admin_get(id, "/cluster/shards").await else {
+            return false;
+        };
+        for shard in 0..self.shard_count() {
+            let Some(leader) = theirs["shards"][shard as usize]["leader"].as_u64() else {
+                return false;
+            };
+            if leader == id {
+                continue;
+            }
+            let Some(target) = self.shard_applied(leader, shard).await else {
+                return false;
+            };
+            let Some(theirs) = self.shard_applied(id, shard).await else {
+                return false;
+            };
+            if theirs < target {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The first key `prefix-0`, `prefix-1`, … that `shard` holds.
+    pub fn key_in_shard(&self, prefix: &str, shard: u32) -> String {
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .find(|key| self.shard_of_key(key) == shard)
+            .expect("every shard holds keys")
     }
 
     /// Waits until every running node names the same running leader of
@@ -681,6 +763,28 @@ impl Cluster {
 
     pub async fn get(&self, id: u64, path: &str) -> Answer {
         self.call(id, reqwest::Method::GET, path, None).await
+    }
+
+    /// [`Cluster::call`] about `shard` alone (`x-permitd-shard`) when `Some`:
+    /// a call that names no key (a batch, `/readyz`) then covers that shard
+    /// only and goes to its leader as one call, as at one shard.
+    pub async fn call_in_shard(
+        &self,
+        id: u64,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        shard: Option<u32>,
+    ) -> Answer {
+        let url = format!("{}{path}", self.node(id).url());
+        let mut request = self.bare_http.request(method, url).bearer_auth(ADMIN_TOKEN);
+        if let Some(shard) = shard {
+            request = request.header(permitd_core::contract::headers::SHARD, shard);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        Answer::from(request.send().await).await
     }
 
     /// A `/cluster/*` call with the admin token: `(status, body)`.

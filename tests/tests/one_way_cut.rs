@@ -7,6 +7,13 @@
 //! its `/readyz` gives at the same time, and a client that asks it first gets
 //! around it; a call that legitimately waits on the leader longer than that,
 //! on a healthy path, still gets its answer.
+//!
+//! At several shards (`PERMITD_TEST_SHARDS`) every node leads some shards: the
+//! leader is the key's shard leader, the cut-off node one that follows that
+//! shard, every call is about keys of that shard, and the calls through the
+//! cut and `/readyz` name it (`x-permitd-shard`), so that a batch is forwarded
+//! to that shard's leader as one call, as at one shard. The shards the cut-off node leads lose its appends to
+//! that leader; what they do meanwhile is not this test's concern.
 
 use std::time::{Duration, Instant};
 
@@ -33,7 +40,9 @@ async fn a_follower_whose_calls_to_the_leader_are_cut_answers_within_3_s_as_its_
         ..Settings::shipped()
     })
     .await;
-    let leader = cluster.wait_for_leader().await;
+    // The leader of the key's shard, and a node that follows that shard (at
+    // several shards it leads others, which the cut may legitimately disturb).
+    let leader = cluster.key_leader(KEY).await;
     let follower = cluster.follower_of(leader);
 
     healthy_calls_are_forwarded(&cluster, leader, follower).await;
@@ -57,13 +66,13 @@ async fn healthy_calls_are_forwarded(cluster: &Cluster, leader: u64, follower: u
         .put(follower, &key_path("/config"), &json!({"limit": 1}))
         .await;
     assert_eq!(config.status, 200, "{}", config.body);
-    let ready = cluster.get(follower, "/readyz").await;
+    let ready = readyz(cluster, follower).await;
     assert_eq!(ready.status, 200, "{}", ready.body);
     assert_eq!(
         ready.body,
         json!({"status": "ready", "leader": leader, "serving": "forwarded"})
     );
-    let ready = cluster.get(leader, "/readyz").await;
+    let ready = readyz(cluster, leader).await;
     assert_eq!(ready.body["serving"], "local", "{}", ready.body);
     let mut latencies = Vec::new();
     for _ in 0..20 {
@@ -131,7 +140,13 @@ async fn calls_through_the_cut_are_answered_in_time(cluster: &Cluster, leader: u
         for (name, method, path, body) in &calls {
             let started = Instant::now();
             let answer = cluster
-                .call(follower, method.clone(), path, body.as_ref())
+                .call_in_shard(
+                    follower,
+                    method.clone(),
+                    path,
+                    body.as_ref(),
+                    named_shard(cluster),
+                )
                 .await;
             let took = started.elapsed();
             eprintln!(
@@ -141,7 +156,7 @@ async fn calls_through_the_cut_are_answered_in_time(cluster: &Cluster, leader: u
             );
             assert!(took < ANSWER_WITHIN, "{name} took {took:?}: {answer:?}");
             assert_unreachable(&answer, leader, name);
-            let ready = cluster.get(follower, "/readyz").await;
+            let ready = readyz(cluster, follower).await;
             assert_unreachable(&ready, leader, "/readyz");
         }
     }
@@ -188,11 +203,17 @@ async fn the_leaders_appends_still_reach_the_follower(
     leader: u64,
     follower: u64,
 ) {
-    cluster.take(leader, "through-leader", "direct", 1).await;
-    let target = cluster.last_applied(leader).await.expect("leader status");
+    let shard = cluster.shard_of_key(KEY);
+    let key = cluster.key_in_shard("through-leader", shard);
+    cluster.take(leader, &key, "direct", 1).await;
+    let target = cluster
+        .shard_applied(leader, shard)
+        .await
+        .expect("leader status");
     let (applied, status) = eventually_seen(Duration::from_secs(10), || async {
-        let status = cluster.status(follower).await.unwrap_or(Value::Null);
-        let applied = status["lastApplied"].as_u64() >= Some(target);
+        let map = cluster.admin_get(follower, "/cluster/shards").await;
+        let status = map.map_or(Value::Null, |map| map["shards"][shard as usize].clone());
+        let applied = status["appliedIndex"].as_u64() >= Some(target);
         (applied && status["leader"] == json!(leader), status)
     })
     .await;
@@ -206,7 +227,7 @@ async fn the_leaders_appends_still_reach_the_follower(
 async fn the_follower_is_ready_again_once_healed(cluster: &Cluster, leader: u64, follower: u64) {
     let started = Instant::now();
     let (ready, seen) = eventually_seen(Duration::from_secs(10), || async {
-        let ready = cluster.get(follower, "/readyz").await;
+        let ready = readyz(cluster, follower).await;
         (ready.status == 200, ready)
     })
     .await;
@@ -215,6 +236,22 @@ async fn the_follower_is_ready_again_once_healed(cluster: &Cluster, leader: u64,
     assert_eq!(seen.body["leader"], json!(leader));
     let usage = cluster.get(follower, &key_path("/usage")).await;
     assert_eq!(usage.status, 200, "{}", usage.body);
+}
+
+/// At several shards, the key's shard, which calls through the cut name
+/// (`x-permitd-shard`): a batch then goes to that shard's leader as one call,
+/// and `/readyz` answers for that shard alone (the node leads others). `None`
+/// at one shard, whose calls name none.
+fn named_shard(cluster: &Cluster) -> Option<u32> {
+    (cluster.shard_count() > 1).then(|| cluster.shard_of_key(KEY))
+}
+
+/// `/readyz` of node `id`, about the key's shard ([`named_shard`]).
+async fn readyz(cluster: &Cluster, id: u64) -> Answer {
+    let shard = named_shard(cluster);
+    cluster
+        .call_in_shard(id, Method::GET, "/readyz", None, shard)
+        .await
 }
 
 fn key_path(rest: &str) -> String {

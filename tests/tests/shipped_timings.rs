@@ -11,6 +11,13 @@
 //! every node agrees on, runs its work, and fails if any node ends on another
 //! term or leader, or if the work itself did not succeed.
 //!
+//! At several shards (`PERMITD_TEST_SHARDS`) every node leads some shards and
+//! follows the others: the paused follower's scenario loads only keys of the
+//! shards the paused node follows and requires that those keep their leader
+//! and term (the shards it leads fail over while it sleeps, as they should).
+//! The other scenarios read the leader and term of `/cluster/status`, the meta
+//! shard's.
+//!
 //! Three scenarios are `#[ignore]`d in the debug run of `cargo test`: the
 //! bursts, the 100,000 keys and the mixed load need a release binary on a
 //! two-core machine (debug nodes decode megabytes several times slower and
@@ -563,35 +570,108 @@ async fn paused_follower() {
     let _one = ONE_AT_A_TIME.lock().await;
     let pauses = env_or("SHIPPED_TIMINGS_PAUSES", 2);
     let cluster = Arc::new(Cluster::start(Settings::shipped()).await);
-    let before = agreed_leader_and_term(&cluster).await;
-    let leader = before.0;
-    let started = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let loads = vec![light_load(&cluster, leader, "steady", stop.clone())];
+    // The node never paused: at one shard the leader, at several the meta
+    // shard's (its followers are paused in turn).
+    let (leader, _) = agreed_leader_and_term(&cluster).await;
     let followers: Vec<u64> = cluster
         .nodes
         .iter()
         .map(|node| node.id)
         .filter(|&id| id != leader)
         .collect();
+    let mut tally = Tally::default();
     for pause in 0..pauses {
         let follower = followers[pause as usize % followers.len()];
+        // Only the shards the paused node follows (at one shard, the
+        // cluster's one group): those it leads fail over while it sleeps, as
+        // they should.
+        let followed: Vec<(u32, u64, u64)> = (0..)
+            .zip(cluster.shard_leaders_and_terms().await)
+            .filter(|(_, (leader, _))| *leader != follower)
+            .map(|(shard, (leader, term))| (shard, leader, term))
+            .collect();
+        let started = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let loads = followed
+            .iter()
+            .map(|&(shard, leader, _)| {
+                let key = cluster.key_in_shard("steady", shard);
+                light_load(&cluster, leader, &key, stop.clone())
+            })
+            .collect();
         cluster.pause(follower, true);
         // Well past the lease plus an election timeout (360–480 ms): the
         // paused node's timer is overdue when it wakes.
         tokio::time::sleep(Duration::from_secs(2)).await;
         cluster.pause(follower, false);
-        let back = eventually(Duration::from_secs(10), || async {
-            let theirs = cluster.status(follower).await.unwrap_or_default();
-            let ours = cluster.status(leader).await.unwrap_or_default();
-            theirs["leader"].is_u64() && theirs["lastApplied"] == ours["lastApplied"]
-        })
-        .await;
+        let back = eventually(Duration::from_secs(10), || cluster.caught_up(follower)).await;
         assert!(back, "pause {pause}: node {follower} caught up");
+        let what = format!("light load during pause {pause} (node {follower})");
+        let this_pause = finish_loads(&stop, loads, &what).await;
+        let scenario = format!("paused follower, pause {pause} (node {follower})");
+        assert_shards_unmoved(&cluster, &scenario, &followed, started).await;
+        assert_all_ok(&this_pause, &what);
+        tally.merge(this_pause);
+        // The shards the paused node led go back to it (at several shards)
+        // before the next pause, from the steady state.
+        cluster.wait_spread().await;
     }
-    let tally = finish_loads(&stop, loads, "light load during the pauses").await;
-    assert_unmoved(&cluster, "paused follower", before, started).await;
     assert_all_ok(&tally, "light load during the pauses");
+}
+
+/// [`assert_unmoved`] for the shards in `before` (`(shard, leader, term)`):
+/// fails unless every node names the same leader and term of each once the
+/// work is done.
+async fn assert_shards_unmoved(
+    cluster: &Cluster,
+    scenario: &str,
+    before: &[(u32, u64, u64)],
+    started: Instant,
+) {
+    let view_of = |views: &[(u64, Vec<Value>)]| -> Vec<(u64, u32, Option<u64>, Option<u64>)> {
+        let mut seen = Vec::new();
+        for (id, view) in views {
+            for &(shard, _, _) in before {
+                let status = view.get(shard as usize).cloned().unwrap_or_default();
+                seen.push((
+                    *id,
+                    shard,
+                    status["leader"].as_u64(),
+                    status["term"].as_u64(),
+                ));
+            }
+        }
+        seen
+    };
+    // A node that names no leader yet (its view after a long silence) is
+    // waited for; a new term never comes back to the old one.
+    let (settled, seen) = eventually_seen(Duration::from_secs(30), || async {
+        let seen = view_of(&cluster.shard_views().await);
+        let complete = seen.len() == cluster.nodes.len() * before.len();
+        (complete && seen.iter().all(|view| view.2.is_some()), seen)
+    })
+    .await;
+    let counters = raft_counters(cluster).await;
+    eprintln!(
+        "{scenario}: (shard, leader, term) before {before:?}; after {seen:?} (node, shard, \
+         leader, term); {:.1} s; {counters}",
+        started.elapsed().as_secs_f64()
+    );
+    let moved = !settled
+        || seen.iter().any(|(_, shard, leader, term)| {
+            let (_, was_leader, was_term) = before
+                .iter()
+                .find(|(was, _, _)| was == shard)
+                .expect("a shard of before");
+            (*leader, *term) != (Some(*was_leader), Some(*was_term))
+        });
+    assert!(
+        !moved,
+        "{scenario}: a leader or term moved: before {before:?} (shard, leader, term), after \
+         {seen:?} (node, shard, leader, term); {counters}; logs in {}:\n{}",
+        cluster.dir.path().display(),
+        election_log(cluster)
+    );
 }
 
 /// Batches of requests and releases on 64 keys, one after another, through
