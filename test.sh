@@ -58,6 +58,7 @@ PERMITD_TEST_SHARDS=8 CHAOS_SECONDS="${SHARDED_CHAOS_SECONDS:-40}" cargo test -p
   --test delete_key --test hostile_input --test account_concurrency --test batch \
   --test events --test auth_matrix --test failover --test operator_cli \
   --test steady_leader --test one_way_cut -- --skip power_loss_soak
+PERMITD_TEST_SHARDS=8 cargo test -p permitd-tests --locked --test shipped_timings paused_follower
 # The deterministic simulator (docs/simulation.md): 1,000 seeds of a whole cluster
 # under faults, optimised (a debug build simulates several times slower).
 cargo test -p permitd-sim --release --locked -- --nocapture

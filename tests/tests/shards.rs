@@ -226,3 +226,74 @@ async fn a_dead_node_moves_only_its_shards_and_takes_them_back() {
     let back = spread_leaders(&cluster).await;
     assert_eq!(back[&dead_shard], victim, "the node took its shard back");
 }
+
+/// Every shard of the cluster quiet: each led by a node that counts it in
+/// `permitd_quiet_shards` (`node/src/raft/quiescence.rs`).
+async fn all_quiet(cluster: &Cluster) {
+    let (quiet, seen) = eventually_seen(Duration::from_secs(30), || async {
+        let mut total = 0.0;
+        for id in 1..=3 {
+            total += cluster.metric(id, "permitd_quiet_shards").await.unwrap_or(0.0);
+        }
+        (total == f64::from(SHARDS), total)
+    })
+    .await;
+    assert!(quiet, "{seen} of {SHARDS} shards quiet");
+}
+
+/// Idle shards go quiet (no heartbeats; one liveness call per peer stands for
+/// them: `node/src/raft/liveness.rs`). A write to a quiet shard is answered
+/// and the shard goes quiet again after it; a node restarted while the shards
+/// it follows are quiet finds their leaders (its answers to their liveness
+/// calls wake them), and those leaders keep their terms: the other follower
+/// counts the liveness calls as its leader heard, so it refuses the restarted
+/// node's pre-votes as it did when heartbeats came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_shards_go_quiet_and_wake_for_a_write_or_a_restarted_follower() {
+    let mut cluster = Cluster::start(sharded(SHARDS)).await;
+    let leaders = spread_leaders(&cluster).await;
+    all_quiet(&cluster).await;
+    let before = cluster.shard_leaders_and_terms().await;
+
+    for shard in 0..SHARDS {
+        let key = cluster.key_in_shard("quiet", shard);
+        let answer = cluster
+            .post(
+                2,
+                &format!("/v1/semaphores/{key}"),
+                &request("c1", &[("g", 1, 1)]),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{key}: {}", answer.body);
+        assert_eq!(granted(&answer.body), 1, "{key}");
+    }
+    all_quiet(&cluster).await;
+
+    // Node 1 leads shard 0 and follows the others.
+    let restarted = leaders[&0];
+    cluster.kill(restarted);
+    cluster.restart(restarted);
+    let found = permitd_tests::eventually(Duration::from_secs(30), || {
+        cluster.caught_up(restarted)
+    })
+    .await;
+    assert!(found, "node {restarted} names every shard's leader again");
+    spread_leaders(&cluster).await;
+    all_quiet(&cluster).await;
+    let after = cluster.shard_leaders_and_terms().await;
+    for shard in (0..SHARDS as usize).filter(|shard| leaders[&(*shard as u32)] != restarted) {
+        assert_eq!(
+            after[shard], before[shard],
+            "shard {shard}, quiet while node {restarted} restarted, kept its leader and term"
+        );
+    }
+    let mut wakes = 0.0;
+    for id in 1..=3 {
+        wakes += cluster
+            .metric(id, "permitd_liveness_wakes_total")
+            .await
+            .unwrap_or(0.0);
+    }
+    eprintln!("before {before:?} after {after:?} wakes {wakes}");
+    assert!(wakes > 0.0, "the restarted node's answers woke its shards");
+}
