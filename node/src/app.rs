@@ -113,6 +113,9 @@ pub struct Node {
     /// What the shards' event logs share: the node's limit on open event
     /// streams, which a stream of every shard takes once.
     pub events: EventHub,
+    /// The liveness exchanges with the peers that stand for quiet shards'
+    /// heartbeats (`raft/liveness.rs`; several shards only).
+    pub liveness: Arc<Liveness>,
 }
 
 impl Node {
@@ -244,7 +247,7 @@ pub async fn start_unbound(
     .with_seams(settings.seams.clone())
     .with_shards(count, Duration::from_millis(timings.heartbeat_interval_ms));
     let events = EventHub::default();
-    let liveness = Arc::new(Liveness::default());
+    let liveness = Liveness::new(settings.id);
     let start = ShardStart {
         node: settings.id,
         timings,
@@ -265,9 +268,9 @@ pub async fn start_unbound(
     }
     if count > 1 {
         let _on_raft_runtime = raft_runtime.enter();
-        let callers = shards.iter().map(Shard::caller).collect();
+        let each = shards.iter().map(Shard::liveness).collect();
         let heartbeat = Duration::from_millis(timings.heartbeat_interval_ms);
-        liveness.start(settings.id, callers, network.clone(), heartbeat);
+        liveness.start(each, network.clone(), heartbeat);
     }
     // One follower of the meta shard's defaults per node, made only when
     // another shard needs it.
@@ -300,6 +303,7 @@ pub async fn start_unbound(
         metrics: crate::observe::metrics::install(),
         seams: settings.seams.clone(),
         events,
+        liveness,
     })))
 }
 

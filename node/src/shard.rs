@@ -23,7 +23,7 @@ use crate::leader::rounds::RoundLimits;
 use crate::leader::rounds::Rounds;
 use crate::observe::event_log::{EventHub, EventLog};
 use crate::raft::election_guard::ElectionGuard;
-use crate::raft::liveness::{CallerShard, Liveness};
+use crate::raft::liveness::{Liveness, LivenessShard};
 use crate::raft::network::Network;
 use crate::raft::quiescence::{Quiescence, RaftSwitch};
 use crate::raft::stall_probe::LeaderContact;
@@ -192,14 +192,15 @@ impl Shard {
         })
     }
 
-    /// This shard as the node's liveness calls need it.
-    pub(crate) fn caller(&self) -> CallerShard {
-        CallerShard {
+    /// This shard as the node's liveness exchanges need it.
+    pub(crate) fn liveness(&self) -> LivenessShard {
+        LivenessShard {
             id: self.id,
             raft: self.raft.clone(),
             leadership: self.leadership.clone(),
             switch: self.quiescence.switch.clone(),
             wake: self.quiescence.wake.clone(),
+            contact: self.leader_contact.clone(),
         }
     }
 

@@ -22,7 +22,7 @@ use crate::app::App;
 use crate::leader::handover::{elect_after, ElectRequest};
 use crate::raft::election_guard::PreVoteRequest;
 use crate::raft::heartbeats::{ShardAnswer, ShardAppend};
-use crate::raft::liveness::{heard, FollowerView, LivenessAnswer, LivenessCall};
+use crate::raft::liveness::LivenessCall;
 use crate::raft::wire::SnapshotChunk;
 use crate::shard::Shard;
 
@@ -201,31 +201,24 @@ async fn snapshot(
     }
 }
 
-/// A peer's liveness call for the quiet shards it leads
-/// (`raft/liveness.rs`): each one this node follows in that term counts as
-/// its leader heard; the answer names those the caller should wake.
+/// A peer's liveness call (`raft/liveness.rs`): its quiet shards this node
+/// follows in that term count as their leader heard; the answer names those
+/// the caller should wake, and this node's own quiet shards.
 async fn liveness(State(app): State<App>, body: Bytes) -> Response {
     let call = match codec::decode::<LivenessCall>(&body) {
         Ok(call) => call,
         Err(error) => return undecodable(error),
     };
-    if call.leads.len() > app.shard_count() as usize {
-        let message = format!("{} shards in one liveness call", call.leads.len());
+    let shards = app.shard_count() as usize;
+    if call.leads.len() > shards || call.wake.len() > shards {
+        let message = format!(
+            "{} claims and {} wakes in one liveness call, of {shards} shards",
+            call.leads.len(),
+            call.wake.len()
+        );
         return (StatusCode::BAD_REQUEST, message).into_response();
     }
-    let now = tokio::time::Instant::now();
-    let wake = call
-        .leads
-        .iter()
-        .filter(|led| {
-            app.shard(led.shard).is_some_and(|shard| {
-                let view = FollowerView::of(&shard.raft);
-                !heard(call.from, led, view, &shard.leader_contact, now)
-            })
-        })
-        .map(|led| led.shard)
-        .collect();
-    encoded(&Ok::<_, openraft::error::Infallible>(LivenessAnswer {
-        wake,
-    }))
+    encoded(&Ok::<_, openraft::error::Infallible>(
+        app.liveness.answer(&call),
+    ))
 }

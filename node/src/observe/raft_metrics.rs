@@ -97,13 +97,12 @@ pub fn sample(metrics: &RaftMetrics<NodeId, PeerNode>) -> RaftSample {
 
 /// A quiet shard's quorum acknowledgement age, from the liveness answers.
 fn quiet_quorum_age(raft: &Raft, liveness: &Liveness) -> Option<u64> {
-    let (me, voters) = {
+    let voters: BTreeSet<NodeId> = {
         let metrics = raft.metrics();
         let metrics = metrics.borrow();
-        let voters: BTreeSet<NodeId> = metrics.membership_config.membership().voter_ids().collect();
-        (metrics.id, voters)
+        metrics.membership_config.membership().voter_ids().collect()
     };
-    let age = liveness.quorum_age(me, &voters, tokio::time::Instant::now())?;
+    let age = liveness.quorum_age(&voters, tokio::time::Instant::now())?;
     Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
 }
 

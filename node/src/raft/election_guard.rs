@@ -25,8 +25,10 @@
 //!    received and handled, or, for a quiet shard, the leader's liveness call:
 //!    `liveness.rs`), it does nothing; a vote it casts for another
 //!    node starts its wait again, as it restarts Raft's election timer, and
-//!    so does a vote request it will likely grant, noted on arrival: openraft's
-//!    metrics show a vote only once it is durable, a sync later;
+//!    so does a vote request it will likely grant, noted on arrival (openraft's
+//!    metrics show a vote only once it is durable, a sync later), and a
+//!    pre-vote it grants (the asker is about to stand in the next term; see
+//!    [`ElectionGuard::answer`]);
 //! 3. a node that was itself stalled (its 10 ms guard tick woke more than a
 //!    heartbeat interval late: a pause, a starved CPU) counts its silence from
 //!    the moment it woke, and gives the leader its patience to reach it;
@@ -264,6 +266,16 @@ impl ElectionGuard {
         now.saturating_duration_since(heard)
     }
 
+    /// This node's wait for a leader starts again at `now`: it voted, or
+    /// will likely vote, or told a pre-candidate it would, for another node.
+    fn restart_wait(&self, now: Instant) {
+        let since_start = now.saturating_duration_since(self.started).as_millis();
+        self.voted_at_ms.store(
+            u64::try_from(since_start).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
     /// Notes a vote this node cast for another node: like Raft's election
     /// timer, the wait for a leader starts again (that node may be about to
     /// lead; standing now would split or disrupt its election).
@@ -285,11 +297,7 @@ impl ElectionGuard {
             .voted_for()
             .is_some_and(|voted| voted != self.id)
         {
-            let since_start = now.saturating_duration_since(self.started).as_millis();
-            self.voted_at_ms.store(
-                u64::try_from(since_start).unwrap_or(u64::MAX),
-                Ordering::Relaxed,
-            );
+            self.restart_wait(now);
         }
     }
 
@@ -310,13 +318,7 @@ impl ElectionGuard {
         let newer = candidate.term > raft.metrics().borrow().current_term;
         let log_ok = request.last_log_id >= raft.data_metrics().borrow().last_log;
         if newer && log_ok && candidate.voted_for() != Some(self.id) {
-            let since_start = Instant::now()
-                .saturating_duration_since(self.started)
-                .as_millis();
-            self.voted_at_ms.store(
-                u64::try_from(since_start).unwrap_or(u64::MAX),
-                Ordering::Relaxed,
-            );
+            self.restart_wait(Instant::now());
         }
     }
 
@@ -340,6 +342,19 @@ impl ElectionGuard {
             granted: grants(request, &view, self.timeout_max),
             term: view.term,
         };
+        if answer.granted && !permitd_storage::bugs::prevote_without_term_rule() {
+            // The asker is about to stand in the next term; standing in it
+            // too would split it, and in openraft a split term is worse than
+            // a lost election: votes are ordered by (term, node), so the
+            // higher node's candidacy deposes the lower one even when the
+            // lower one won (simulator, seed 4095 at S = 8: node 2 granted
+            // node 3's pre-vote in a handover, stood itself 2 ms later, won
+            // term 4, and was deposed once node 3's slow disk had synced its
+            // vote). So a grant restarts the wait, as a vote cast does; a
+            // pre-candidate that never stands holds this node back by one
+            // patience, as a candidate that never wins would.
+            self.restart_wait(Instant::now());
+        }
         tracing::debug!(
             shard = self.shard,
             candidate = request.candidate,

@@ -1,23 +1,27 @@
-//! Liveness calls: while this node leads quiet shards (`quiescence.rs`), it
-//! calls each of their peers every [`LIVENESS_EVERY`] heartbeat intervals
-//! (`POST /raft/liveness`), naming every quiet shard it leads with its term
-//! and applied index. One call per peer stands for all those shards'
-//! heartbeats.
+//! Liveness calls: in a cluster of several shards, each pair of nodes
+//! exchanges one call every [`LIVENESS_EVERY`] heartbeat intervals
+//! (`POST /raft/liveness`, made by the node of the lower id), and each side
+//! names in it every quiet shard it leads (`quiescence.rs`), with its term
+//! and applied index: the call carries the caller's, the answer the
+//! callee's. One exchange per pair stands for all those shards' heartbeats,
+//! so an idle node of any shard count receives at most one call per
+//! interval from each peer of a higher id, and none from the others.
 //!
-//! The peer takes it as its leader heard ([`LeaderContact::vouched`]), so
-//! its election guard waits and refuses pre-votes exactly as when heartbeats
-//! came, but only for a shard whose term it is in and whose leader's appends
-//! it last took. Anything else (another term, no append taken since a
-//! restart, an applied index behind the leader's) it answers with a wake:
-//! the leader turns the shard's heartbeats on until it settles again, and the
-//! heartbeats tell the peer who leads and what is committed, as they always
-//! did.
+//! A follower takes a claim as its leader heard ([`LeaderContact::vouched`]),
+//! so its election guard waits and refuses pre-votes exactly as when
+//! heartbeats came, but only for a shard whose term it is in and whose
+//! leader's appends it last took. Anything else (another term, no append
+//! taken since a restart, an applied index behind the leader's) it answers
+//! with a wake: in its answer, or in its next call when the claim came in an
+//! answer. The leader turns the shard's heartbeats on until it settles
+//! again, and the heartbeats tell the follower who leads and what is
+//! committed, as they always did.
 //!
-//! The answers also keep the leader's `permitd_quorum_ack_age_seconds` true
+//! The exchanges also keep a leader's `permitd_quorum_ack_age_seconds` true
 //! for its quiet shards, which send openraft nothing to acknowledge
 //! ([`Liveness::quorum_age`]).
 //!
-//! Safety does not rest on these calls: a leader that stops calling (dead,
+//! Safety does not rest on these calls: a leader that stops claiming (dead,
 //! paused, cut off) is a silent leader to its followers, who elect another
 //! after their patience, as before.
 
@@ -37,9 +41,10 @@ use super::stall_probe::{LeaderContact, Sender};
 use super::Raft;
 use crate::leader::leadership::Leadership;
 
-/// Heartbeat intervals between two liveness calls to a peer: twice the
-/// heartbeat interval (80 ms shipped), well within the minimum election
-/// timeout (120 ms) a follower waits before it counts its leader silent.
+/// Heartbeat intervals between two liveness exchanges of a pair of nodes:
+/// twice the heartbeat interval (80 ms shipped), well within the minimum
+/// election timeout (120 ms) a follower waits before it counts its leader
+/// silent.
 pub const LIVENESS_EVERY: u32 = 2;
 
 pub const LIVENESS_CALLS: &str = "permitd_liveness_calls_total";
@@ -49,22 +54,24 @@ pub const LIVENESS_WAKES: &str = "permitd_liveness_wakes_total";
 pub fn describe() {
     metrics::describe_counter!(
         LIVENESS_CALLS,
-        "Liveness calls this node made to its peers for the quiet shards it leads, by outcome."
+        "Liveness calls this node made to its peers of a higher id, by outcome."
     );
     metrics::describe_counter!(
         LIVENESS_WAKES,
-        "Quiet shards this node leads that a peer's liveness answer woke (it was behind)."
+        "Quiet shards this node leads that a peer woke (it was behind)."
     );
 }
 
-/// `POST /raft/liveness`: the quiet shards `from` leads.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `POST /raft/liveness`: the quiet shards `from` leads, and those of the
+/// callee's it asks to wake (claimed in the callee's last answer).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LivenessCall {
     pub from: NodeId,
     pub leads: Vec<Led>,
+    pub wake: Vec<ShardId>,
 }
 
-/// One quiet shard the caller leads.
+/// One quiet shard a node leads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Led {
     pub shard: ShardId,
@@ -73,13 +80,14 @@ pub struct Led {
     pub applied: u64,
 }
 
-/// The answer: the shards the caller should wake.
+/// The answer: the caller's shards to wake, and the callee's quiet shards.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LivenessAnswer {
     pub wake: Vec<ShardId>,
+    pub leads: Vec<Led>,
 }
 
-/// A shard as the callee sees it when a call names it.
+/// A shard as a follower sees it when a claim names it.
 #[derive(Debug, Clone, Copy)]
 pub struct FollowerView {
     pub term: u64,
@@ -107,7 +115,8 @@ impl FollowerView {
 }
 
 /// Whether a follower in `view`, told `led` by `from` at `now`, takes it as
-/// its leader heard (noted in `contact`), or asks the leader to wake.
+/// its leader heard (noted in `contact`) with nothing to catch up on; if not,
+/// it asks the leader to wake the shard.
 pub fn heard(
     from: NodeId,
     led: &Led,
@@ -123,35 +132,53 @@ pub fn heard(
     in_term && contact.vouched(sender, now) && view.applied >= led.applied
 }
 
-/// One shard as the calling side needs it.
+/// One shard as the exchanges need it.
 #[allow(missing_debug_implementations)] // openraft's handle prints nothing useful
-pub struct CallerShard {
+pub struct LivenessShard {
     pub id: ShardId,
     pub raft: Raft,
     pub leadership: watch::Receiver<Leadership>,
     pub switch: Arc<RaftSwitch>,
     pub wake: Arc<Notify>,
+    pub contact: Arc<LeaderContact>,
 }
 
-/// The node's liveness calls: when each peer last answered one.
-#[derive(Debug, Default)]
+/// The node's side of the exchanges.
+#[derive(Default)]
 pub struct Liveness {
+    me: NodeId,
+    /// Set once the shards have started ([`Liveness::start`]).
+    shards: std::sync::OnceLock<Vec<LivenessShard>>,
+    /// When each peer was last heard in an exchange.
     answered: Mutex<BTreeMap<NodeId, Instant>>,
+    /// The shards each peer of a higher id is to wake, asked in the next
+    /// call to it (its claims came in an answer).
+    wakes_for: Mutex<BTreeMap<NodeId, Vec<ShardId>>>,
+}
+
+impl std::fmt::Debug for Liveness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Liveness")
+            .field("me", &self.me)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Liveness {
-    /// Since when a majority of `voters` (this node `me` counting as now)
-    /// answered a liveness call, as of `now`; `None` before any did.
-    pub fn quorum_age(
-        &self,
-        me: NodeId,
-        voters: &BTreeSet<NodeId>,
-        now: Instant,
-    ) -> Option<Duration> {
+    pub fn new(me: NodeId) -> Arc<Self> {
+        Arc::new(Self {
+            me,
+            ..Self::default()
+        })
+    }
+
+    /// Since when a majority of `voters` (this node counting as now) was
+    /// heard in an exchange, as of `now`; `None` before one was.
+    pub fn quorum_age(&self, voters: &BTreeSet<NodeId>, now: Instant) -> Option<Duration> {
         let answered = self.answered.lock().unwrap_or_else(PoisonError::into_inner);
         let mut times: Vec<Instant> = voters
             .iter()
-            .filter_map(|voter| match *voter == me {
+            .filter_map(|voter| match *voter == self.me {
                 true => Some(now),
                 false => answered.get(voter).copied(),
             })
@@ -164,93 +191,135 @@ impl Liveness {
         Some(now.saturating_duration_since(times[majority - 1]))
     }
 
-    fn answered(&self, peer: NodeId, at: Instant) {
+    fn heard_from(&self, peer: NodeId, at: Instant) {
         let mut answered = self.answered.lock().unwrap_or_else(PoisonError::into_inner);
         answered.insert(peer, at);
     }
 
-    /// Starts the calls; they end when the first shard's Raft shuts down.
-    pub fn start(
-        self: Arc<Self>,
-        me: NodeId,
-        shards: Vec<CallerShard>,
-        network: Network,
-        heartbeat: Duration,
-    ) {
+    fn shards(&self) -> &[LivenessShard] {
+        self.shards.get().map_or(&[], Vec::as_slice)
+    }
+
+    /// The shards of `claims` (from `peer`) this node asks to wake; the
+    /// others count as their leader heard.
+    fn take_claims(&self, peer: NodeId, claims: &[Led]) -> Vec<ShardId> {
+        let now = Instant::now();
+        let shards = self.shards();
+        claims
+            .iter()
+            .filter(|led| {
+                shards.get(led.shard as usize).is_some_and(|shard| {
+                    let view = FollowerView::of(&shard.raft);
+                    !heard(peer, led, view, &shard.contact, now)
+                })
+            })
+            .map(|led| led.shard)
+            .collect()
+    }
+
+    /// Wakes the quiet shards a peer asked for.
+    fn wake(&self, asked: &[ShardId]) {
+        for shard in asked.iter().filter_map(|id| self.shards().get(*id as usize)) {
+            metrics::counter!(LIVENESS_WAKES).increment(1);
+            shard.wake.notify_one();
+        }
+    }
+
+    /// This node's answer to a peer's call (`edge/raft_inbound.rs`).
+    pub fn answer(&self, call: &LivenessCall) -> LivenessAnswer {
+        self.heard_from(call.from, Instant::now());
+        self.wake(&call.wake);
+        LivenessAnswer {
+            wake: self.take_claims(call.from, &call.leads),
+            leads: quiet_led(self.shards()).0,
+        }
+    }
+
+    /// Starts the exchanges this node makes (with every peer of a higher
+    /// id); they end when the first shard's Raft shuts down.
+    pub fn start(self: &Arc<Self>, shards: Vec<LivenessShard>, network: Network, heartbeat: Duration) {
+        if self.shards.set(shards).is_err() {
+            return; // Started already.
+        }
+        let this = self.clone();
         crate::seams::spawn(async move {
             let every = heartbeat * LIVENESS_EVERY;
             loop {
                 tokio::time::sleep(every).await;
-                if shards
+                let raft_gone = this
+                    .shards()
                     .first()
-                    .is_none_or(|shard| shard.raft.metrics().has_changed().is_err())
-                {
-                    return; // Raft shut down.
+                    .is_none_or(|shard| shard.raft.metrics().has_changed().is_err());
+                if raft_gone {
+                    return;
                 }
-                self.call_peers(me, &shards, &network, every).await;
+                this.call_peers(&network, every).await;
             }
         });
     }
 
-    /// One round: a call to each peer of the quiet shards this node leads.
-    async fn call_peers(
-        &self,
-        me: NodeId,
-        shards: &[CallerShard],
-        network: &Network,
-        timeout: Duration,
-    ) {
-        let (leads, peers) = quiet_led(me, shards);
-        if leads.is_empty() {
-            return;
-        }
-        let call = LivenessCall { from: me, leads };
-        let Ok(body) = codec::encode(&call) else {
-            return;
-        };
-        let calls = peers.into_iter().map(|(peer, node)| {
-            let body = body.clone();
-            async move {
-                let answer: Result<LivenessAnswer, _> =
-                    network.call(peer, &node, "liveness", body, timeout).await;
-                (peer, answer)
-            }
-        });
+    /// One round: a call to each peer of a higher id.
+    async fn call_peers(&self, network: &Network, timeout: Duration) {
+        let (leads, peers) = quiet_led(self.shards());
+        let calls = peers
+            .into_iter()
+            .filter(|(peer, _)| *peer > self.me)
+            .map(|(peer, node)| {
+                let call = LivenessCall {
+                    from: self.me,
+                    leads: leads.clone(),
+                    wake: self.wakes_pending(peer),
+                };
+                async move {
+                    let body = codec::encode(&call).map_err(|error| error.to_string());
+                    let answer = match body {
+                        Ok(body) => network
+                            .call::<LivenessAnswer>(peer, &node, "liveness", body, timeout)
+                            .await
+                            .map_err(|error| error.to_string()),
+                        Err(error) => Err(error),
+                    };
+                    (peer, answer)
+                }
+            });
         for (peer, answer) in futures_util::future::join_all(calls).await {
             let outcome = if answer.is_ok() { "answered" } else { "failed" };
             metrics::counter!(LIVENESS_CALLS, "outcome" => outcome).increment(1);
             let Ok(answer) = answer else { continue };
-            self.answered(peer, Instant::now());
-            for shard in answer.wake {
-                if let Some(shard) = shards.iter().find(|s| s.id == shard) {
-                    metrics::counter!(LIVENESS_WAKES).increment(1);
-                    shard.wake.notify_one();
-                }
-            }
+            self.heard_from(peer, Instant::now());
+            self.wake(&answer.wake);
+            let wakes = self.take_claims(peer, &answer.leads);
+            let mut pending = self.wakes_for.lock().unwrap_or_else(PoisonError::into_inner);
+            pending.insert(peer, wakes);
         }
+    }
+
+    fn wakes_pending(&self, peer: NodeId) -> Vec<ShardId> {
+        let mut pending = self.wakes_for.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.remove(&peer).unwrap_or_default()
     }
 }
 
-/// The quiet shards `me` leads, and every other member of them.
-fn quiet_led(me: NodeId, shards: &[CallerShard]) -> (Vec<Led>, BTreeMap<NodeId, PeerNode>) {
+/// The quiet shards this node leads, and every node of any shard's
+/// membership but this one.
+fn quiet_led(shards: &[LivenessShard]) -> (Vec<Led>, BTreeMap<NodeId, PeerNode>) {
     let mut leads = Vec::new();
     let mut peers = BTreeMap::new();
-    for shard in shards.iter().filter(|shard| shard.switch.is_quiet_leader()) {
-        let leadership = *shard.leadership.borrow();
-        if !leadership.is_leader {
-            continue;
-        }
+    for shard in shards {
         let metrics = shard.raft.metrics();
         let metrics = metrics.borrow();
-        leads.push(Led {
-            shard: shard.id,
-            term: leadership.term,
-            applied: metrics.last_applied.map_or(0, |id| id.index),
-        });
         for (id, node) in metrics.membership_config.membership().nodes() {
-            if *id != me {
+            if *id != metrics.id {
                 peers.entry(*id).or_insert_with(|| node.clone());
             }
+        }
+        let leadership = *shard.leadership.borrow();
+        if leadership.is_leader && shard.switch.is_quiet_leader() {
+            leads.push(Led {
+                shard: shard.id,
+                term: leadership.term,
+                applied: metrics.last_applied.map_or(0, |id| id.index),
+            });
         }
     }
     (leads, peers)
@@ -262,23 +331,23 @@ mod tests {
 
     #[test]
     fn a_quorum_age_counts_the_majoritys_oldest_answer() {
-        let liveness = Liveness::default();
+        let liveness = Liveness::new(1);
         let start = Instant::now();
         let voters: BTreeSet<NodeId> = [1, 2, 3].into();
         assert_eq!(
-            liveness.quorum_age(1, &voters, start),
+            liveness.quorum_age(&voters, start),
             None,
             "none answered"
         );
-        liveness.answered(2, start);
+        liveness.heard_from(2, start);
         let later = start + Duration::from_millis(300);
         assert_eq!(
-            liveness.quorum_age(1, &voters, later),
+            liveness.quorum_age(&voters, later),
             Some(Duration::from_millis(300))
         );
-        liveness.answered(3, later);
+        liveness.heard_from(3, later);
         assert_eq!(
-            liveness.quorum_age(1, &voters, later),
+            liveness.quorum_age(&voters, later),
             Some(Duration::ZERO),
             "node 3 answered just now"
         );
