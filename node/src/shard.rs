@@ -84,7 +84,7 @@ pub(crate) struct ShardStart<'a> {
     pub shards: u32,
     /// What every shard's event log shares (the node's stream limit).
     pub events: &'a EventHub,
-    /// The node's liveness calls (`raft/liveness.rs`): their answers stand
+    /// The node's liveness exchanges (`raft/liveness.rs`): the peers heard stand
     /// for a quiet shard's quorum acknowledgements.
     pub liveness: &'a Arc<Liveness>,
 }

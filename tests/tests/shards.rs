@@ -233,7 +233,10 @@ async fn all_quiet(cluster: &Cluster) {
     let (quiet, seen) = eventually_seen(Duration::from_secs(30), || async {
         let mut total = 0.0;
         for id in 1..=3 {
-            total += cluster.metric(id, "permitd_quiet_shards").await.unwrap_or(0.0);
+            total += cluster
+                .metric(id, "permitd_quiet_shards")
+                .await
+                .unwrap_or(0.0);
         }
         (total == f64::from(SHARDS), total)
     })
@@ -241,13 +244,13 @@ async fn all_quiet(cluster: &Cluster) {
     assert!(quiet, "{seen} of {SHARDS} shards quiet");
 }
 
-/// Idle shards go quiet (no heartbeats; one liveness call per peer stands for
-/// them: `node/src/raft/liveness.rs`). A write to a quiet shard is answered
-/// and the shard goes quiet again after it; a node restarted while the shards
-/// it follows are quiet finds their leaders (its answers to their liveness
-/// calls wake them), and those leaders keep their terms: the other follower
-/// counts the liveness calls as its leader heard, so it refuses the restarted
-/// node's pre-votes as it did when heartbeats came.
+/// Idle shards go quiet (no heartbeats; one liveness exchange per pair of
+/// nodes stands for them: `node/src/raft/liveness.rs`). A write to a quiet
+/// shard is answered and the shard goes quiet again after it; a node
+/// restarted while the shards it follows are quiet finds their leaders (the
+/// exchanges carry its wakes), and those leaders keep their terms: the other
+/// follower counts the liveness claims as its leader heard, so it refuses the
+/// restarted node's pre-votes as it did when heartbeats came.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_shards_go_quiet_and_wake_for_a_write_or_a_restarted_follower() {
     let mut cluster = Cluster::start(sharded(SHARDS)).await;
@@ -273,10 +276,8 @@ async fn idle_shards_go_quiet_and_wake_for_a_write_or_a_restarted_follower() {
     let restarted = leaders[&0];
     cluster.kill(restarted);
     cluster.restart(restarted);
-    let found = permitd_tests::eventually(Duration::from_secs(30), || {
-        cluster.caught_up(restarted)
-    })
-    .await;
+    let found =
+        permitd_tests::eventually(Duration::from_secs(30), || cluster.caught_up(restarted)).await;
     assert!(found, "node {restarted} names every shard's leader again");
     spread_leaders(&cluster).await;
     all_quiet(&cluster).await;

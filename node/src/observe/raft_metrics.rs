@@ -117,8 +117,8 @@ pub fn majority_index(mut matched: Vec<u64>) -> u64 {
 
 /// Starts the sampling task; it ends when Raft shuts down. While this node
 /// leads the shard and it is quiet (`raft/quiescence.rs`), openraft hears no
-/// acknowledgement and reports none; the quorum's answers to the node's
-/// liveness calls (`raft/liveness.rs`) stand for them.
+/// acknowledgement and reports none; a quorum heard in the node's liveness
+/// exchanges (`raft/liveness.rs`) stands for one.
 pub fn start(raft: Raft, shard: u32, (switch, liveness): (Arc<RaftSwitch>, Arc<Liveness>)) {
     crate::seams::spawn(async move {
         let mut ticker = tokio::time::interval(Duration::from_millis(SAMPLE_INTERVAL_MS));

@@ -19,10 +19,10 @@
 //!    0.9 draws its timeout once per process, so two followers that drew close
 //!    values split their votes on every failover) and checked every 10 ms, not
 //!    on openraft's 60 ms tick (while it leads or hears its leader it rests
-//!    until a minimum election timeout after the last contact: nothing can be
-//!    due sooner);
+//!    until the shortest patience after the last contact: nothing can be due
+//!    sooner);
 //! 2. while it hears its leader (an append received, or one still being
-//!    received and handled, or, for a quiet shard, the leader's liveness call:
+//!    received and handled, or, for a quiet shard, the leader's liveness claim:
 //!    `liveness.rs`), it does nothing; a vote it casts for another
 //!    node starts its wait again, as it restarts Raft's election timer, and
 //!    so does a vote request it will likely grant, noted on arrival (openraft's
@@ -403,10 +403,11 @@ impl ElectionGuard {
 
     /// How long the guard may sleep before it looks again. While this node
     /// leads, or hears its leader, nothing can be due before the leader has
-    /// been silent for a minimum election timeout (the patience counts from
-    /// the last contact, not from when the guard looks), and a handover's
-    /// hurry wakes it at once; so it rests until then, at most a minimum
-    /// election timeout. Waiting out a patience, it looks every
+    /// been silent for the shortest patience (the maximum plus the minimum
+    /// election timeout: the patience counts from the last contact, not from
+    /// when the guard looks, and the leader is called silent from then too),
+    /// and a handover's hurry wakes it at once; so it rests until then, at
+    /// most that long. Waiting out a patience, it looks every
     /// [`GUARD_TICK`]. At 64 shards a guard that looked every 10 ms whatever
     /// it knew was the most of an idle node's CPU once the shards went quiet
     /// (perf: 16 % of the samples in the guard, its metrics reads and the
@@ -418,12 +419,13 @@ impl ElectionGuard {
         if waiting {
             return GUARD_TICK;
         }
+        let shortest_patience = self.timeout_max + self.timeout_min;
         let leading = raft.metrics().borrow().state == ServerState::Leader;
         let until_due = match leading {
-            true => self.timeout_min,
-            false => self.timeout_min.saturating_sub(self.silent_for(now)),
+            true => shortest_patience,
+            false => shortest_patience.saturating_sub(self.silent_for(now)),
         };
-        until_due.clamp(GUARD_TICK, self.timeout_min)
+        until_due.clamp(GUARD_TICK, shortest_patience)
     }
 
     fn stalled(&self, now: Instant) {

@@ -219,7 +219,10 @@ impl Liveness {
 
     /// Wakes the quiet shards a peer asked for.
     fn wake(&self, asked: &[ShardId]) {
-        for shard in asked.iter().filter_map(|id| self.shards().get(*id as usize)) {
+        for shard in asked
+            .iter()
+            .filter_map(|id| self.shards().get(*id as usize))
+        {
             metrics::counter!(LIVENESS_WAKES).increment(1);
             shard.wake.notify_one();
         }
@@ -237,7 +240,12 @@ impl Liveness {
 
     /// Starts the exchanges this node makes (with every peer of a higher
     /// id); they end when the first shard's Raft shuts down.
-    pub fn start(self: &Arc<Self>, shards: Vec<LivenessShard>, network: Network, heartbeat: Duration) {
+    pub fn start(
+        self: &Arc<Self>,
+        shards: Vec<LivenessShard>,
+        network: Network,
+        heartbeat: Duration,
+    ) {
         if self.shards.set(shards).is_err() {
             return; // Started already.
         }
@@ -289,13 +297,19 @@ impl Liveness {
             self.heard_from(peer, Instant::now());
             self.wake(&answer.wake);
             let wakes = self.take_claims(peer, &answer.leads);
-            let mut pending = self.wakes_for.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut pending = self
+                .wakes_for
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             pending.insert(peer, wakes);
         }
     }
 
     fn wakes_pending(&self, peer: NodeId) -> Vec<ShardId> {
-        let mut pending = self.wakes_for.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pending = self
+            .wakes_for
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         pending.remove(&peer).unwrap_or_default()
     }
 }
@@ -334,11 +348,7 @@ mod tests {
         let liveness = Liveness::new(1);
         let start = Instant::now();
         let voters: BTreeSet<NodeId> = [1, 2, 3].into();
-        assert_eq!(
-            liveness.quorum_age(&voters, start),
-            None,
-            "none answered"
-        );
+        assert_eq!(liveness.quorum_age(&voters, start), None, "none answered");
         liveness.heard_from(2, start);
         let later = start + Duration::from_millis(300);
         assert_eq!(

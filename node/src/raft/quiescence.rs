@@ -1,7 +1,7 @@
 //! Quiet shards: in a cluster of several shards, a shard with nothing to
-//! replicate runs no timer and sends no heartbeat; one liveness call per peer
-//! (`liveness.rs`) stands for all of them (CockroachDB's quiesced ranges do
-//! the same).
+//! replicate runs no timer and sends no heartbeat; one liveness exchange per
+//! pair of nodes (`liveness.rs`) stands for all of them (CockroachDB's
+//! quiesced ranges do the same).
 //!
 //! Measured before this (docs/scaling.md): an idle node of 64 shards
 //! received 93–95 peer calls/s and spent 5.2–5.35 % of a core, against 16 and
@@ -16,7 +16,7 @@
 //! the heartbeats of that time told them the commit index. A quiet leader
 //! turns openraft's heartbeats and timer off ([`RaftSwitch`]). Anything that
 //! moves (a new entry, a follower's progress, a new term) or a peer's wake
-//! (a liveness answer that says it is behind) turns them on at once; an entry
+//! (a follower behind, named in a liveness exchange) turns them on at once; an entry
 //! written to a quiet shard is replicated as before, since openraft sends
 //! entries as they are appended, not on its timer.
 //!
@@ -140,7 +140,7 @@ impl RaftSwitch {
         self.change(|wants| wants.electing = electing);
     }
 
-    /// Whether this node leads the shard and it is quiet: its liveness calls
+    /// Whether this node leads the shard and it is quiet: its liveness claims
     /// then stand for its heartbeats.
     pub fn quiet_leader(&self) -> watch::Receiver<bool> {
         self.quiet_leader.subscribe()

@@ -123,7 +123,7 @@ impl ContactGaps {
         }
     }
 
-    /// A liveness call (`raft/liveness.rs`) from `from`, which says it still
+    /// A liveness claim (`raft/liveness.rs`) from `from`, which says it still
     /// leads this shard, arrived `at`: the leader counts as heard when it is
     /// the one whose appends this node last took. Whether it was.
     pub fn vouched(&mut self, from: Sender, at: Instant) -> bool {
