@@ -2,28 +2,11 @@
 //! few facts the round batcher and the API act on.
 
 use openraft::ServerState;
-use permitd_storage::{NodeId, ShardId};
+use permitd_storage::ShardId;
 use tokio::sync::watch;
 
+pub use crate::raft::leader_view::Leadership;
 use crate::raft::Raft;
-
-/// This node's view of the leadership.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Leadership {
-    /// The leader as last known; `None` while an election runs or quorum is lost.
-    pub leader: Option<NodeId>,
-    pub term: u64,
-    /// This node is the leader in `term`.
-    pub is_leader: bool,
-}
-
-impl Leadership {
-    /// Whether `self` is still the leadership a task started under: the same term,
-    /// still led by this node. Anything else means the task's answer may be lost.
-    pub fn holds(&self, started: &Leadership) -> bool {
-        self.is_leader && started.is_leader && self.term == started.term
-    }
-}
 
 /// Follows `raft`'s server metrics (vote, role, leader: they change with the
 /// leadership, not with every entry as the full metrics do) and the election guard's word on whether the

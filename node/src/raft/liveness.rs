@@ -35,11 +35,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use super::leader_view::Leadership;
 use super::network::Network;
 use super::quiescence::RaftSwitch;
 use super::stall_probe::{LeaderContact, Sender};
 use super::Raft;
-use crate::leader::leadership::Leadership;
 
 /// Heartbeat intervals between two liveness exchanges of a pair of nodes:
 /// twice the heartbeat interval (80 ms shipped), well within the minimum

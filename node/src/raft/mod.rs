@@ -12,6 +12,7 @@
 
 pub mod election_guard;
 pub mod heartbeats;
+pub mod leader_view;
 pub mod liveness;
 pub mod network;
 pub mod peer_logs;

@@ -34,7 +34,7 @@ use permitd_storage::{NodeId, ShardId};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use crate::leader::leadership::Leadership;
+use super::leader_view::Leadership;
 use crate::raft::Raft;
 
 /// Heartbeat intervals a leader's shard must stand still before it goes
