@@ -1,11 +1,12 @@
 //! Liveness calls: in a cluster of several shards, each pair of nodes
 //! exchanges one call every [`LIVENESS_EVERY`] heartbeat intervals
-//! (`POST /raft/liveness`, made by the node of the lower id), and each side
+//! (`POST /raft/liveness`, made by the node of the lower id, or by the other
+//! one while those calls do not arrive: [`Liveness::calls`]), and each side
 //! names in it every quiet shard it leads (`quiescence.rs`), with its term
 //! and applied index: the call carries the caller's, the answer the
 //! callee's. One exchange per pair stands for all those shards' heartbeats,
-//! so an idle node of any shard count receives at most one call per
-//! interval from each peer of a higher id, and none from the others.
+//! so an idle node of any shard count receives one call per interval from
+//! each peer of a lower id, and none from the others.
 //!
 //! A follower takes a claim as its leader heard ([`LeaderContact::vouched`]),
 //! so its election guard waits and refuses pre-votes exactly as when
@@ -54,7 +55,7 @@ pub const LIVENESS_WAKES: &str = "permitd_liveness_wakes_total";
 pub fn describe() {
     metrics::describe_counter!(
         LIVENESS_CALLS,
-        "Liveness calls this node made to its peers of a higher id, by outcome."
+        "Liveness calls this node made to its peers (of a higher id, or of a lower one whose calls do not arrive), by outcome."
     );
     metrics::describe_counter!(
         LIVENESS_WAKES,
@@ -151,9 +152,11 @@ pub struct Liveness {
     shards: std::sync::OnceLock<Vec<LivenessShard>>,
     /// When each peer was last heard in an exchange.
     answered: Mutex<BTreeMap<NodeId, Instant>>,
-    /// The shards each peer of a higher id is to wake, asked in the next
-    /// call to it (its claims came in an answer).
+    /// The shards each peer is to wake, asked in the next call to it (its
+    /// claims came in an answer).
     wakes_for: Mutex<BTreeMap<NodeId, Vec<ShardId>>>,
+    /// When each peer last called this node.
+    called_by: Mutex<BTreeMap<NodeId, Instant>>,
 }
 
 impl std::fmt::Debug for Liveness {
@@ -230,7 +233,14 @@ impl Liveness {
 
     /// This node's answer to a peer's call (`edge/raft_inbound.rs`).
     pub fn answer(&self, call: &LivenessCall) -> LivenessAnswer {
-        self.heard_from(call.from, Instant::now());
+        let now = Instant::now();
+        self.heard_from(call.from, now);
+        let mut called_by = self
+            .called_by
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        called_by.insert(call.from, now);
+        drop(called_by);
         self.wake(&call.wake);
         LivenessAnswer {
             wake: self.take_claims(call.from, &call.leads),
@@ -271,7 +281,7 @@ impl Liveness {
         let (leads, peers) = quiet_led(self.shards());
         let calls = peers
             .into_iter()
-            .filter(|(peer, _)| *peer > self.me)
+            .filter(|(peer, _)| self.calls(*peer, timeout))
             .map(|(peer, node)| {
                 let call = LivenessCall {
                     from: self.me,
@@ -303,6 +313,27 @@ impl Liveness {
                 .unwrap_or_else(PoisonError::into_inner);
             pending.insert(peer, wakes);
         }
+    }
+
+    /// Whether this node makes the exchange with `peer` this round (every
+    /// `every`): with a peer of a higher id, always; with one of a lower id,
+    /// only when that peer has not called for two rounds (a call from it that
+    /// vanishes on the way, a one-way cut, must not leave this node's claims
+    /// unheard: its followers there would count its quiet shards' leader
+    /// silent, which heartbeats, sent from the leader's side, never let
+    /// happen; the one-way cut test found it). A dead peer of a lower id gets
+    /// a failed call per round.
+    fn calls(&self, peer: NodeId, every: Duration) -> bool {
+        if peer > self.me {
+            return true;
+        }
+        let called_by = self
+            .called_by
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        called_by
+            .get(&peer)
+            .is_none_or(|at| at.elapsed() > every * 2)
     }
 
     fn wakes_pending(&self, peer: NodeId) -> Vec<ShardId> {
@@ -361,6 +392,22 @@ mod tests {
             Some(Duration::ZERO),
             "node 3 answered just now"
         );
+    }
+
+    #[test]
+    fn the_lower_id_calls_and_the_higher_one_only_while_those_calls_do_not_arrive() {
+        let liveness = Liveness::new(2);
+        let every = Duration::from_millis(80);
+        assert!(liveness.calls(3, every), "a peer of a higher id");
+        assert!(liveness.calls(1, every), "node 1 has not called yet");
+        liveness.answer(&LivenessCall {
+            from: 1,
+            ..LivenessCall::default()
+        });
+        assert!(!liveness.calls(1, every), "node 1 calls");
+        let long_ago = Instant::now() - every * 3;
+        liveness.called_by.lock().unwrap().insert(1, long_ago);
+        assert!(liveness.calls(1, every), "node 1's calls stopped arriving");
     }
 
     fn view(term: u64, applied: u64) -> FollowerView {
