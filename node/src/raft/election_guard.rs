@@ -425,7 +425,12 @@ impl ElectionGuard {
             true => shortest_patience,
             false => shortest_patience.saturating_sub(self.silent_for(now)),
         };
-        until_due.clamp(GUARD_TICK, shortest_patience)
+        // At most a heartbeat interval: a stall is seen only as a late wake,
+        // so a longer rest would miss a starved runtime that woke in time for
+        // it, and the node would stand at once on the silence the starvation
+        // made (shipped_timings' bursts of large requests, S = 1: a follower
+        // stood five times and deposed the leader).
+        until_due.clamp(GUARD_TICK, self.heartbeat)
     }
 
     fn stalled(&self, now: Instant) {
