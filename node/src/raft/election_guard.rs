@@ -19,8 +19,8 @@
 //!    0.9 draws its timeout once per process, so two followers that drew close
 //!    values split their votes on every failover) and checked every 10 ms, not
 //!    on openraft's 60 ms tick (while it leads or hears its leader it rests
-//!    until the shortest patience after the last contact: nothing can be due
-//!    sooner);
+//!    up to a heartbeat interval: nothing can be due sooner than the shortest
+//!    patience, and a longer rest would miss a stall);
 //! 2. while it hears its leader (an append received, or one still being
 //!    received and handled, or, for a quiet shard, the leader's liveness claim:
 //!    `liveness.rs`), it does nothing; a vote it casts for another
@@ -407,7 +407,7 @@ impl ElectionGuard {
     /// election timeout: the patience counts from the last contact, not from
     /// when the guard looks, and the leader is called silent from then too),
     /// and a handover's hurry wakes it at once; so it rests until then, at
-    /// most that long. Waiting out a patience, it looks every
+    /// most a heartbeat interval. Waiting out a patience, it looks every
     /// [`GUARD_TICK`]. At 64 shards a guard that looked every 10 ms whatever
     /// it knew was the most of an idle node's CPU once the shards went quiet
     /// (perf: 16 % of the samples in the guard, its metrics reads and the
