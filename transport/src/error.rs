@@ -44,6 +44,25 @@ impl TransportError {
         self.kind == TransportErrorKind::Timeout
     }
 
+    /// The peer's host answered that nothing listens there (`ECONNREFUSED`):
+    /// the process is gone, not merely slow or cut off, whose connection
+    /// attempts time out instead.
+    pub fn is_refused(&self) -> bool {
+        if !self.is_connect() {
+            return false;
+        }
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*self.source);
+        while let Some(error) = cause {
+            if let Some(io) = error.downcast_ref::<std::io::Error>() {
+                if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                    return true;
+                }
+            }
+            cause = error.source();
+        }
+        false
+    }
+
     /// A body error: a transport's own error inside it keeps its kind, any
     /// other is an [`TransportErrorKind::Exchange`] failure.
     pub fn from_body(error: BoxError) -> Self {

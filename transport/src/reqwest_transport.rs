@@ -116,5 +116,27 @@ mod tests {
             .unwrap();
         let error = transport().send(request).await.unwrap_err();
         assert_eq!(error.kind, TransportErrorKind::Connect, "{error}");
+        assert!(error.is_refused(), "{error:?}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_or_a_timeout_is_not_a_refusal() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Accepts and never answers: the call times out.
+        let _held = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let mut request = http::Request::get(format!("http://{addr}/"))
+            .body(Bytes::new())
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(crate::Deadline(std::time::Duration::from_millis(50)));
+        let error = transport().send(request).await.unwrap_err();
+        assert!(!error.is_refused(), "{error:?}");
     }
 }

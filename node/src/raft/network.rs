@@ -459,18 +459,9 @@ where
     Resp: DeserializeOwned,
     Err: std::error::Error + DeserializeOwned,
 {
-    let (scheme, addr) = (network.scheme, &target_node.raft_addr);
-    let url = match network.shard {
-        0 => format!("{scheme}://{addr}/raft/{path}"),
-        shard => format!("{scheme}://{addr}/raft/{path}?shard={shard}"),
-    };
-    let mut request = Request::post(url)
-        .header(SECRET_HEADER, bearer(network.secret.expose()))
-        .header(headers::SENDER, network.id)
-        .header(header::CONTENT_TYPE, codec::CONTENT_TYPE)
-        .body(Bytes::from(body))
+    let request = network
+        .request(target_node, path, body, timeout)
         .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-    request.extensions_mut().insert(Deadline(timeout));
     let response = network.transport.send(request).await.map_err(unsent)?;
     let status = response.status();
     if status.is_client_error() || status.is_server_error() {
@@ -488,6 +479,62 @@ where
             error,
         ))
     })
+}
+
+impl Network {
+    /// A `POST` of `body` to a peer's `/raft/{path}` (this network's shard in
+    /// the query), with the peer secret and a deadline of `timeout`.
+    fn request(
+        &self,
+        target_node: &PeerNode,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Request<Bytes>, axum::http::Error> {
+        let (scheme, addr) = (self.scheme, &target_node.raft_addr);
+        let url = match self.shard {
+            0 => format!("{scheme}://{addr}/raft/{path}"),
+            shard => format!("{scheme}://{addr}/raft/{path}?shard={shard}"),
+        };
+        let mut request = Request::post(url)
+            .header(SECRET_HEADER, bearer(self.secret.expose()))
+            .header(headers::SENDER, self.id)
+            .header(header::CONTENT_TYPE, codec::CONTENT_TYPE)
+            .body(Bytes::from(body))?;
+        request.extensions_mut().insert(Deadline(timeout));
+        Ok(request)
+    }
+
+    /// Whether a peer's process is there at all: a call whose answer, any
+    /// answer, shows it listens, or a refused connection, which shows it is
+    /// gone (the election guard's look at a silent leader).
+    pub async fn reach(
+        &self,
+        target_node: &PeerNode,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Reach {
+        let Ok(request) = self.request(target_node, path, body, timeout) else {
+            return Reach::Unknown;
+        };
+        match self.transport.send(request).await {
+            Ok(_) => Reach::Answered,
+            Err(error) if error.is_refused() => Reach::Refused,
+            Err(_) => Reach::Unknown,
+        }
+    }
+}
+
+/// What [`Network::reach`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// The peer answered: its process runs, however slow its Raft.
+    Answered,
+    /// Nothing listens at its address: its process is gone.
+    Refused,
+    /// No answer and no refusal (a timeout, a cut, a reset connection).
+    Unknown,
 }
 
 /// A call that got no answer: `Unreachable` when no connection could be
