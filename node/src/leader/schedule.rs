@@ -13,6 +13,13 @@
 //!   permit released while the older requests' round was being committed
 //!   (found by the simulator's liveness checker: a waiter overtaken by 78 ms);
 //! - a sync is due at once: it waits at most until the next entry leaves;
+//!   but the early sync split off a request (its grant reports) is due only
+//!   [`EARLY_SYNC_WAIT_MAX`] after it arrived, or its key's round wait if
+//!   shorter: meanwhile it rides any entry that leaves, usually its own
+//!   request's round. An entry of its own would spend a log entry (a commit
+//!   on every node) to apply a release a few milliseconds sooner, which no
+//!   round could use before then anyway: every entry carries every parked
+//!   sync, applied first;
 //! - one entry carries every pending sync and every due key's round, up to
 //!   `max_keys_per_entry` keys and `max_bytes_per_entry` bytes of messages
 //!   (at least one message always goes, however large); a key's requests that
@@ -45,6 +52,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::deadlines::Deadlines;
+
+/// Longest an early sync (a request's grant reports) waits for an entry to
+/// ride before it makes one leave: the default `roundWaitMs`, so with the
+/// default timings a request and its reports share one entry, and with a
+/// long round wait a release still takes effect within a few milliseconds.
+pub const EARLY_SYNC_WAIT_MAX: Duration = Duration::from_millis(5);
 
 /// Tunables of the schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,7 +171,11 @@ pub struct Schedule<R, S> {
     holds: Deadlines<Instant, String>,
     /// Wakes so far (of any key): orders wakes against entries leaving.
     wakes: u64,
-    syncs: Vec<(S, usize)>,
+    /// Parked syncs, each with when it falls due (at once, or later for an
+    /// early sync riding with its request), and its bytes.
+    syncs: Vec<((S, Instant), usize)>,
+    /// The earliest of those due times.
+    syncs_due: Option<Instant>,
     /// Requests and syncs parked, and their bytes.
     parked_messages: usize,
     parked_bytes: usize,
@@ -183,6 +200,7 @@ impl<R, S> Schedule<R, S> {
             holds: Deadlines::default(),
             wakes: 0,
             syncs: Vec::new(),
+            syncs_due: None,
             parked_messages: 0,
             parked_bytes: 0,
             in_flight: BTreeMap::new(),
@@ -270,7 +288,8 @@ impl<R, S> Schedule<R, S> {
         self.admit(messages, bytes.saturating_add(sync_bytes), now)?;
         self.key_has_room(key)?;
         if let Some((sync, sync_bytes)) = sync {
-            self.queue_sync(sync, sync_bytes, None, now);
+            let due = now + timings.wait.min(EARLY_SYNC_WAIT_MAX);
+            self.queue_sync((sync, due), sync_bytes, None, now);
         }
         let pending = self.keys.entry(key.to_owned()).or_default();
         pending.requests.push((request, bytes));
@@ -403,12 +422,14 @@ impl<R, S> Schedule<R, S> {
         now: Instant,
     ) -> Result<(), CannotPark> {
         self.admit(1, bytes, now)?;
-        self.queue_sync(sync, bytes, wakes, now);
+        self.queue_sync((sync, now), bytes, wakes, now);
         Ok(())
     }
 
-    /// Queues an admitted sync.
-    fn queue_sync(&mut self, sync: S, bytes: usize, wakes: Option<&str>, now: Instant) {
+    /// Queues an admitted sync with when it falls due.
+    fn queue_sync(&mut self, sync: (S, Instant), bytes: usize, wakes: Option<&str>, now: Instant) {
+        let due = sync.1;
+        self.syncs_due = Some(self.syncs_due.map_or(due, |earliest| earliest.min(due)));
         self.syncs.push((sync, bytes));
         self.parked_messages += 1;
         self.parked_bytes += bytes;
@@ -452,15 +473,16 @@ impl<R, S> Schedule<R, S> {
         if self.in_flight.len() >= self.settings.max_entries_in_flight || self.is_stalled(now) {
             return None;
         }
-        if !self.syncs.is_empty() {
-            return Some(now);
-        }
         // An expired hold makes its key due (then by the usual rules).
-        [self.due.first(), self.holds.first()]
-            .into_iter()
-            .flatten()
-            .min()
-            .copied()
+        [
+            self.syncs_due.as_ref(),
+            self.due.first(),
+            self.holds.first(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .copied()
     }
 
     /// When the driver should next look at the schedule: the next entry, the
@@ -484,9 +506,11 @@ impl<R, S> Schedule<R, S> {
         }
         let mut budget = ByteBudget::new(self.settings.max_bytes_per_entry);
         let id = EntryId(self.next_id);
+        let syncs = budget.take(&mut self.syncs);
+        self.syncs_due = self.syncs.iter().map(|((_, due), _)| *due).min();
         let mut entry = Entry {
             id,
-            syncs: budget.take(&mut self.syncs),
+            syncs: syncs.into_iter().map(|(sync, _)| sync).collect(),
             rounds: Vec::new(),
             woken_before: self.wakes,
         };
@@ -553,9 +577,10 @@ impl<R, S> Schedule<R, S> {
     /// Leadership was lost: hands back everything parked and forgets the
     /// schedule. Entries in flight still end through [`Self::entry_done`].
     pub fn drop_all(&mut self) -> (Vec<R>, Vec<S>) {
+        self.syncs_due = None;
         let syncs = std::mem::take(&mut self.syncs)
             .into_iter()
-            .map(|(sync, _)| sync)
+            .map(|((sync, _), _)| sync)
             .collect();
         // In key order, not the map's (which differs from run to run): the
         // callers are failed, and retry, in the same order every time (a
@@ -941,11 +966,46 @@ mod tests {
             .park_behind_sync("a", (1, 10), ("s1", 5), timings(5, 5), t0)
             .unwrap();
         assert_eq!((schedule.parked(), schedule.parked_bytes()), (2, 15));
-        assert_eq!(schedule.next_due(t0), Some(t0), "the sync does not wait");
-        let entry = schedule.take_entry(t0).unwrap();
-        assert_eq!((entry.syncs, entry.rounds.len()), (vec!["s1"], 0));
+        assert_eq!(
+            schedule.next_due(t0),
+            Some(t0 + ms(5)),
+            "the early sync is due with the round"
+        );
+        assert!(schedule.take_entry(t0).is_none());
         let entry = schedule.take_entry(t0 + ms(5)).unwrap();
-        assert_eq!(entry.rounds, [("a".to_string(), vec![1])], "by its round");
+        assert_eq!(entry.syncs, ["s1"], "it rides its request's round");
+        assert_eq!(entry.rounds, [("a".to_string(), vec![1])]);
+    }
+
+    #[test]
+    fn an_early_sync_waits_for_a_long_round_at_most_its_own_maximum() {
+        let (mut schedule, t0) = schedule();
+        schedule
+            .park_behind_sync("a", (1, 10), ("s1", 5), timings(4_000, 4_000), t0)
+            .unwrap();
+        let due = t0 + EARLY_SYNC_WAIT_MAX;
+        assert_eq!(schedule.next_due(t0), Some(due));
+        let entry = schedule.take_entry(due).unwrap();
+        assert_eq!((entry.syncs, entry.rounds.len()), (vec!["s1"], 0));
+        assert_eq!(schedule.next_due(due), Some(t0 + ms(4_000)), "the round");
+    }
+
+    #[test]
+    fn an_early_sync_rides_the_first_entry_that_leaves() {
+        let (mut schedule, t0) = schedule();
+        schedule
+            .park_behind_sync("a", (1, 10), ("early", 5), timings(5, 5), t0)
+            .unwrap();
+        schedule.park("b", 2, 10, timings(1, 1), t0).unwrap();
+        let entry = schedule.take_entry(t0 + ms(1)).unwrap();
+        assert_eq!(entry.syncs, ["early"], "with another key's round");
+        assert_eq!(entry.rounds, [("b".to_string(), vec![2])]);
+        schedule.push_sync("urgent", 5, None, t0 + ms(2)).unwrap();
+        assert_eq!(
+            schedule.next_due(t0 + ms(2)),
+            Some(t0 + ms(2)),
+            "a sync of its own"
+        );
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Early reports (docs/protocol.md, "Early reports"): a request's grant
-//! reports are applied with the next entry, as a sync's would be, while its
-//! demand waits for the key's round; its answer carries their results. A
+//! reports ride the next entry, at the latest `EARLY_SYNC_WAIT_MAX` after
+//! they came, while its demand waits for the key's round; its answer carries
+//! their results. A
 //! request whose reports could not go ahead is refused whole or fails, and
 //! gets no grant.
 
 use permitd_node::leader::rounds::RoundLimits;
+use permitd_node::leader::schedule::EARLY_SYNC_WAIT_MAX;
 use permitd_sim::scenario::{now, Cluster, Scenario};
 use serde_json::{json, Value};
 
@@ -48,8 +50,9 @@ async fn usage(cluster: &Cluster, leader: u64) -> Value {
 }
 
 /// Replaces the e2e `a_release_in_a_request_takes_effect_before_the_requests_round`
-/// (tests/tests/early_reports.rs): the release rides the next entry (the
-/// permit is free within a few ms), the request's demand waits for its round
+/// (tests/tests/early_reports.rs): the release goes with an entry of its own
+/// once it waited `EARLY_SYNC_WAIT_MAX` (the permit is free within a few ms),
+/// not the round's 4 s, and the request's demand waits for its round
 /// (`roundWaitMs` later), whose answer carries the release's results and the
 /// freed permit.
 #[test]
@@ -59,12 +62,13 @@ fn a_release_in_a_request_takes_effect_before_the_requests_round() {
         let (leader, grant_id) = held_by_a(&cluster, slow).await;
         let sent = now();
         let asked = cluster.spawn_post(leader, &path(KEY), &release_and_ask(&grant_id));
-        tokio::time::sleep(ms(10)).await;
-        let usage = usage(&cluster, leader).await;
-        assert_eq!(
-            (usage["granted"].as_u64(), usage["available"].as_u64()),
-            (Some(0), Some(1))
-        );
+        let freed = cluster
+            .eventually(EARLY_SYNC_WAIT_MAX + ms(50), || async {
+                let usage = usage(&cluster, leader).await;
+                (usage["granted"].as_u64(), usage["available"].as_u64()) == (Some(0), Some(1))
+            })
+            .await;
+        assert!(freed, "the release waited for the round");
         assert!(!asked.is_finished(), "answered before its round");
 
         let answer = asked.await.expect("the call");
@@ -117,9 +121,10 @@ fn a_request_whose_reports_cannot_go_ahead_is_refused_whole() {
 }
 
 /// Replaces the e2e `a_request_whose_early_reports_fail_gets_the_error_and_no_grant`:
-/// the early sync's entry cannot commit (the followers are paused) and the
-/// round is not due before the commit timeout, so the request fails with the
-/// sync, `no_quorum`, at the commit timeout. Once the followers are back the
+/// the early sync's entry (leaving `EARLY_SYNC_WAIT_MAX` after the request)
+/// cannot commit (the followers are paused) and the round is not due before
+/// the commit timeout, so the request fails with the sync, `no_quorum`, at
+/// the commit timeout. Once the followers are back the
 /// stuck entry commits: the permit is free and nobody was granted it.
 #[test]
 fn a_request_whose_early_reports_fail_gets_the_error_and_no_grant() {
@@ -140,7 +145,7 @@ fn a_request_whose_early_reports_fail_gets_the_error_and_no_grant() {
                 "{}",
                 failed.body
             );
-            let timed_out = sent + ms(1) + COMMIT_TIMEOUT;
+            let timed_out = sent + ms(1) + EARLY_SYNC_WAIT_MAX + COMMIT_TIMEOUT;
             assert!(
                 failed.at >= timed_out && failed.at <= timed_out + ms(3),
                 "{:?}",
