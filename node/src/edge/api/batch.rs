@@ -4,7 +4,9 @@
 //! own validation, its own permission check ([`ItemGate`]), its own `requestId`
 //! replay and its own answer or error. The items run side by side, so the call
 //! is answered when its slowest item is: a `request` when its key's round runs,
-//! a `sync` with the next entry. A follower forwards the batch as one call.
+//! a `sync` with the next entry. At one shard a follower forwards the batch
+//! as one call; at several, the node called splits it by shard
+//! (`forward/scatter.rs`).
 
 use axum::extract::State;
 use axum::{Extension, Json};
