@@ -289,7 +289,7 @@ impl<R, S> Schedule<R, S> {
         self.key_has_room(key)?;
         if let Some((sync, sync_bytes)) = sync {
             let due = now + timings.wait.min(EARLY_SYNC_WAIT_MAX);
-            self.queue_sync((sync, due), sync_bytes, None, now);
+            self.queue_sync(sync, due, sync_bytes, None, now);
         }
         let pending = self.keys.entry(key.to_owned()).or_default();
         pending.requests.push((request, bytes));
@@ -422,15 +422,21 @@ impl<R, S> Schedule<R, S> {
         now: Instant,
     ) -> Result<(), CannotPark> {
         self.admit(1, bytes, now)?;
-        self.queue_sync((sync, now), bytes, wakes, now);
+        self.queue_sync(sync, now, bytes, wakes, now);
         Ok(())
     }
 
-    /// Queues an admitted sync with when it falls due.
-    fn queue_sync(&mut self, sync: (S, Instant), bytes: usize, wakes: Option<&str>, now: Instant) {
-        let due = sync.1;
+    /// Queues an admitted sync that falls due at `due`.
+    fn queue_sync(
+        &mut self,
+        sync: S,
+        due: Instant,
+        bytes: usize,
+        wakes: Option<&str>,
+        now: Instant,
+    ) {
         self.syncs_due = Some(self.syncs_due.map_or(due, |earliest| earliest.min(due)));
-        self.syncs.push((sync, bytes));
+        self.syncs.push(((sync, due), bytes));
         self.parked_messages += 1;
         self.parked_bytes += bytes;
         if let Some(key) = wakes {
@@ -962,9 +968,7 @@ mod tests {
     #[test]
     fn a_request_parked_behind_its_sync_sends_the_sync_with_the_next_entry() {
         let (mut schedule, t0) = schedule();
-        schedule
-            .park_behind_sync("a", (1, 10), ("s1", 5), timings(5, 5), t0)
-            .unwrap();
+        park_behind_s1(&mut schedule, 5, t0);
         assert_eq!((schedule.parked(), schedule.parked_bytes()), (2, 15));
         assert_eq!(
             schedule.next_due(t0),
@@ -977,12 +981,18 @@ mod tests {
         assert_eq!(entry.rounds, [("a".to_string(), vec![1])]);
     }
 
+    /// Parks request 1 of key `a` (10 bytes) behind its early sync `s1` (5
+    /// bytes), with a round wait and period of `wait_ms`.
+    fn park_behind_s1(schedule: &mut Schedule<u32, &'static str>, wait_ms: u64, t0: Instant) {
+        schedule
+            .park_behind_sync("a", (1, 10), ("s1", 5), timings(wait_ms, wait_ms), t0)
+            .unwrap();
+    }
+
     #[test]
     fn an_early_sync_waits_for_a_long_round_at_most_its_own_maximum() {
         let (mut schedule, t0) = schedule();
-        schedule
-            .park_behind_sync("a", (1, 10), ("s1", 5), timings(4_000, 4_000), t0)
-            .unwrap();
+        park_behind_s1(&mut schedule, 4_000, t0);
         let due = t0 + EARLY_SYNC_WAIT_MAX;
         assert_eq!(schedule.next_due(t0), Some(due));
         let entry = schedule.take_entry(due).unwrap();
@@ -993,12 +1003,10 @@ mod tests {
     #[test]
     fn an_early_sync_rides_the_first_entry_that_leaves() {
         let (mut schedule, t0) = schedule();
-        schedule
-            .park_behind_sync("a", (1, 10), ("early", 5), timings(5, 5), t0)
-            .unwrap();
+        park_behind_s1(&mut schedule, 5, t0);
         schedule.park("b", 2, 10, timings(1, 1), t0).unwrap();
         let entry = schedule.take_entry(t0 + ms(1)).unwrap();
-        assert_eq!(entry.syncs, ["early"], "with another key's round");
+        assert_eq!(entry.syncs, ["s1"], "with another key's round");
         assert_eq!(entry.rounds, [("b".to_string(), vec![2])]);
         schedule.push_sync("urgent", 5, None, t0 + ms(2)).unwrap();
         assert_eq!(
