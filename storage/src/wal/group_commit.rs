@@ -23,19 +23,36 @@
 //! ([`SyncQueue::check`]), and openraft, which treats a storage error as fatal,
 //! stops the node. A restart recovers from what is really on disk.
 //!
-//! The loop runs as [`Exec`] says: on a thread of its own, which waits on a
-//! condition variable ([`Exec::Threads`], production), or as a task on the
-//! current tokio runtime, which waits on a `Notify` and syncs inline
-//! ([`Exec::Inline`], a simulator's single thread). Both run the same steps,
-//! [`Pending::take`] (1–2) and [`SyncQueue::commit`] (3–4); only the waiting
-//! differs.
+//! Who runs the loop ([`Syncer`]): a task on the tokio runtime that opened
+//! the log, which waits on a `Notify` and syncs inline, or a thread of its
+//! own (`permitd-wal-sync`), which waits on a condition variable. Both run the
+//! same steps, [`Pending::take`] (1–2) and [`SyncQueue::commit`] (3–4); only
+//! the waiting differs, and only one of them runs batches at a time.
+//!
+//! - [`Exec::Inline`] (a simulator's single thread): the task, always.
+//! - [`Exec::Threads`] (production): the task while the disk is fast, the
+//!   thread while it is slow. The node opens its log on the Raft runtime, so
+//!   there the task blocks Raft's one worker for each `fdatasync`. That is
+//!   what a fast disk makes cheap: a handoff to a thread and back was two
+//!   wake-ups and two context switches per batch on every node, more CPU than
+//!   the sync itself and on every entry's path (measured: Σ CPU per entry of
+//!   the 1-client grant row −12 %, its p50 overhead −0.12 ms; docs/scaling.md,
+//!   "Syncing on the Raft thread"). A slow disk would hold that worker, and
+//!   with it heartbeats and every shard's appends, for the whole sync: so
+//!   the first sync that takes longer than [`INLINE_SYNC_MAX`] hands the
+//!   loop to the thread, and [`FAST_SYNCS_TO_RETURN`] fast syncs in a row on
+//!   the thread hand it back ([`Pending::after_sync`]). (Yielding once
+//!   before each batch, so that an append's sends to the followers would
+//!   surely leave before the worker blocks, cost more than it saved: +0.03 ms
+//!   p50 and +5–10 % CPU per entry on the 1-client row, the contended rows
+//!   within noise.)
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -90,6 +107,33 @@ struct Pending {
     failure: Option<SyncFailed>,
     /// Set when the log is dropped: the loop drains the waiters and exits.
     stopping: bool,
+    /// Who runs the next batch.
+    syncer: Syncer,
+    /// Whether a task was started, one the thread can hand the loop back to.
+    task_started: bool,
+    /// Whether a thread was started, one the task can hand the loop to.
+    thread_started: bool,
+    /// Syncs in a row on the thread within [`INLINE_SYNC_MAX`].
+    fast_in_a_row: u32,
+}
+
+/// A sync that takes longer than this moves the group commit from the task
+/// (on the Raft runtime's worker) to the sync thread. Heartbeats are due every
+/// 40 ms by default and a follower waits 360 ms and more: the worker may be
+/// held this long, not much longer.
+pub(crate) const INLINE_SYNC_MAX: Duration = Duration::from_millis(2);
+/// Syncs in a row within [`INLINE_SYNC_MAX`] on the thread that move the group
+/// commit back to the task: a disk that was slow once must show it is fast.
+pub(crate) const FAST_SYNCS_TO_RETURN: u32 = 64;
+
+/// Who runs the group commit's batches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Syncer {
+    /// The thread `permitd-wal-sync`.
+    #[default]
+    Thread,
+    /// A task on the runtime that opened the log.
+    Task,
 }
 
 /// Counts for tests and the bench: how many batches and `fdatasync` calls ran.
@@ -99,13 +143,6 @@ pub(crate) struct SyncCounts {
     pub(crate) fdatasyncs: AtomicU64,
 }
 
-/// How the loop waits for a waiter: the thread blocks, the task awaits.
-#[derive(Debug)]
-enum Wake {
-    Thread(Condvar),
-    Task(Notify),
-}
-
 /// The queue between writers and the group commit.
 #[derive(Debug)]
 pub(crate) struct SyncQueue {
@@ -113,8 +150,11 @@ pub(crate) struct SyncQueue {
     dir: PathBuf,
     /// A std mutex: held for a few pointer moves, never across IO or an await.
     pending: Mutex<Pending>,
-    /// Signalled when a waiter is enqueued or the log stops.
-    wake: Wake,
+    exec: Exec,
+    /// Signalled for the thread when a waiter is enqueued or the log stops.
+    thread_wake: Condvar,
+    /// Signalled for the task, the same.
+    task_wake: Notify,
     pub(crate) counts: SyncCounts,
 }
 
@@ -136,9 +176,12 @@ enum Next {
 }
 
 impl Pending {
-    /// Steps 1–2: takes every pending waiter and written segment as one batch.
-    fn take(&mut self) -> Next {
-        if !self.waiters.is_empty() {
+    /// Steps 1–2, for `who`: takes every pending waiter and written segment
+    /// as one batch, if `who` runs the batches now. The other one waits, or
+    /// exits once the log stops.
+    fn take(&mut self, who: Syncer) -> Next {
+        let running = self.syncer == who;
+        if running && !self.waiters.is_empty() {
             return Next::Commit(Batch {
                 waiters: std::mem::take(&mut self.waiters),
                 dirty: std::mem::take(&mut self.dirty),
@@ -151,19 +194,41 @@ impl Pending {
             Next::Wait
         }
     }
+
+    /// After `who` synced a batch in `took`: whether the loop moves to the
+    /// other one ([`INLINE_SYNC_MAX`], [`FAST_SYNCS_TO_RETURN`]). Never while
+    /// stopping: the other one may have exited.
+    fn after_sync(&mut self, who: Syncer, took: Duration) -> Option<Syncer> {
+        let fast = took <= INLINE_SYNC_MAX;
+        let moved = match who {
+            Syncer::Task if !fast && self.thread_started => Some(Syncer::Thread),
+            Syncer::Task => None,
+            Syncer::Thread if !fast => {
+                self.fast_in_a_row = 0;
+                None
+            }
+            Syncer::Thread => {
+                self.fast_in_a_row = self.fast_in_a_row.saturating_add(1);
+                let proven = self.fast_in_a_row >= FAST_SYNCS_TO_RETURN;
+                (proven && self.task_started).then_some(Syncer::Task)
+            }
+        };
+        let moved = moved.filter(|_| !self.stopping)?;
+        self.syncer = moved;
+        self.fast_in_a_row = 0;
+        Some(moved)
+    }
 }
 
 impl SyncQueue {
     /// A queue whose loop will run as `exec` says (started by [`SyncQueue::start`]).
     pub(crate) fn new(dir: PathBuf, exec: Exec) -> Arc<Self> {
-        let wake = match exec {
-            Exec::Threads => Wake::Thread(Condvar::new()),
-            Exec::Inline => Wake::Task(Notify::new()),
-        };
         Arc::new(Self {
             dir,
             pending: Mutex::new(Pending::default()),
-            wake,
+            exec,
+            thread_wake: Condvar::new(),
+            task_wake: Notify::new(),
             counts: SyncCounts::default(),
         })
     }
@@ -174,25 +239,42 @@ impl SyncQueue {
             .expect("the wal sync queue's lock is poisoned: a thread panicked holding it")
     }
 
-    /// Starts the loop; it runs until [`SyncQueue::stop`]. Returns the thread
-    /// to join, if it is one (a task is left to drain on its own: a drop
-    /// cannot await it).
+    /// Starts the loop; it runs until [`SyncQueue::stop`]. With
+    /// [`Exec::Threads`] a thread, and a task that runs the batches first
+    /// when there is a runtime to spawn it on; with [`Exec::Inline`] the task
+    /// alone. Returns the thread to join, if any (a task is left to drain on
+    /// its own: a drop cannot await it).
     pub(crate) fn start(self: &Arc<Self>) -> Result<Option<JoinHandle<()>>, StorageError> {
-        let queue = Arc::clone(self);
-        match &self.wake {
-            Wake::Thread(_) => std::thread::Builder::new()
-                .name(THREAD_NAME.to_owned())
-                .spawn(move || queue.run_thread())
-                .map(Some)
-                .map_err(io_error("start the sync thread for", &self.dir)),
-            Wake::Task(_) => {
-                let runtime = tokio::runtime::Handle::try_current().map_err(|error| {
-                    io_error("start the sync task for", &self.dir)(std::io::Error::other(error))
-                })?;
-                drop(runtime.spawn(async move { queue.run_task().await }));
-                Ok(None)
-            }
+        let runtime = tokio::runtime::Handle::try_current();
+        let with_thread = self.exec == Exec::Threads;
+        if runtime.is_err() && !with_thread {
+            let error = std::io::Error::other("no tokio runtime to run the sync task on");
+            return Err(io_error("start the sync task for", &self.dir)(error));
         }
+        {
+            // Decided before either runs, so that only one takes batches.
+            let mut pending = self.lock();
+            pending.thread_started = with_thread;
+            pending.task_started = runtime.is_ok();
+            pending.syncer = if runtime.is_ok() {
+                Syncer::Task
+            } else {
+                Syncer::Thread
+            };
+        }
+        if let Ok(runtime) = runtime {
+            let queue = Arc::clone(self);
+            drop(runtime.spawn(async move { queue.run_task().await }));
+        }
+        if !with_thread {
+            return Ok(None);
+        }
+        let queue = Arc::clone(self);
+        std::thread::Builder::new()
+            .name(THREAD_NAME.to_owned())
+            .spawn(move || queue.run_thread())
+            .map(Some)
+            .map_err(io_error("start the sync thread for", &self.dir))
     }
 
     /// Refuses writes once a write or sync has failed.
@@ -221,39 +303,53 @@ impl SyncQueue {
             .or_insert_with(|| Arc::clone(segment));
         if let Some(waiter) = waiter {
             pending.waiters.push(waiter);
-            self.notify();
+            self.notify(pending.syncer);
         }
     }
 
     /// Asks the loop to sync what is pending and exit.
     pub(crate) fn stop(&self) {
         self.lock().stopping = true;
-        self.notify();
+        self.notify(Syncer::Thread);
+        self.notify(Syncer::Task);
     }
 
-    fn notify(&self) {
-        match &self.wake {
-            Wake::Thread(condvar) => condvar.notify_one(),
+    fn notify(&self, who: Syncer) {
+        match who {
+            Syncer::Thread => self.thread_wake.notify_one(),
             // Stores a permit when the task is busy: no wake-up is lost.
-            Wake::Task(notify) => notify.notify_one(),
+            Syncer::Task => self.task_wake.notify_one(),
         }
+    }
+
+    /// Moves the loop to the other syncer if `who`'s sync in `took` says so.
+    fn after_sync(&self, who: Syncer, took: Duration) {
+        let Some(moved) = self.lock().after_sync(who, took) else {
+            return;
+        };
+        metrics::moved(moved == Syncer::Task);
+        tracing::debug!(
+            dir = %self.dir.display(),
+            took_ms = took.as_secs_f64() * 1e3,
+            to = ?moved,
+            "the write-ahead log's group commit moved"
+        );
+        self.notify(moved);
     }
 
     /// The loop on a thread of its own.
     fn run_thread(&self) {
-        let Wake::Thread(condvar) = &self.wake else {
-            return;
-        };
         let mut pending = self.lock();
         loop {
-            match pending.take() {
+            match pending.take(Syncer::Thread) {
                 Next::Commit(batch) => {
                     drop(pending);
-                    self.commit(batch);
+                    let took = self.commit(batch);
+                    self.after_sync(Syncer::Thread, took);
                     pending = self.lock();
                 }
                 Next::Wait => {
-                    pending = condvar.wait(pending).expect(
+                    pending = self.thread_wake.wait(pending).expect(
                         "the wal sync queue's lock is poisoned: a thread panicked holding it",
                     );
                 }
@@ -262,13 +358,11 @@ impl SyncQueue {
         }
     }
 
-    /// The loop as a task of the current runtime: its syncs run inline.
+    /// The loop as a task of the runtime that opened the log: its syncs run
+    /// inline, blocking the worker.
     async fn run_task(&self) {
-        let Wake::Task(notify) = &self.wake else {
-            return;
-        };
         loop {
-            let next = self.lock().take();
+            let next = self.lock().take(Syncer::Task);
             match next {
                 Next::Commit(batch) => {
                     // A simulated disk's sync takes simulated time: writers
@@ -281,21 +375,30 @@ impl SyncQueue {
                     if let Some(delay) = delay.filter(|delay| !delay.is_zero()) {
                         tokio::time::sleep(delay).await;
                     }
-                    self.commit(batch);
+                    let took = self.commit(batch);
+                    self.after_sync(Syncer::Task, took);
+                    if self.exec == Exec::Threads {
+                        // Writers on other threads could keep a batch ready
+                        // for good: the worker's other tasks get their turn.
+                        tokio::task::consume_budget().await;
+                    }
                 }
-                Next::Wait => notify.notified().await,
+                Next::Wait => self.task_wake.notified().await,
                 Next::Exit => return,
             }
         }
     }
 
     /// Steps 3–4: syncs the batch's segments (unless the log failed before),
-    /// records a failure as final, and runs the completions in order.
-    fn commit(&self, batch: Batch) {
+    /// records a failure as final, and runs the completions in order. Returns
+    /// how long the sync took.
+    fn commit(&self, batch: Batch) -> Duration {
+        let started = Instant::now();
         let result = match batch.failure {
             Some(failed) => Err(failed),
             None => self.sync(&batch.dirty, &batch.waiters),
         };
+        let took = started.elapsed();
         if let Err(failed) = &result {
             tracing::error!(error = %failed.0, "write-ahead log sync failed: the log refuses writes");
             self.lock().failure.get_or_insert_with(|| failed.clone());
@@ -303,6 +406,7 @@ impl SyncQueue {
         for waiter in batch.waiters {
             (waiter.completion)(result.clone());
         }
+        took
     }
 
     /// One batch's disk work: an fdatasync of every written segment.
@@ -360,6 +464,100 @@ mod tests {
             results.recv().unwrap().is_err(),
             "a failed log syncs nothing more"
         );
+        queue.stop();
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_slow_sync_moves_the_loop_to_the_thread_and_a_run_of_fast_ones_brings_it_back() {
+        let slow = INLINE_SYNC_MAX + Duration::from_micros(1);
+        let mut pending = Pending {
+            syncer: Syncer::Task,
+            task_started: true,
+            thread_started: true,
+            ..Pending::default()
+        };
+        assert_eq!(pending.after_sync(Syncer::Task, INLINE_SYNC_MAX), None);
+        assert_eq!(pending.after_sync(Syncer::Task, slow), Some(Syncer::Thread));
+        assert_eq!(pending.syncer, Syncer::Thread);
+        for _ in 1..FAST_SYNCS_TO_RETURN {
+            assert_eq!(pending.after_sync(Syncer::Thread, Duration::ZERO), None);
+        }
+        assert_eq!(
+            pending.after_sync(Syncer::Thread, slow),
+            None,
+            "the run restarts"
+        );
+        for _ in 1..FAST_SYNCS_TO_RETURN {
+            assert_eq!(pending.after_sync(Syncer::Thread, Duration::ZERO), None);
+        }
+        let back = pending.after_sync(Syncer::Thread, Duration::ZERO);
+        assert_eq!(back, Some(Syncer::Task));
+        assert_eq!(pending.syncer, Syncer::Task);
+
+        pending.stopping = true;
+        assert_eq!(
+            pending.after_sync(Syncer::Task, slow),
+            None,
+            "never while stopping"
+        );
+        let alone = Pending {
+            syncer: Syncer::Task,
+            task_started: true,
+            ..Pending::default()
+        };
+        assert_eq!(
+            { alone }.after_sync(Syncer::Task, slow),
+            None,
+            "no thread to move to"
+        );
+    }
+
+    /// Writes one byte, enqueues a waiter and awaits it: the name of the
+    /// thread its completion ran on.
+    async fn synced_on(queue: &SyncQueue, segment: &Arc<Segment>, offset: u64) -> String {
+        segment.write_at(b"x", offset).unwrap();
+        let (sender, synced) = tokio::sync::oneshot::channel();
+        let completion: Completion = Box::new(move |result| {
+            let name = std::thread::current().name().unwrap_or("").to_owned();
+            let _ = sender.send(result.map(|()| name));
+        });
+        queue.written(
+            segment,
+            Some(Waiter {
+                entries: 1,
+                completion,
+            }),
+        );
+        synced.await.unwrap().unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn in_production_the_task_syncs_until_a_slow_sync_hands_the_loop_to_the_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = SyncQueue::new(dir.path().to_owned(), Exec::Threads);
+        let thread = queue.start().unwrap().expect("a thread as well");
+        let segment = Arc::new(Segment::create(&OsDisk, dir.path(), 1).unwrap());
+        let on_task = synced_on(&queue, &segment, 0).await;
+        assert_ne!(on_task, THREAD_NAME, "the task syncs first");
+
+        queue.after_sync(Syncer::Task, INLINE_SYNC_MAX * 2);
+        assert_eq!(synced_on(&queue, &segment, 1).await, THREAD_NAME);
+        // A run of fast syncs on the thread hands the loop back (a sync of
+        // this disk may be slow now and then: it restarts the run).
+        let syncer = |queue: &SyncQueue| queue.lock().syncer;
+        let mut offset: u64 = 2;
+        while syncer(&queue) == Syncer::Thread && offset < 100 * u64::from(FAST_SYNCS_TO_RETURN) {
+            assert_eq!(synced_on(&queue, &segment, offset).await, THREAD_NAME);
+            offset += 1;
+        }
+        assert_eq!(syncer(&queue), Syncer::Task, "back after {offset} syncs");
+        assert!(
+            offset > u64::from(FAST_SYNCS_TO_RETURN),
+            "not before a whole run"
+        );
+        assert_eq!(synced_on(&queue, &segment, offset).await, on_task);
+
         queue.stop();
         thread.join().unwrap();
     }
