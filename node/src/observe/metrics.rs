@@ -21,9 +21,10 @@
 //! - `permitd_snapshot_bytes` (gauge) and `permitd_snapshot_build_seconds`
 //!   (histogram): the last snapshot this node built, from the storage crate;
 //! - `permitd_wal_syncs_total`, `permitd_wal_sync_seconds` (histogram) and
-//!   `permitd_wal_sync_batch_entries`: the write-ahead log's group commits, and
-//!   `permitd_wal_read_entries_total{from}`: its reads, from cache or disk, from
-//!   the storage crate;
+//!   `permitd_wal_sync_batch_entries`: the write-ahead log's group commits,
+//!   `permitd_wal_sync_moves_total{to}`: their moves between the Raft worker
+//!   and the sync thread, and `permitd_wal_read_entries_total{from}`: its
+//!   reads, from cache or disk, from the storage crate;
 //! - stalls (`permitd_raft_leader_contact_gap_seconds` on followers,
 //!   `permitd_runtime_tick_lateness_seconds`): see `raft/stall_probe.rs`.
 //!

@@ -36,8 +36,8 @@
 //!   what a fast disk makes cheap: a handoff to a thread and back was two
 //!   wake-ups and two context switches per batch on every node, more CPU than
 //!   the sync itself and on every entry's path (measured: Σ CPU per entry of
-//!   the 1-client grant row −12 %, its p50 overhead −0.12 ms; docs/scaling.md,
-//!   "Syncing on the Raft thread"). A slow disk would hold that worker, and
+//!   the 1-client grant row −20 %, its p50 overhead −0.2 ms; docs/scaling.md,
+//!   "Syncing on the Raft worker"). A slow disk would hold that worker, and
 //!   with it heartbeats and every shard's appends, for the whole sync: so
 //!   the first sync that takes longer than [`INLINE_SYNC_MAX`] hands the
 //!   loop to the thread, and [`FAST_SYNCS_TO_RETURN`] fast syncs in a row on
