@@ -396,9 +396,13 @@ impl SyncQueue {
         let started = Instant::now();
         let result = match batch.failure {
             Some(failed) => Err(failed),
-            None => self.sync(&batch.dirty, &batch.waiters),
+            None => self.sync(&batch.dirty),
         };
         let took = started.elapsed();
+        if result.is_ok() {
+            let entries = batch.waiters.iter().map(|waiter| waiter.entries).sum();
+            metrics::synced(entries, took);
+        }
         if let Err(failed) = &result {
             tracing::error!(error = %failed.0, "write-ahead log sync failed: the log refuses writes");
             self.lock().failure.get_or_insert_with(|| failed.clone());
@@ -410,12 +414,7 @@ impl SyncQueue {
     }
 
     /// One batch's disk work: an fdatasync of every written segment.
-    fn sync(
-        &self,
-        dirty: &BTreeMap<u64, Arc<Segment>>,
-        waiters: &[Waiter],
-    ) -> Result<(), SyncFailed> {
-        let started = Instant::now();
+    fn sync(&self, dirty: &BTreeMap<u64, Arc<Segment>>) -> Result<(), SyncFailed> {
         for segment in dirty.values() {
             segment.sync_data().map_err(|error| {
                 SyncFailed(format!("fdatasync of {}: {error}", segment.path.display()))
@@ -423,8 +422,6 @@ impl SyncQueue {
             self.counts.fdatasyncs.fetch_add(1, Ordering::Relaxed);
         }
         self.counts.batches.fetch_add(1, Ordering::Relaxed);
-        let entries = waiters.iter().map(|waiter| waiter.entries).sum();
-        metrics::synced(entries, started.elapsed());
         Ok(())
     }
 }
