@@ -1,8 +1,8 @@
 //! The simulator's seeds, as CI and a developer run them.
 //!
-//! - `cargo test -p permitd-sim --release --test seeds`: the CI budget
-//!   (`SIM_SEEDS`, default 1000; 20 in a debug build), every tenth seed run twice to prove that it
-//!   replays to the same trace.
+//! - `cargo test -p permitd-sim --release --test seeds`: 1,000 seeds
+//!   (`SIM_SEEDS`; 20 in a debug build; `test.sh` runs 500 for CI's time),
+//!   every tenth seed run twice to prove that it replays to the same trace.
 //! - `SIM_SEED=n`: replays seed n alone, twice, printing its full report
 //!   (its last 200 events; `SIM_EVENTS=n` shows n)
 //!   (`SIM_LOG=<filter>`, such as `SIM_LOG=permitd_storage=debug`, adds the

@@ -2,6 +2,8 @@
 //! table. No performance assertions: CI machines vary. One correctness check:
 //! in the shard failover row the other shards answered every call.
 
+use std::time::Duration;
+
 use permitd_tests::bench::{self, Profile};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -10,10 +12,19 @@ async fn quick_bench_completes_and_prints_its_table() {
     // The idle row at 8 shards, not the binary's 64: a debug build beside
     // the rest of the suite starts 64 groups slowly, and the row's point here
     // is that it runs.
-    // Two shard failover rounds, not five: enough to run the row.
+    // Two shard failover rounds, not five: enough to run the row. Shorter
+    // windows than the binary's quick profile, and one failover kill: this
+    // test checks that every row runs and prints, not what it measures, and
+    // its time comes out of CI's 30 minutes.
     let profile = Profile {
         idle_shard_counts: vec![8],
         shard_failover_rounds: 2,
+        warmup: Duration::from_millis(100),
+        measure: Duration::from_millis(500),
+        lease_measure: Duration::from_millis(600),
+        scale_probe: Duration::from_millis(500),
+        shard_failover_steady: Duration::from_millis(500),
+        failover_kills: 1,
         ..Profile::quick()
     };
     let report = bench::run(&profile).await;
