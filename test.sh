@@ -81,8 +81,8 @@ mark "paused follower at 8 shards"
 # The deterministic simulator (docs/simulation.md): seeds 1–500 of a whole
 # cluster under faults, or as many as 200 s allow, optimised (a debug build
 # simulates several times slower). The simulator's own default is 1,000; CI runs
-# fewer to stay within its 30 minutes on a 2-core machine (~0.55 s a seed there:
-# ~360 seeds), and a soak (SIM_SECONDS alone) runs more.
+# fewer to stay within its 30 minutes on a 2-core machine (0.45–0.7 s a seed
+# there: 300–440 seeds), and a soak (SIM_SECONDS alone) runs more.
 SIM_SEEDS="${SIM_SEEDS:-500}" SIM_SECONDS="${SIM_SECONDS:-200}" \
   cargo test -p permitd-sim --release --locked -- --nocapture
 mark "simulator"
