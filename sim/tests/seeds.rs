@@ -1,7 +1,7 @@
 //! The simulator's seeds, as CI and a developer run them.
 //!
 //! - `cargo test -p permitd-sim --release --test seeds`: 1,000 seeds
-//!   (`SIM_SEEDS`; 20 in a debug build; `test.sh` runs 500 for CI's time),
+//!   (`SIM_SEEDS`; 20 in a debug build; `test.sh` runs 1–500, at most 200 s),
 //!   every tenth seed run twice to prove that it replays to the same trace.
 //! - `SIM_SEED=n`: replays seed n alone, twice, printing its full report
 //!   (its last 200 events; `SIM_EVENTS=n` shows n)
@@ -112,6 +112,8 @@ fn seeds() {
     let seeds = counted.unwrap_or(default_seeds);
     let first_seed = env_u64("SIM_FIRST_SEED").unwrap_or(1);
     let budget = env_u64("SIM_SECONDS").map(Duration::from_secs);
+    // A time budget alone is a soak; with a count too, whichever runs out first.
+    let counting = budget.is_none() || counted.is_some();
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(first_seed));
     let failed: Arc<Mutex<Vec<Outcome>>> = Arc::default();
@@ -131,7 +133,6 @@ fn seeds() {
             );
             std::thread::spawn(move || loop {
                 let seed = next.fetch_add(1, Ordering::Relaxed);
-                let counting = budget.is_none() || counted.is_some();
                 let out_of_seeds = counting && seed >= first_seed + seeds;
                 let out_of_time = budget.is_some_and(|budget| started.elapsed() >= budget);
                 if out_of_seeds || out_of_time {
