@@ -20,6 +20,7 @@ use crate::credentials::{AuthSettings, Secret};
 use crate::observe::event_log::EventHub;
 use crate::raft::liveness::Liveness;
 use crate::raft::network::Network;
+use crate::raft::stall_clock::StallClock;
 use crate::seams::Seams;
 use crate::shard::{Shard, ShardStart, META_SHARD};
 
@@ -260,6 +261,9 @@ pub async fn start_unbound(
         shards: count,
         events: &events,
         liveness: &liveness,
+        stalls: &Arc::new(StallClock::new(
+            Duration::from_millis(timings.heartbeat_interval_ms) + crate::raft::stall_probe::TICK,
+        )),
     };
     let mut shards = Vec::with_capacity(opened.len());
     for (id, opened) in (0..).zip(opened) {

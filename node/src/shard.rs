@@ -26,6 +26,7 @@ use crate::raft::election_guard::ElectionGuard;
 use crate::raft::liveness::{Liveness, LivenessShard};
 use crate::raft::network::Network;
 use crate::raft::quiescence::{Quiescence, RaftSwitch};
+use crate::raft::stall_clock::StallClock;
 use crate::raft::stall_probe::LeaderContact;
 use crate::raft::Raft;
 
@@ -87,6 +88,9 @@ pub(crate) struct ShardStart<'a> {
     /// The node's liveness exchanges (`raft/liveness.rs`): the peers heard stand
     /// for a quiet shard's quorum acknowledgements.
     pub liveness: &'a Arc<Liveness>,
+    /// When the node's Raft runtime last woke from a stall, for every
+    /// shard's election guard (`raft/stall_clock.rs`).
+    pub stalls: &'a Arc<StallClock>,
 }
 
 impl Shard {
@@ -110,7 +114,7 @@ impl Shard {
         let timings = start.timings;
         let election_guard = Arc::new(ElectionGuard::new(
             (start.node, id),
-            leader_contact.clone(),
+            (leader_contact.clone(), start.stalls.clone()),
             (
                 Duration::from_millis(timings.heartbeat_interval_ms),
                 Duration::from_millis(timings.election_timeout_min_ms),
@@ -131,11 +135,11 @@ impl Shard {
                 .clone()
                 .start(raft.clone(), network, quiescence.switch.clone());
             if id == META_SHARD {
-                crate::raft::stall_probe::start(&raft, "raft");
+                crate::raft::stall_probe::start(&raft, "raft", Some(start.stalls.clone()));
             }
         }
         if id == META_SHARD {
-            crate::raft::stall_probe::start(&raft, "api");
+            crate::raft::stall_probe::start(&raft, "api", None);
         }
         let (stepping_down, stepping) = watch::channel(false);
         let leadership = watch_leadership(&raft, election_guard.leader_silent(), stepping, id);

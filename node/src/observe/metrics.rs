@@ -181,6 +181,7 @@ fn describe() {
     crate::observe::raft_metrics::describe();
     crate::observe::http_metrics::describe();
     crate::raft::stall_probe::describe();
+    crate::raft::stall_clock::describe();
     crate::raft::peer_logs::describe();
     crate::raft::election_guard::describe();
     crate::raft::heartbeats::describe();

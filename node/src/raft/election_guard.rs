@@ -19,8 +19,8 @@
 //!    0.9 draws its timeout once per process, so two followers that drew close
 //!    values split their votes on every failover) and checked every 10 ms, not
 //!    on openraft's 60 ms tick (while it leads or hears its leader it rests
-//!    up to a heartbeat interval: nothing can be due sooner than the shortest
-//!    patience, and a longer rest would miss a stall);
+//!    until the shortest patience could be due: nothing can be due sooner,
+//!    and the node's stall clock sees a stall meanwhile);
 //! 2. while it hears its leader (an append received, or one still being
 //!    received and handled, or, for a quiet shard, the leader's liveness claim:
 //!    `liveness.rs`), it does nothing; a vote it casts for another
@@ -29,8 +29,9 @@
 //!    metrics show a vote only once it is durable, a sync later), and a
 //!    pre-vote it grants (the asker is about to stand in the next term; see
 //!    [`ElectionGuard::answer`]);
-//! 3. a node that was itself stalled (its 10 ms guard tick woke more than a
-//!    heartbeat interval late: a pause, a starved CPU) counts its silence from
+//! 3. a node that was itself stalled (its Raft runtime ran no task for more
+//!    than a heartbeat interval: a pause, a starved CPU; the node's
+//!    [`StallClock`] says when it last woke from one) counts its silence from
 //!    the moment it woke, and gives the leader its patience to reach it;
 //! 4. after its patience, it asks every other voter (`POST /raft/prevote`). A
 //!    voter grants when it is not the leader, has not heard a leader for the
@@ -86,6 +87,7 @@ use tokio::time::Instant;
 
 use super::network::{Network, Reach};
 use super::quiescence::RaftSwitch;
+use super::stall_clock::StallClock;
 use super::Raft;
 use crate::raft::stall_probe::LeaderContact;
 
@@ -93,7 +95,6 @@ use crate::raft::stall_probe::LeaderContact;
 const GUARD_TICK: Duration = Duration::from_millis(10);
 
 pub const PREVOTES: &str = "permitd_raft_prevotes_total";
-pub const STALLS: &str = "permitd_raft_stalls_total";
 pub const LEADERS_GONE: &str = "permitd_raft_leaders_gone_total";
 
 /// `POST /raft/prevote`: would you vote for me?
@@ -198,8 +199,8 @@ pub struct ElectionGuard {
     timeout_min: Duration,
     timeout_max: Duration,
     heartbeat: Duration,
-    /// Milliseconds since `started` at which the guard last woke from a stall.
-    woke_at_ms: AtomicU64,
+    /// When the node's Raft runtime last woke from a stall.
+    stalls: Arc<StallClock>,
     /// Milliseconds since `started` at which this node last voted for another.
     voted_at_ms: AtomicU64,
     started: Instant,
@@ -226,7 +227,7 @@ pub struct ElectionGuard {
 impl ElectionGuard {
     pub fn new(
         (id, shard): (NodeId, ShardId),
-        contact: Arc<LeaderContact>,
+        (contact, stalls): (Arc<LeaderContact>, Arc<StallClock>),
         (heartbeat, timeout_min, timeout_max): (Duration, Duration, Duration),
         rng: Mutex<StdRng>,
     ) -> Self {
@@ -237,7 +238,7 @@ impl ElectionGuard {
             timeout_min,
             timeout_max,
             heartbeat,
-            woke_at_ms: AtomicU64::new(0),
+            stalls,
             voted_at_ms: AtomicU64::new(0),
             started: Instant::now(),
             leader_silent: watch::channel(false).0,
@@ -283,9 +284,8 @@ impl ElectionGuard {
     /// How long this node has heard no leader, counted from its start, its
     /// last stall or the last vote it cast for another node at the earliest.
     fn silent_for(&self, now: Instant) -> Duration {
-        let since_start =
-            |at_ms: &AtomicU64| self.started + Duration::from_millis(at_ms.load(Ordering::Relaxed));
-        let woke = since_start(&self.woke_at_ms).max(since_start(&self.voted_at_ms));
+        let voted = self.started + Duration::from_millis(self.voted_at_ms.load(Ordering::Relaxed));
+        let woke = voted.max(self.stalls.woke_at());
         let heard = self.contact.heard_at(now).map_or(woke, |at| at.max(woke));
         now.saturating_duration_since(heard)
     }
@@ -396,7 +396,6 @@ impl ElectionGuard {
             let mut vote = raft.metrics().borrow().vote;
             let mut rest = GUARD_TICK;
             loop {
-                let asked = Instant::now();
                 tokio::select! {
                     () = tokio::time::sleep(rest) => {}
                     () = self.hurried.notified() => {}
@@ -405,9 +404,7 @@ impl ElectionGuard {
                 if raft.metrics().has_changed().is_err() {
                     return; // Raft shut down.
                 }
-                if now.saturating_duration_since(asked) > rest + self.heartbeat {
-                    self.stalled(now);
-                }
+                self.stalls.ran(now);
                 self.note_vote(&raft.metrics().borrow().vote, &mut vote, now);
                 let silent = self.silent_for(now) >= self.timeout_max + self.timeout_min;
                 self.leader_silent.send_if_modified(|seen| {
@@ -430,12 +427,13 @@ impl ElectionGuard {
     /// been silent for the shortest patience (the maximum plus the minimum
     /// election timeout: the patience counts from the last contact, not from
     /// when the guard looks, and the leader is called silent from then too),
-    /// and a handover's hurry wakes it at once; so it rests until then, at
-    /// most a heartbeat interval. Waiting out a patience, it looks every
+    /// and a handover's hurry wakes it at once; so it rests until then.
+    /// Waiting out a patience, it looks every
     /// [`GUARD_TICK`]. At 64 shards a guard that looked every 10 ms whatever
     /// it knew was the most of an idle node's CPU once the shards went quiet
     /// (perf: 16 % of the samples in the guard, its metrics reads and the
-    /// timer wheel, beside 15 % in task switches).
+    /// timer wheel, beside 15 % in task switches); one that rested a
+    /// heartbeat interval at most was still ~10 % (`stall_clock.rs`).
     fn rest(&self, raft: &Raft, now: Instant, decision: &Decision) -> Duration {
         let waiting = decision.patience.is_some()
             || decision.ask_after.is_some()
@@ -449,22 +447,14 @@ impl ElectionGuard {
             true => shortest_patience,
             false => shortest_patience.saturating_sub(self.silent_for(now)),
         };
-        // At most a heartbeat interval: a stall is seen only as a late wake,
-        // so a longer rest would miss a starved runtime that woke in time for
-        // it, and the node would stand at once on the silence the starvation
-        // made (shipped_timings' bursts of large requests, S = 1: a follower
-        // stood five times and deposed the leader).
-        until_due.clamp(GUARD_TICK, self.heartbeat)
-    }
-
-    fn stalled(&self, now: Instant) {
-        let since_start = now.saturating_duration_since(self.started).as_millis();
-        self.woke_at_ms.store(
-            u64::try_from(since_start).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-        metrics::counter!(STALLS).increment(1);
-        tracing::warn!(shard = self.shard, "this node was stalled; it gives the leader an election timeout to reach it before it may stand");
+        // As long as that: a stall while the guard rests is seen by the
+        // node's stall clock, whose probe notes every 10 ms, not by this
+        // guard's late wake. When each guard looked for stalls itself it
+        // could rest one heartbeat interval at most, or a starved runtime
+        // that woke in time for it went unseen and the node stood at once on
+        // the silence the starvation made (shipped_timings' bursts of large
+        // requests, S = 1: a follower stood five times and deposed the leader).
+        until_due.max(GUARD_TICK)
     }
 
     /// The next decision, given the last one.
@@ -730,10 +720,6 @@ pub fn describe() {
     metrics::describe_counter!(
         PREVOTES,
         "Pre-votes this node held before it could stand for election, by outcome (granted, denied)."
-    );
-    metrics::describe_counter!(
-        STALLS,
-        "Times this node's election guard woke more than a heartbeat interval late (the node was paused or starved)."
     );
     metrics::describe_counter!(
         LEADERS_GONE,

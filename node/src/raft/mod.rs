@@ -1,8 +1,9 @@
 //! openraft wiring: the Raft handle type, Raft's own runtime ([`runtime`]), the
 //! outbound network over HTTP ([`network`]), pre-vote ([`election_guard`]),
 //! where each peer's log ends ([`peer_logs`]), quiet shards and the liveness
-//! calls that stand for their heartbeats ([`quiescence`], [`liveness`]) and the
-//! metrics that show a stall ([`stall_probe`]). The inbound `/raft/*` endpoints the peers call are in the
+//! calls that stand for their heartbeats ([`quiescence`], [`liveness`]), the
+//! metrics that show a stall ([`stall_probe`]) and the node's one clock of its
+//! stalls, read by every shard's guard ([`stall_clock`]). The inbound `/raft/*` endpoints the peers call are in the
 //! edge, which serves both listeners (`edge/raft_inbound.rs`).
 //!
 //! Peers talk HTTP with MessagePack bodies ([`wire`]). Every request carries the
@@ -18,6 +19,7 @@ pub mod network;
 pub mod peer_logs;
 pub mod quiescence;
 pub mod runtime;
+pub mod stall_clock;
 pub mod stall_probe;
 pub mod wire;
 

@@ -22,13 +22,14 @@
 //! point at the leader (its runtime, its disk) or the network between them; long
 //! gaps with a high lateness on the follower itself point at the follower.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::Vote;
 use permitd_storage::NodeId;
 use tokio::time::Instant;
 
+use crate::raft::stall_clock::StallClock;
 use crate::raft::Raft;
 
 pub const LEADER_CONTACT_GAP: &str = "permitd_raft_leader_contact_gap_seconds";
@@ -208,14 +209,18 @@ pub async fn tick_lateness(period: Duration) -> Duration {
 }
 
 /// Starts the probe on the current runtime, labelled `runtime`; it ends when
-/// Raft shuts down.
-pub fn start(raft: &Raft, runtime: &'static str) {
+/// Raft shuts down. On the Raft runtime its ticks also feed the node's
+/// [`StallClock`].
+pub fn start(raft: &Raft, runtime: &'static str, stalls: Option<Arc<StallClock>>) {
     let metrics = raft.metrics();
     tokio::spawn(async move {
         loop {
             let late = tick_lateness(TICK).await;
             if metrics.has_changed().is_err() {
                 return; // Raft shut down.
+            }
+            if let Some(stalls) = &stalls {
+                stalls.ran(Instant::now());
             }
             metrics::histogram!(TICK_LATENESS, "runtime" => runtime).record(late.as_secs_f64());
         }
