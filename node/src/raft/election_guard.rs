@@ -18,9 +18,10 @@
 //!    openraft's timer would wait, but drawn afresh for every wait (openraft
 //!    0.9 draws its timeout once per process, so two followers that drew close
 //!    values split their votes on every failover) and checked every 10 ms, not
-//!    on openraft's 60 ms tick (while it leads or hears its leader it rests
-//!    until the shortest patience could be due: nothing can be due sooner,
-//!    and the node's stall clock sees a stall meanwhile);
+//!    on openraft's 60 ms tick (while it hears its leader it rests until a
+//!    minimum election timeout of silence, while it leads for the shortest
+//!    patience: nothing is due sooner, and the node's stall clock sees a
+//!    stall meanwhile);
 //! 2. while it hears its leader (an append received, or one still being
 //!    received and handled, or, for a quiet shard, the leader's liveness claim:
 //!    `liveness.rs`), it does nothing; a vote it casts for another
@@ -422,18 +423,22 @@ impl ElectionGuard {
         });
     }
 
-    /// How long the guard may sleep before it looks again. While this node
-    /// leads, or hears its leader, nothing can be due before the leader has
-    /// been silent for the shortest patience (the maximum plus the minimum
-    /// election timeout: the patience counts from the last contact, not from
-    /// when the guard looks, and the leader is called silent from then too),
-    /// and a handover's hurry wakes it at once; so it rests until then.
-    /// Waiting out a patience, it looks every
-    /// [`GUARD_TICK`]. At 64 shards a guard that looked every 10 ms whatever
-    /// it knew was the most of an idle node's CPU once the shards went quiet
-    /// (perf: 16 % of the samples in the guard, its metrics reads and the
-    /// timer wheel, beside 15 % in task switches); one that rested a
-    /// heartbeat interval at most was still ~10 % (`stall_clock.rs`).
+    /// How long the guard may sleep before it looks again. A follower that
+    /// hears its leader has nothing to do until the leader has been silent
+    /// for the minimum election timeout: then it starts to wait out its
+    /// patience and looks whether the leader's process is there (step 6), so
+    /// it rests until then. A leader's guard has nothing to do while it
+    /// leads; it rests the shortest patience (the maximum plus the minimum
+    /// election timeout), the soonest a wait it would start on losing the
+    /// leadership could end. A handover's hurry wakes either at once.
+    /// Waiting out a patience, it looks every [`GUARD_TICK`]. At 64 shards a
+    /// guard that looked every 10 ms whatever it knew was the most of an idle
+    /// node's CPU once the shards went quiet (perf: 16 % of the samples in
+    /// the guard, its metrics reads and the timer wheel, beside 15 % in task
+    /// switches); one that rested a heartbeat interval at most was still
+    /// ~10 % (`stall_clock.rs`). Resting followers until their patience
+    /// could end instead put the look at a gone leader 240 ms late (failover
+    /// bench at S = 3: p50 259 → 364 ms).
     fn rest(&self, raft: &Raft, now: Instant, decision: &Decision) -> Duration {
         let waiting = decision.patience.is_some()
             || decision.ask_after.is_some()
@@ -441,11 +446,10 @@ impl ElectionGuard {
         if waiting {
             return GUARD_TICK;
         }
-        let shortest_patience = self.timeout_max + self.timeout_min;
         let leading = raft.metrics().borrow().state == ServerState::Leader;
         let until_due = match leading {
-            true => shortest_patience,
-            false => shortest_patience.saturating_sub(self.silent_for(now)),
+            true => self.timeout_max + self.timeout_min,
+            false => self.timeout_min.saturating_sub(self.silent_for(now)),
         };
         // As long as that: a stall while the guard rests is seen by the
         // node's stall clock, whose probe notes every 10 ms, not by this
