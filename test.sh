@@ -114,8 +114,8 @@ mark "Python client"
 # scenarios are #[ignore]d in the debug run above: debug nodes decode megabytes
 # several times slower and starve each other on a small machine. They run here on
 # an optimised build: the `ci` profile, release's optimisation built incrementally.
-# Its nodes spent about as much CPU per log entry as release's in the bench
-# (docs/architecture.md, "CI's 30 minutes"), no less, so the test is no easier.
+# Its nodes spent as much CPU per log entry as release's in the bench or more
+# (docs/architecture.md, "CI's 30 minutes"), never less: the test is no easier.
 cargo build --profile ci -p permitd --bin permitd --locked
 PERMITD_BIN="$TARGET/ci/permitd" cargo test -p permitd-tests --test shipped_timings --locked -- --ignored
 mark "shipped timings (optimised)"
