@@ -85,7 +85,7 @@ fn up(config: &std::path::Path) -> (Guard, impl Iterator<Item = std::io::Result<
 /// start is noise or a bug. What follows the stop is not judged: `up` stops
 /// every node at once, and a leader whose heartbeat reaches a follower that
 /// already shut its Raft core down warns that it cannot replicate ("raft
-/// stopped"), rightly (seen once in CI, in the last 2 ms before exit).
+/// stopped"), rightly (seen once, in a clean-clone CI run, as the nodes stopped).
 fn unexpected_warnings(log: &std::path::Path, len: usize) -> Vec<String> {
     let log = std::fs::read(log).expect("up.log");
     String::from_utf8_lossy(&log[..len.min(log.len())])
