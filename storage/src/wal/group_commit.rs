@@ -545,8 +545,15 @@ mod tests {
         let syncer = |queue: &SyncQueue| queue.lock().syncer;
         let mut offset: u64 = 2;
         while syncer(&queue) == Syncer::Thread && offset < 100 * u64::from(FAST_SYNCS_TO_RETURN) {
-            assert_eq!(synced_on(&queue, &segment, offset).await, THREAD_NAME);
+            let on = synced_on(&queue, &segment, offset).await;
             offset += 1;
+            // The thread completes a batch before it hands the loop back, so
+            // the run may end between the check above and this sync, which
+            // the task then makes (seen once in a clean-clone CI run).
+            assert!(
+                on == THREAD_NAME || syncer(&queue) == Syncer::Task,
+                "synced on {on} while the thread held the loop"
+            );
         }
         assert_eq!(syncer(&queue), Syncer::Task, "back after {offset} syncs");
         assert!(
