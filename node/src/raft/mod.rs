@@ -1,5 +1,6 @@
 //! openraft wiring: the Raft handle type, Raft's own runtime ([`runtime`]), the
-//! outbound network over HTTP ([`network`]), pre-vote ([`election_guard`]),
+//! outbound network over HTTP ([`network`]) and the commit notices it need not
+//! send ([`commit_ride`]), pre-vote ([`election_guard`]),
 //! where each peer's log ends ([`peer_logs`]), quiet shards and the liveness
 //! calls that stand for their heartbeats ([`quiescence`], [`liveness`]), the
 //! metrics that show a stall ([`stall_probe`]) and the node's one clock of its
@@ -11,6 +12,7 @@
 //! reaches the caller as a [`openraft::error::RemoteError`], distinct from a peer
 //! that cannot be reached or a connection that broke.
 
+pub mod commit_ride;
 pub mod election_guard;
 pub mod heartbeats;
 pub mod leader_view;

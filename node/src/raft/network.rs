@@ -48,6 +48,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
+use super::commit_ride::{self, CommitRide, COMMIT_NOTICES_HELD};
 use super::heartbeats::Heartbeats;
 use super::peer_logs::{PeerLogs, RUNS_FOUND_HELD};
 use super::wire::SnapshotChunk;
@@ -200,6 +201,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target_node: node.clone(),
             append: None,
             commit_sent: None,
+            ride: CommitRide::default(),
         }
     }
 }
@@ -255,6 +257,8 @@ pub struct Connection {
     /// (`None` before the first): an empty append that moves it is news to
     /// the follower, not a heartbeat ([`Connection::coalesces`]).
     commit_sent: Option<Option<LogId<NodeId>>>,
+    /// Whether a commit notice need not be sent (`commit_ride.rs`).
+    ride: CommitRide,
 }
 
 type RpcResult<T, E = RaftError<NodeId>> = Result<T, RPCError<NodeId, PeerNode, E>>;
@@ -322,6 +326,30 @@ impl Connection {
                 .map_err(|error| error.to_string())
             })
         })
+    }
+
+    /// Sends an append openraft asked for: a heartbeat with the other shards'
+    /// (`heartbeats.rs`), another empty append alone, entries in a task.
+    async fn deliver(
+        &mut self,
+        request: AppendEntriesRequest<TypeConfig>,
+        option: &RPCOption,
+    ) -> AppendResult {
+        let coalesces = self.coalesces(&request);
+        self.commit_sent = Some(request.leader_commit);
+        if coalesces {
+            if let Some(heartbeats) = &self.network.heartbeats {
+                let append = (self.network.shard, request);
+                let call = self.heartbeats_call();
+                return heartbeats
+                    .send(self.target, &self.target_node, append, call)
+                    .await;
+            }
+        }
+        if request.entries.is_empty() {
+            return self.send("append", &request, option).await;
+        }
+        self.send_entries(request, option).await
     }
 
     /// Sends an append with entries in its own task, or joins the one under way
@@ -571,21 +599,19 @@ impl RaftNetwork<TypeConfig> for Connection {
         request: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
-        let coalesces = self.coalesces(&request);
-        self.commit_sent = Some(request.leader_commit);
-        if coalesces {
-            if let Some(heartbeats) = &self.network.heartbeats {
-                let append = (self.network.shard, request);
-                let call = self.heartbeats_call();
-                return heartbeats
-                    .send(self.target, &self.target_node, append, call)
-                    .await;
-            }
+        if self
+            .ride
+            .holds(&request, self.append.is_some(), tokio::time::Instant::now())
+        {
+            metrics::counter!(COMMIT_NOTICES_HELD).increment(1);
+            return Ok(AppendEntriesResponse::Success);
         }
-        if request.entries.is_empty() {
-            return self.send("append", &request, &option).await;
+        let covered = commit_ride::covered(&request);
+        let answer = self.deliver(request, &option).await;
+        if matches!(answer, Ok(AppendEntriesResponse::Success)) {
+            self.ride.answered(covered, tokio::time::Instant::now());
         }
-        self.send_entries(request, &option).await
+        answer
     }
 
     async fn install_snapshot(
@@ -666,6 +692,7 @@ mod tests {
             target_node: node,
             append: None,
             commit_sent: None,
+            ride: CommitRide::default(),
         }
     }
 
@@ -785,8 +812,8 @@ mod tests {
 
     /// A peer whose log holds entries 1 to `held` as the leader has them: an
     /// append is answered as openraft's follower would; every append is recorded
-    /// as (previous index, entries carried).
-    async fn peer_holding(held: u64) -> (Connection, Arc<Mutex<Vec<(u64, usize)>>>) {
+    /// as (previous index, entries carried, commit index).
+    async fn peer_holding(held: u64) -> (Connection, Arc<Mutex<Vec<(u64, usize, u64)>>>) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = seen.clone();
         let router = axum::Router::new().route(
@@ -796,8 +823,13 @@ mod tests {
                 async move {
                     let request: AppendEntriesRequest<TypeConfig> =
                         codec::decode(&body).expect("an append");
-                    let prev = request.prev_log_id.map_or(0, |id| id.index);
-                    recorded.lock().unwrap().push((prev, request.entries.len()));
+                    let index = |id: Option<LogId<NodeId>>| id.map_or(0, |id| id.index);
+                    let prev = index(request.prev_log_id);
+                    let commit = index(request.leader_commit);
+                    recorded
+                        .lock()
+                        .unwrap()
+                        .push((prev, request.entries.len(), commit));
                     let answer = if prev <= held {
                         AppendEntriesResponse::<NodeId>::Success
                     } else {
@@ -819,7 +851,7 @@ mod tests {
         assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
         assert_eq!(
             *seen.lock().unwrap(),
-            vec![(3, 0)],
+            vec![(3, 0, 0)],
             "one empty probe at entry 3"
         );
     }
@@ -833,13 +865,13 @@ mod tests {
         assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
         assert_eq!(
             *seen.lock().unwrap(),
-            vec![(3, 0), (0, 3)],
+            vec![(3, 0, 0), (0, 3, 0)],
             "probe, then the run"
         );
         // Proved wrong once: the next run goes without a probe.
         seen.lock().unwrap().clear();
         let _ = connection.send_entries(append_of(3, 10), &option()).await;
-        assert_eq!(*seen.lock().unwrap(), vec![(0, 3)]);
+        assert_eq!(*seen.lock().unwrap(), vec![(0, 3, 0)]);
     }
 
     #[tokio::test]
@@ -847,7 +879,29 @@ mod tests {
         let (mut connection, seen) = peer_holding(2).await;
         connection.network.peer_logs.ends_at(2, log_id(2));
         let _ = connection.send_entries(append_of(3, 10), &option()).await;
-        assert_eq!(*seen.lock().unwrap(), vec![(0, 3)]);
+        assert_eq!(*seen.lock().unwrap(), vec![(0, 3, 0)]);
+    }
+
+    #[tokio::test]
+    async fn a_commit_notice_right_after_an_answer_is_not_sent_and_the_next_heartbeat_carries_it() {
+        let (mut connection, seen) = peer_holding(10).await;
+        let with_commit = |mut request: AppendEntriesRequest<TypeConfig>, prev, commit| {
+            request.prev_log_id = (prev > 0).then(|| log_id(prev));
+            request.leader_commit = (commit > 0).then(|| log_id(commit));
+            request
+        };
+        let entries = with_commit(append_of(3, 10), 0, 0);
+        let notice = with_commit(append_of(0, 0), 3, 3);
+        let heartbeat = with_commit(append_of(0, 0), 3, 3);
+        for request in [entries, notice, heartbeat] {
+            let answer = connection.append_entries(request, option()).await;
+            assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
+        }
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![(0, 3, 0), (3, 0, 3)],
+            "the entries, then the heartbeat with the new commit index; no notice"
+        );
     }
 
     #[test]
