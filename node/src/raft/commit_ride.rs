@@ -30,6 +30,16 @@
 //! - no append with entries is still being sent on this connection (openraft
 //!   stopped waiting for it): then the follower may be slow, and an empty
 //!   append is how openraft keeps it hearing from its leader.
+//! - every entry it commits that this connection carried since the last
+//!   commit index it sent is a round, a sync or a reclaim: what only the
+//!   leader acts on. Anything else (a token, the defaults, a key's
+//!   configuration, a membership, a restore) is news a follower acts on
+//!   itself: it checks tokens for the event streams it serves and, at several
+//!   shards, for every call its shards take, and each shard's leader copies
+//!   the defaults from its own replica of the meta shard. A token created
+//!   through one node and used at once through another was refused while the
+//!   follower waited for the next heartbeat (`tests/tests/batch.rs` at 8
+//!   shards, in CI), so such notices go at once, as before.
 //!
 //! The follower learns the index from the next append with entries, or from
 //! the next heartbeat, which openraft sends every heartbeat interval (each
@@ -47,8 +57,8 @@
 //! answer to reuse.
 
 use openraft::raft::AppendEntriesRequest;
-use openraft::{LogId, Vote};
-use permitd_storage::{NodeId, TypeConfig};
+use openraft::{EntryPayload, LogId, Vote};
+use permitd_storage::{Command, NodeId, TypeConfig};
 use tokio::time::{Duration, Instant};
 
 /// Empty appends that only told a follower a new commit index, answered
@@ -70,6 +80,9 @@ pub struct CommitRide {
     asked: Option<Option<LogId<NodeId>>>,
     /// The last `Success`: the append's vote, the last log id it covered, when.
     answered: Option<(Vote<NodeId>, Option<LogId<NodeId>>, Instant)>,
+    /// The highest index of an entry carried here that followers act on
+    /// ([`is_news_to_followers`]), until a commit index past it is sent.
+    news_at: Option<u64>,
 }
 
 impl CommitRide {
@@ -82,10 +95,24 @@ impl CommitRide {
         sending: bool,
         now: Instant,
     ) -> bool {
-        let news = self.asked != Some(request.leader_commit);
+        let moved = self.asked != Some(request.leader_commit);
         self.asked = Some(request.leader_commit);
-        news && request.entries.is_empty()
+        let news = request
+            .entries
+            .iter()
+            .filter(|entry| is_news_to_followers(entry));
+        if let Some(last) = news.map(|entry| entry.log_id.index).max() {
+            self.news_at = self.news_at.max(Some(last));
+        }
+        let commit = request.leader_commit.map(|id| id.index);
+        let tells_news = self.news_at.is_some_and(|news| commit >= Some(news));
+        if tells_news {
+            self.news_at = None; // this request tells it: it goes
+        }
+        moved
+            && request.entries.is_empty()
             && !sending
+            && !tells_news
             && self.answered.is_some_and(|(vote, last, at)| {
                 vote == request.vote
                     && last == request.prev_log_id
@@ -111,6 +138,19 @@ pub fn covered(
         .map(|entry| entry.log_id)
         .or(request.prev_log_id);
     (request.vote, last)
+}
+
+/// Whether followers act on `entry` once they learn it committed: anything
+/// but a round, a sync or a reclaim, which only the leader acts on.
+fn is_news_to_followers(entry: &openraft::Entry<TypeConfig>) -> bool {
+    match &entry.payload {
+        EntryPayload::Normal(command) => !matches!(
+            **command,
+            Command::Round { .. } | Command::Sync { .. } | Command::Reclaim { .. }
+        ),
+        EntryPayload::Membership(_) => true,
+        EntryPayload::Blank => false,
+    }
 }
 
 pub fn describe() {
@@ -145,7 +185,7 @@ mod tests {
         let mut append = empty(4, 4);
         append.entries.push(openraft::Entry {
             log_id: log_id(5),
-            payload: openraft::EntryPayload::Blank,
+            payload: EntryPayload::Blank,
         });
         assert!(!ride.holds(&append, false, at), "entries always go");
         ride.answered(covered(&append), at);
@@ -162,6 +202,43 @@ mod tests {
             "the heartbeat after it"
         );
         assert!(!ride.holds(&empty(5, 5), false, now), "and every one after");
+    }
+
+    #[test]
+    fn a_notice_that_commits_an_entry_followers_act_on_goes_at_once() {
+        let now = Instant::now();
+        let mut ride = CommitRide::default();
+        let mut token = empty(4, 4);
+        token.entries.push(openraft::Entry {
+            log_id: log_id(5),
+            payload: EntryPayload::Normal(
+                permitd_storage::EncodedCommand::new(Command::RevokeToken { id: 7 })
+                    .expect("encodes"),
+            ),
+        });
+        assert!(!ride.holds(&token, false, now));
+        ride.answered(covered(&token), now);
+        let mut round = empty(5, 4);
+        round.entries.push(openraft::Entry {
+            log_id: log_id(6),
+            payload: EntryPayload::Normal(
+                permitd_storage::EncodedCommand::new(Command::Reclaim {
+                    now_ms: 1,
+                    keys: vec!["k".into()],
+                })
+                .expect("encodes"),
+            ),
+        });
+        assert!(!ride.holds(&round, false, now));
+        ride.answered(covered(&round), now);
+        assert!(
+            !ride.holds(&empty(6, 5), false, now),
+            "commits the revocation"
+        );
+        assert!(
+            ride.holds(&empty(6, 6), false, now),
+            "commits the reclaim only"
+        );
     }
 
     #[test]

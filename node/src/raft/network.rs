@@ -718,8 +718,9 @@ mod tests {
             .map(|index| openraft::Entry {
                 log_id: log_id(index),
                 payload: openraft::EntryPayload::Normal(
-                    permitd_storage::EncodedCommand::new(permitd_storage::Command::RemoveKey {
-                        key: "k".repeat(bytes_each),
+                    permitd_storage::EncodedCommand::new(permitd_storage::Command::Reclaim {
+                        now_ms: 0,
+                        keys: vec!["k".repeat(bytes_each)],
                     })
                     .expect("a command encodes"),
                 ),
