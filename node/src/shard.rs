@@ -176,7 +176,13 @@ impl Shard {
             start.seams.clock.clone(),
         );
         crate::leader::snapshots::start(raft.clone(), start.node, timings.snapshot_every_ms);
-        let events = start_events(&state, &start.seams.clock, start.events);
+        let events = {
+            // On the Raft runtime, where entries are applied: a notice then
+            // wakes no other thread (the API runtime's sleeps through a
+            // follower's entries; `leader/applied_feed.rs`).
+            let _on_raft_runtime = start.raft_runtime.enter();
+            start_events(&state, &start.seams.clock, start.events)
+        };
         crate::observe::raft_metrics::start(
             raft.clone(),
             id,

@@ -11,6 +11,8 @@
 //!   a timerfd that the API runtime's own epoll watches (no thread of its own),
 //!   with tokio's 1 ms timer standing in where no timerfd can be made or used;
 //! - [`reclaim`]: one timer per key at the earliest claim deadline;
+//! - [`applied_feed`]: the applied-entry notices those leader-only tasks
+//!   take, subscribed only while the node leads;
 //! - [`deadlines`]: per-key due times in order, the one timer structure of the
 //!   schedule and the reclaim timers;
 //! - [`seed_defaults`]: writes the file's `[defaults]` on a leader whose cluster
@@ -21,6 +23,7 @@
 //!   leader once that node has every entry, so leaders spread over the voters;
 //! - [`snapshots`] (when to build one) and [`fatal`] (a Raft core that stopped).
 
+pub mod applied_feed;
 pub mod deadlines;
 pub mod fatal;
 pub mod handover;

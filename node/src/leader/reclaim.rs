@@ -37,12 +37,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use permitd_storage::{Applied, Command, SharedState};
-use tokio::sync::{broadcast, watch};
+use permitd_storage::{Command, SharedState};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
+use crate::leader::applied_feed::AppliedFeed;
 use crate::leader::deadlines::Deadlines;
 use crate::leader::leadership::Leadership;
 use crate::leader::propose::propose;
@@ -116,7 +118,7 @@ impl Reclaimer {
         horizon: Duration,
         clock: Clock,
     ) {
-        let applied = state.subscribe();
+        let applied = AppliedFeed::new(state.clone());
         let horizon_ms = u64::try_from(horizon.as_millis()).unwrap_or(u64::MAX);
         let reclaimer = Self {
             raft,
@@ -133,10 +135,14 @@ impl Reclaimer {
         crate::seams::spawn(reclaimer.run(applied));
     }
 
-    async fn run(mut self, mut applied: broadcast::Receiver<Arc<Applied>>) {
+    async fn run(mut self, mut applied: AppliedFeed) {
         let mut leadership = self.leadership.clone();
         let mut leading = false;
         loop {
+            // Subscribed only while leading (`applied_feed.rs`): the rebuild
+            // on taking leadership reads every key, so notices from before
+            // it are not needed.
+            applied.follow(leading);
             let wake = self.next_wake().filter(|_| leading);
             let sleep = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now));
             tokio::select! {
@@ -157,9 +163,9 @@ impl Reclaimer {
                     Ok(entry) if leading => self.aim(&entry.keys),
                     Ok(_) => {}
                     // Missed entries: re-derive everything rather than guess.
-                    Err(broadcast::error::RecvError::Lagged(_)) if leading => self.rebuild(),
-                    Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(broadcast::error::RecvError::Closed) => {
+                    Err(RecvError::Lagged(_)) if leading => self.rebuild(),
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => {
                         self.cancel_all();
                         return;
                     }

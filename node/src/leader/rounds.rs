@@ -38,10 +38,13 @@ use permitd_core::limits::{
     COMMIT_TIMEOUT_MS, DEFAULT_ENTRIES_IN_FLIGHT, MAX_ENTRIES_IN_FLIGHT, MAX_ENTRY_MESSAGE_BYTES,
     MAX_KEYS_PER_ENTRY, MAX_PARKED_BYTES, MAX_PARKED_MESSAGES, MAX_PENDING_REQUESTS_PER_KEY,
 };
-use tokio::sync::{broadcast, oneshot, watch, Notify};
+use permitd_storage::Applied;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::applied_feed::{AppliedFeed, FeedChange};
 use super::leadership::Leadership;
 use super::propose::{self, ProposeError};
 use super::round_error::RoundError;
@@ -179,31 +182,49 @@ impl Rounds {
     /// Wakes the held requests of every key an applied entry returned permits
     /// of outside its round's reports: a reclaimed grant or lease, or an
     /// operator's force release. (A lowered limit frees nothing; a raised one
-    /// wakes from its handler.)
+    /// wakes from its handler.) Subscribed only while leading
+    /// (`applied_feed.rs`): only a leader holds requests.
     async fn wake_on_returned_permits(self) {
-        let mut applied = self.inner.state.subscribe();
+        let mut leadership = self.inner.leadership.clone();
+        let mut applied = AppliedFeed::new(self.inner.state.clone());
         loop {
-            match applied.recv().await {
-                Ok(entry) => {
-                    let keys: Vec<&str> = entry
-                        .events
-                        .iter()
-                        .filter(|(_, event)| returns_permits_of(event))
-                        .map(|(key, _)| key.as_str())
-                        .collect();
-                    if !keys.is_empty() {
-                        let now = Instant::now();
-                        let mut schedule = self.schedule();
-                        keys.into_iter().for_each(|key| schedule.wake(key, now));
-                        drop(schedule);
-                        self.inner.wake.notify_one();
+            let leading = leadership.borrow_and_update().is_leader;
+            if applied.follow(leading) == FeedChange::Started {
+                // Entries applied between taking leadership and subscribing
+                // may have freed permits that requests held since wait for.
+                self.wake_all();
+            }
+            tokio::select! {
+                changed = leadership.changed() => {
+                    if changed.is_err() {
+                        return;
                     }
                 }
-                // Missed entries may have freed anything: wake every key.
-                Err(broadcast::error::RecvError::Lagged(_)) => self.wake_all(),
-                Err(broadcast::error::RecvError::Closed) => return,
+                entry = applied.recv() => match entry {
+                    Ok(entry) => self.wake_keys_returning_permits(&entry),
+                    // Missed entries may have freed anything: wake every key.
+                    Err(RecvError::Lagged(_)) => self.wake_all(),
+                    Err(RecvError::Closed) => return,
+                },
             }
         }
+    }
+
+    fn wake_keys_returning_permits(&self, entry: &Applied) {
+        let keys: Vec<&str> = entry
+            .events
+            .iter()
+            .filter(|(_, event)| returns_permits_of(event))
+            .map(|(key, _)| key.as_str())
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut schedule = self.schedule();
+        keys.into_iter().for_each(|key| schedule.wake(key, now));
+        drop(schedule);
+        self.inner.wake.notify_one();
     }
 
     fn schedule(&self) -> MutexGuard<'_, LeaderSchedule> {
