@@ -166,15 +166,20 @@ impl Shard {
             state.clone(),
             leadership.clone(),
             start.rounds.per_shard(start.shards),
-            start.seams,
+            (start.seams, start.raft_runtime),
         );
-        crate::leader::reclaim::Reclaimer::start(
-            raft.clone(),
-            state.clone(),
-            leadership.clone(),
-            start.reclaim_horizon,
-            start.seams.clock.clone(),
-        );
+        {
+            // On the Raft runtime: it takes a notice of every entry the
+            // leader applies, and there that wakes no other thread.
+            let _on_raft_runtime = start.raft_runtime.enter();
+            crate::leader::reclaim::Reclaimer::start(
+                raft.clone(),
+                state.clone(),
+                leadership.clone(),
+                start.reclaim_horizon,
+                start.seams.clock.clone(),
+            );
+        }
         crate::leader::snapshots::start(raft.clone(), start.node, timings.snapshot_every_ms);
         let events = {
             // On the Raft runtime, where entries are applied: a notice then

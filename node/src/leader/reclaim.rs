@@ -32,6 +32,13 @@
 //! The timers are derived state: after every applied entry the keys it touched
 //! are re-aimed, and a new leader rebuilds all of them from the state (a scan).
 //! A follower keeps none, and losing leadership cancels every timer and proposal.
+//!
+//! The task runs on the Raft runtime, beside the applies whose notices it takes
+//! (`applied_feed.rs`): on the API runtime each of the leader's entries woke
+//! that runtime's thread once more. Its work per entry is a read of the
+//! entry's keys' deadlines; a scan slice ([`KEYS_PER_SCAN_READ`] keys) holds
+//! the Raft runtime's one worker for well under a millisecond, and the slices
+//! interleave with everything else that runs there.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -64,9 +71,10 @@ pub const DEFAULT_HORIZON_MS: u64 = 60_000;
 pub const MIN_HORIZON_MS: u64 = 1_000;
 /// Longest `[limits] reclaim_horizon_ms`.
 pub const MAX_HORIZON_MS: u64 = 3_600_000;
-/// Keys a scan reads per hold of the state's read lock: an apply waits at most
-/// one slice (well under a millisecond).
-const KEYS_PER_SCAN_READ: usize = 4_096;
+/// Keys a scan reads per hold of the state's read lock: an apply, and every
+/// other task of the Raft runtime, waits at most one slice (well under a
+/// millisecond).
+const KEYS_PER_SCAN_READ: usize = 1_024;
 
 /// The leader's claim-deadline timers, kept by one task.
 ///

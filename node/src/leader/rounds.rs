@@ -151,13 +151,15 @@ struct Inner {
 }
 
 impl Rounds {
-    /// Starts the driver and the task that fails messages on leadership loss.
+    /// Starts the driver and the task that fails messages on leadership loss
+    /// (on the current runtime, the API's), and the waker of keys whose
+    /// permits an applied entry returned on `raft_runtime`.
     pub fn start(
         raft: Raft,
         state: permitd_storage::SharedState,
         leadership: watch::Receiver<Leadership>,
         limits: RoundLimits,
-        seams: &Seams,
+        (seams, raft_runtime): (&Seams, &tokio::runtime::Handle),
     ) -> Self {
         let settings = limits.schedule_settings();
         let wake = Arc::new(Notify::new());
@@ -175,7 +177,13 @@ impl Rounds {
         };
         crate::seams::spawn(rounds.clone().drive());
         crate::seams::spawn(rounds.clone().fail_on_leadership_loss());
-        crate::seams::spawn(rounds.clone().wake_on_returned_permits());
+        {
+            // Beside the applies that notify it: most entries return no
+            // permits outside their round, and then the API runtime, where
+            // the driver runs, is not woken at all.
+            let _on_raft_runtime = raft_runtime.enter();
+            crate::seams::spawn(rounds.clone().wake_on_returned_permits());
+        }
         rounds
     }
 
