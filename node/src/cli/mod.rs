@@ -57,7 +57,13 @@ pub fn init_tracing(format: LogFormat) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
     let filter = filter.and(ExpectedWarnings);
-    let lines = fmt::layer().with_writer(std::io::stderr);
+    // Colours only on a terminal: a file, a pipe or journald would keep the
+    // escape codes, and formatting them cost the leader's threads CPU on
+    // every span.
+    let on_terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let lines = fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(on_terminal);
     let lines: Box<dyn Layer<Registry> + Send + Sync> = match format {
         LogFormat::Text => lines.with_filter(filter).boxed(),
         LogFormat::Json => lines.json().flatten_event(true).with_filter(filter).boxed(),
