@@ -438,30 +438,50 @@ impl Cluster {
         agreed(&views).expect("agreed above")
     }
 
-    /// Whether node `id` names a leader of every shard and has applied, in
-    /// each, at least what that leader had applied when asked just before.
-    pub async fn caught_up(&self, id: u64) -> bool {
-        let Some(theirs) = self.admin_get(id, "/cluster/shards").await else {
+    /// Waits until node `id` names a leader of every shard and has applied,
+    /// in each it follows, what that leader had applied once `id` named it;
+    /// returns whether it did within `timeout`.
+    ///
+    /// The targets are fixed before the wait: under load a leader is always
+    /// an entry or two ahead of its followers, which learn each commit with
+    /// the next append or heartbeat, so comparing against the leader's
+    /// moving index could miss every poll.
+    pub async fn wait_caught_up(&self, id: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let (named, targets) = crate::wait::eventually_seen(timeout, || async {
+            let targets = self.catch_up_targets(id).await;
+            (targets.is_some(), targets)
+        })
+        .await;
+        let Some(targets) = targets.filter(|_| named) else {
             return false;
         };
-        for shard in 0..self.shard_count() {
-            let Some(leader) = theirs["shards"][shard as usize]["leader"].as_u64() else {
-                return false;
-            };
-            if leader == id {
-                continue;
+        let left = deadline.saturating_duration_since(Instant::now());
+        crate::wait::eventually(left, || async {
+            for &(shard, target) in &targets {
+                match self.shard_applied(id, shard).await {
+                    Some(applied) if applied >= target => {}
+                    _ => return false,
+                }
             }
-            let Some(target) = self.shard_applied(leader, shard).await else {
-                return false;
-            };
-            let Some(theirs) = self.shard_applied(id, shard).await else {
-                return false;
-            };
-            if theirs < target {
-                return false;
+            true
+        })
+        .await
+    }
+
+    /// `(shard, the leader's applied index)` of every shard node `id` follows,
+    /// with its leader as `id` names it; `None` while `id` names no leader of
+    /// some shard or a leader does not answer.
+    async fn catch_up_targets(&self, id: u64) -> Option<Vec<(u32, u64)>> {
+        let theirs = self.admin_get(id, "/cluster/shards").await?;
+        let mut targets = Vec::new();
+        for shard in 0..self.shard_count() {
+            let leader = theirs["shards"][shard as usize]["leader"].as_u64()?;
+            if leader != id {
+                targets.push((shard, self.shard_applied(leader, shard).await?));
             }
         }
-        true
+        Some(targets)
     }
 
     /// The first key `prefix-0`, `prefix-1`, … that `shard` holds.

@@ -276,8 +276,9 @@ async fn idle_shards_go_quiet_and_wake_for_a_write_or_a_restarted_follower() {
     let restarted = leaders[&0];
     cluster.kill(restarted);
     cluster.restart(restarted);
-    let found =
-        permitd_tests::eventually(Duration::from_secs(30), || cluster.caught_up(restarted)).await;
+    let found = cluster
+        .wait_caught_up(restarted, Duration::from_secs(30))
+        .await;
     assert!(found, "node {restarted} names every shard's leader again");
     spread_leaders(&cluster).await;
     all_quiet(&cluster).await;

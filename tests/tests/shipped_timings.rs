@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use permitd_tests::{eventually, eventually_seen, request, Cluster, Settings, SNAPSHOT_EVERY_LOGS};
+use permitd_tests::{eventually_seen, request, Cluster, Settings, SNAPSHOT_EVERY_LOGS};
 use serde_json::{json, Value};
 
 /// One scenario at a time: each runs three nodes, and two at once on a small
@@ -604,7 +604,9 @@ async fn paused_follower() {
         // paused node's timer is overdue when it wakes.
         tokio::time::sleep(Duration::from_secs(2)).await;
         cluster.pause(follower, false);
-        let back = eventually(Duration::from_secs(10), || cluster.caught_up(follower)).await;
+        let back = cluster
+            .wait_caught_up(follower, Duration::from_secs(10))
+            .await;
         assert!(back, "pause {pause}: node {follower} caught up");
         let what = format!("light load during pause {pause} (node {follower})");
         let this_pause = finish_loads(&stop, loads, &what).await;

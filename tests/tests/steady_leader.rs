@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use permitd_tests::{eventually, request, Cluster, Settings};
+use permitd_tests::{request, Cluster, Settings};
 use serde_json::json;
 
 /// How long each pause lasts: well past the leader lease plus the election
@@ -116,7 +116,9 @@ async fn a_follower_back_from_a_pause_never_takes_the_leadership() {
         signal(&cluster, follower, Signal::SIGSTOP);
         tokio::time::sleep(PAUSE).await;
         signal(&cluster, follower, Signal::SIGCONT);
-        let back = eventually(Duration::from_secs(10), || cluster.caught_up(follower)).await;
+        let back = cluster
+            .wait_caught_up(follower, Duration::from_secs(10))
+            .await;
         assert!(back, "pause {pause}: node {follower} did not catch up");
         stop.store(true, Ordering::Relaxed);
         let (ok, failed) = load.await.unwrap();
