@@ -10,7 +10,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use permitd_core::KeyConfig;
 use permitd_storage::{NodeId, PeerNode, ShardId};
-use permitd_transport::{ReqwestTransport, Transport};
+use permitd_transport::{ReqwestTransport, StreamTransport, Transport};
 use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 
@@ -20,6 +20,7 @@ use crate::credentials::{AuthSettings, Secret};
 use crate::observe::event_log::EventHub;
 use crate::raft::liveness::Liveness;
 use crate::raft::network::Network;
+use crate::raft::peer_connector::PeerConnector;
 use crate::raft::stall_clock::StallClock;
 use crate::seams::Seams;
 use crate::shard::{Shard, ShardStart, META_SHARD};
@@ -241,9 +242,7 @@ pub async fn start_unbound(
             Duration::from_millis(timings.heartbeat_interval_ms),
         ),
         crate::credentials::tls::scheme(tls),
-        transport_or(&settings.seams.transport, || {
-            crate::raft::network::client(rpc_timeout, tls, settings.peer_source_ip)
-        })?,
+        peer_transport(settings, rpc_timeout)?,
     )
     .with_seams(settings.seams.clone())
     .with_shards(count, Duration::from_millis(timings.heartbeat_interval_ms));
@@ -320,6 +319,24 @@ fn transport_or(
         Some(transport) => Ok(transport.clone()),
         None => Ok(Arc::new(ReqwestTransport::new(build()?))),
     }
+}
+
+/// The injected transport, else every shard's Raft calls to a peer on one
+/// stream ([`StreamTransport`], `raft/peer_connector.rs`), with the pooled
+/// HTTP client for calls too large for it.
+fn peer_transport(settings: &NodeSettings, rpc_timeout: Duration) -> Result<Transport, StartError> {
+    if let Some(injected) = &settings.seams.transport {
+        return Ok(injected.clone());
+    }
+    let tls = settings.tls.as_ref();
+    let larger = crate::raft::network::client(rpc_timeout, tls, settings.peer_source_ip)?;
+    let connector = PeerConnector::new(
+        tls.map(crate::raft::peer_connector::tls_connector),
+        settings.peer_source_ip,
+        rpc_timeout,
+    );
+    let larger = Arc::new(ReqwestTransport::new(larger));
+    Ok(Arc::new(StreamTransport::new(Arc::new(connector), larger)))
 }
 
 /// The HTTP client followers forward with (`edge/api/forward/`); one

@@ -218,7 +218,7 @@ pub async fn run(id: NodeId, spec: ClusterSpec, world: NodeWorld) -> turmoil::Re
     ));
     tokio::spawn(accept(
         RAFT_PORT,
-        Connections::new(internal, &settings.edge, None, stop.clone()),
+        Connections::new(internal, &settings.edge, None, stop.clone()).with_peer_streams(),
     ));
     for shard in 0..spec.shards {
         tokio::spawn(watch_leadership(id, app.clone(), shard, spec.clone()));

@@ -14,7 +14,9 @@
 //! leak into every caller. One small trait costs one boxed future per call.
 
 mod error;
+pub mod frames;
 mod reqwest_transport;
+mod stream_transport;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,6 +27,9 @@ use bytes::Bytes;
 
 pub use error::{TransportError, TransportErrorKind};
 pub use reqwest_transport::ReqwestTransport;
+pub use stream_transport::{
+    read_frame, write_frames, Connecting, Connector, PeerIo, StreamTransport, STREAM_BODY_MAX_BYTES,
+};
 
 /// A response body: streamed (an event feed, a forwarded answer), boxed so
 /// that every transport can hand back its own body type.

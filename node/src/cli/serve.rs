@@ -236,7 +236,7 @@ async fn serve_until_signal(
     let public = crate::edge::api::public_router(app.clone());
     let api_task = tokio::spawn(serve::serve(
         api_listener,
-        public,
+        (public, serve::Takes::Http),
         edge,
         tls.as_ref().map(Tls::api_acceptor),
         stop_api.clone(),
@@ -249,7 +249,10 @@ async fn serve_until_signal(
     let stop = stop_raft.clone();
     let raft_task = raft_runtime.handle().spawn(async move {
         match tokio::net::TcpListener::from_std(raft_listener) {
-            Ok(listener) => serve::serve(listener, internal, edge, raft_acceptor, stop).await,
+            Ok(listener) => {
+                let takes = (internal, serve::Takes::HttpAndPeerStreams);
+                serve::serve(listener, takes, edge, raft_acceptor, stop).await
+            }
             Err(error) => tracing::error!(%error, "cannot listen for peers"),
         }
     });

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
@@ -61,6 +61,9 @@ pub enum TlsError {
 pub struct Tls {
     pub api_server: Arc<ServerConfig>,
     pub raft_server: Arc<ServerConfig>,
+    /// This node as a client of its peers' streams: the cluster's CA as the
+    /// only root, its own certificate presented.
+    pub peer_client: Arc<ClientConfig>,
     ca_pem: Vec<u8>,
     /// Certificate chain then key, as reqwest's `Identity::from_pem` wants it.
     identity_pem: Vec<u8>,
@@ -115,6 +118,12 @@ impl Tls {
         let raft_builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(rustls_error)?;
+        let peer_client = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(rustls_error)?
+            .with_root_certificates(roots.clone())
+            .with_client_auth_cert(chain.clone(), key.clone_key())
+            .map_err(rustls_error)?;
         let raft_server = if config.peer_client_auth {
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                 .build()
@@ -131,6 +140,7 @@ impl Tls {
         Ok(Self {
             api_server: Arc::new(with_alpn(api_server, API_ALPN)),
             raft_server: Arc::new(with_alpn(raft_server, RAFT_ALPN)),
+            peer_client: Arc::new(peer_client),
             ca_pem,
             identity_pem,
         })

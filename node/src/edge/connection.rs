@@ -33,8 +33,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::TlsAcceptor;
 
-use super::http2::{sniff, Protocol};
 use super::service::{edge_service, EdgeService};
+use super::sniff::{sniff, Protocol};
 use crate::config::EdgeLimits;
 use crate::shutdown::Shutdown;
 
@@ -45,6 +45,11 @@ pub struct Connections {
     http1: http1::Builder,
     http2: http2::Builder<TokioExecutor>,
     service: EdgeService,
+    /// The router unwrapped, which peer streams call (`peer_stream.rs`).
+    router: Router,
+    /// Whether peer streams are taken: on the Raft listener only; elsewhere a
+    /// peer stream's preface is just a bad HTTP/1.1 request.
+    peer_streams: bool,
     /// HTTPS when set.
     tls: Option<TlsAcceptor>,
     /// The header-read timeout: also bounds a TLS handshake, the HTTP/2
@@ -78,11 +83,20 @@ impl Connections {
         Self {
             http1,
             http2: super::http2::builder(),
-            service: edge_service(router, limits.body_read_timeout),
+            service: edge_service(router.clone(), limits.body_read_timeout),
+            router,
+            peer_streams: false,
             tls,
             timeout: limits.header_read_timeout,
             stop,
         }
+    }
+
+    /// Also takes peer streams (the Raft listener), whose calls go to the
+    /// same router.
+    pub fn with_peer_streams(mut self) -> Self {
+        self.peer_streams = true;
+        self
     }
 
     /// Serves one accepted connection until it closes, times out, or the stop
@@ -104,13 +118,16 @@ impl Connections {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let sniffed = self.unless_stopping(sniff(stream, self.timeout)).await;
+        let sniffed = self
+            .unless_stopping(sniff(stream, self.timeout, self.peer_streams))
+            .await;
         if let Some((protocol, stream)) = sniffed.flatten() {
             self.speak(protocol, stream).await;
         }
     }
 
-    /// A TLS connection: the handshake, then the protocol ALPN agreed on.
+    /// A TLS connection: the handshake, then the protocol ALPN agreed on, or,
+    /// without ALPN's HTTP/2 where peer streams are taken, the preface.
     async fn over_tls<S>(self, acceptor: &TlsAcceptor, stream: S)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -119,11 +136,16 @@ impl Connections {
         let Some(stream) = handshaken.await.flatten() else {
             return;
         };
-        let protocol = match stream.get_ref().1.alpn_protocol() {
-            Some(b"h2") => Protocol::Http2,
-            _ => Protocol::Http1,
-        };
-        self.speak(protocol, stream).await;
+        if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+            return self.speak(Protocol::Http2, stream).await;
+        }
+        if !self.peer_streams {
+            return self.speak(Protocol::Http1, stream).await;
+        }
+        let sniffed = self.unless_stopping(sniff(stream, self.timeout, true));
+        if let Some((protocol, stream)) = sniffed.await.flatten() {
+            self.speak(protocol, stream).await;
+        }
     }
 
     /// `step`, or `None` once the server stops. A connection that has not
@@ -149,6 +171,9 @@ impl Connections {
             Protocol::Http2 => {
                 let timeout = self.timeout;
                 super::http2::serve(&self.http2, stream, self.service, self.stop, timeout).await;
+            }
+            Protocol::PeerStream => {
+                super::peer_stream::serve(stream, self.router, self.timeout, self.stop).await;
             }
         }
     }
@@ -204,6 +229,9 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod peer_stream_tests;
 
 #[cfg(test)]
 mod tests {

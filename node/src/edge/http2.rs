@@ -1,12 +1,6 @@
-//! HTTP/2 on the edge: telling it from HTTP/1.1 on a cleartext connection,
-//! and bounding an HTTP/2 connection's idle time as HTTP/1.1's header-read
-//! timeout bounds it.
-//!
-//! Over TLS the handshake's ALPN says which protocol a connection speaks. In
-//! cleartext a client that wants HTTP/2 sends its connection preface first
-//! ("prior knowledge"); [`sniff`] reads up to the preface's length, under the
-//! header-read timeout, so a connection that sends nothing is dropped like an
-//! HTTP/1.1 one whose header never comes.
+//! HTTP/2 on the edge: bounding an HTTP/2 connection's idle time as
+//! HTTP/1.1's header-read timeout bounds it. (Telling HTTP/2 from HTTP/1.1 on
+//! a connection is `sniff.rs`.)
 //!
 //! hyper's HTTP/2 server has no idle timeout: a client could open a connection
 //! and keep it without a request, holding one of the listener's connection
@@ -16,7 +10,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -27,131 +20,11 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::server::conn::http2;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 use super::service::EdgeService;
 use crate::shutdown::Shutdown;
-
-/// What an HTTP/2 client sends before anything else (RFC 9113, section 3.4).
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Which protocol a connection speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    Http1,
-    Http2,
-}
-
-/// Reads a cleartext connection's first bytes, just enough to tell the HTTP/2
-/// preface from an HTTP/1.1 request line, and hands back the stream with those
-/// bytes put back in front. `None` when they do not arrive within `timeout`.
-pub async fn sniff<S>(mut stream: S, timeout: Duration) -> Option<(Protocol, Prefixed<S>)>
-where
-    S: AsyncRead + Unpin,
-{
-    let mut seen = Vec::with_capacity(PREFACE.len());
-    let read = tokio::time::timeout(timeout, read_preface(&mut stream, &mut seen)).await;
-    match read {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => {
-            tracing::debug!(%error, "reading a connection's first bytes");
-            return None;
-        }
-        Err(_) => {
-            tracing::debug!("a connection sent no request in time");
-            return None;
-        }
-    }
-    let protocol = if seen == PREFACE {
-        Protocol::Http2
-    } else {
-        Protocol::Http1
-    };
-    Some((protocol, Prefixed::new(seen, stream)))
-}
-
-/// Reads while what came so far may still be the preface. Never past it: the
-/// rest belongs to the protocol's own parser.
-async fn read_preface<S: AsyncRead + Unpin>(stream: &mut S, seen: &mut Vec<u8>) -> io::Result<()> {
-    let mut chunk = [0u8; PREFACE.len()];
-    while seen.len() < PREFACE.len() && PREFACE.starts_with(seen) {
-        let read = stream
-            .read(&mut chunk[..PREFACE.len() - seen.len()])
-            .await?;
-        if read == 0 {
-            break;
-        }
-        seen.extend_from_slice(&chunk[..read]);
-    }
-    Ok(())
-}
-
-/// A stream whose first bytes were already read: they are read again first.
-#[derive(Debug)]
-pub struct Prefixed<S> {
-    prefix: Vec<u8>,
-    consumed: usize,
-    inner: S,
-}
-
-impl<S> Prefixed<S> {
-    fn new(prefix: Vec<u8>, inner: S) -> Self {
-        Self {
-            prefix,
-            consumed: 0,
-            inner,
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let rest = &this.prefix[this.consumed..];
-        if rest.is_empty() {
-            return Pin::new(&mut this.inner).poll_read(cx, buf);
-        }
-        let len = rest.len().min(buf.remaining());
-        buf.put_slice(&rest[..len]);
-        this.consumed += len;
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
 
 /// The HTTP/2 connection settings of a listener.
 pub fn builder() -> http2::Builder<TokioExecutor> {
@@ -310,37 +183,6 @@ impl HttpBody for TrackedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    async fn sniffed(bytes: &[u8]) -> (Protocol, Vec<u8>) {
-        let (protocol, mut stream) = sniff(bytes, Duration::from_secs(1)).await.unwrap();
-        let mut all = Vec::new();
-        stream.read_to_end(&mut all).await.unwrap();
-        (protocol, all)
-    }
-
-    #[tokio::test]
-    async fn the_preface_means_http2_and_every_byte_is_read_again() {
-        let mut bytes = PREFACE.to_vec();
-        bytes.extend_from_slice(b"\0\0\0\x04\0\0\0\0\0");
-        assert_eq!(sniffed(&bytes).await, (Protocol::Http2, bytes));
-    }
-
-    #[tokio::test]
-    async fn anything_else_is_http1() {
-        for request in [
-            &b"POST /v1/batch HTTP/1.1\r\n"[..],
-            b"PRI * HTTP/1.1\r\n\r\n",
-            b"",
-        ] {
-            assert_eq!(sniffed(request).await, (Protocol::Http1, request.to_vec()));
-        }
-    }
-
-    #[tokio::test]
-    async fn a_silent_connection_is_dropped_after_the_timeout() {
-        let (_client, server) = tokio::io::duplex(64);
-        assert!(sniff(server, Duration::from_millis(50)).await.is_none());
-    }
 
     #[tokio::test]
     async fn idle_means_nothing_in_flight_for_the_whole_timeout() {

@@ -3,9 +3,10 @@
 //! - [`serve`]: the accept loop of both listeners (connection limit, waiting
 //!   for the open connections when stopped);
 //! - [`connection`]: one accepted connection of any stream type, a TCP one or
-//!   the simulator's (TLS handshake, timeouts, graceful stop), with [`http2`]
-//!   for HTTP/2 connections; both serve the router wrapped as `service.rs`
-//!   builds it;
+//!   the simulator's (TLS handshake, timeouts, graceful stop): [`sniff`] tells
+//!   its protocol, [`http2`] serves HTTP/2 connections and [`peer_stream`]
+//!   peers' streams of Raft calls; all serve the router wrapped as
+//!   `service.rs` builds it;
 //! - [`api`]: the public and internal routers and their handlers, including
 //!   forwarding to the leader ([`api::forward`]);
 //! - [`auth`]: who may call what (tokens and roles), checked on the leader;
@@ -24,6 +25,8 @@ pub mod error;
 pub mod http2;
 #[cfg(test)]
 mod in_memory;
+pub mod peer_stream;
 pub mod raft_inbound;
 pub mod serve;
 mod service;
+pub mod sniff;

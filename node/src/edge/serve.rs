@@ -29,16 +29,28 @@ use crate::shutdown::Shutdown;
 /// it does not spin while the condition lasts.
 const ACCEPT_ERROR_PAUSE_MS: u64 = 100;
 
+/// Which connections a listener takes besides HTTP/1.1 and HTTP/2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takes {
+    /// HTTP only: the API listener.
+    Http,
+    /// Peers' streams of Raft calls too (`peer_stream.rs`): the Raft listener.
+    HttpAndPeerStreams,
+}
+
 /// Serves `router` on `listener` (HTTPS when `tls` is set) until `stop` is
 /// triggered, then lets the open connections finish their requests and returns.
 pub async fn serve(
     listener: TcpListener,
-    router: Router,
+    (router, takes): (Router, Takes),
     limits: EdgeLimits,
     tls: Option<TlsAcceptor>,
     stop: Shutdown,
 ) {
-    let connections = Connections::new(router, &limits, tls, stop.clone());
+    let mut connections = Connections::new(router, &limits, tls, stop.clone());
+    if takes == Takes::HttpAndPeerStreams {
+        connections = connections.with_peer_streams();
+    }
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let accepted = tokio::select! {

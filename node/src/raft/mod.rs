@@ -18,6 +18,7 @@ pub mod heartbeats;
 pub mod leader_view;
 pub mod liveness;
 pub mod network;
+pub mod peer_connector;
 pub mod peer_logs;
 pub mod quiescence;
 pub mod runtime;
