@@ -321,11 +321,13 @@ fn transport_or(
     }
 }
 
-/// The injected transport, else every shard's Raft calls to a peer on one
-/// stream ([`StreamTransport`], `raft/peer_connector.rs`), with the pooled
-/// HTTP client for calls too large for it.
+/// The injected transport of Raft calls, else the injected transport of every
+/// call, else every shard's Raft calls to a peer on one stream
+/// ([`StreamTransport`], `raft/peer_connector.rs`), with the pooled HTTP
+/// client for calls too large for it.
 fn peer_transport(settings: &NodeSettings, rpc_timeout: Duration) -> Result<Transport, StartError> {
-    if let Some(injected) = &settings.seams.transport {
+    let seams = &settings.seams;
+    if let Some(injected) = seams.peer_transport.as_ref().or(seams.transport.as_ref()) {
         return Ok(injected.clone());
     }
     let tls = settings.tls.as_ref();

@@ -5,7 +5,8 @@
 //! Each seam is the narrowest point at which the world enters:
 //! - the network: every outgoing call (Raft RPC, pre-votes, forwarding to the
 //!   leader, its readiness probe) through a `permitd_transport::Transport`:
-//!   the production HTTP clients `app.rs` builds, or the simulated network;
+//!   the production HTTP clients and peer streams `app.rs` builds, or the
+//!   simulated network (Raft calls may have a transport of their own);
 //! - the wall clock ([`Clock`]): entries' `now`, lease expiry in usage reads;
 //! - the round timer: a Linux timerfd in production (sub-millisecond), tokio's
 //!   timer in the simulator, whose paused clock a timerfd cannot see;
@@ -55,6 +56,9 @@ pub struct Seams {
     /// What every outgoing call is sent through; `None`: the production
     /// HTTP clients built from the node's settings (TLS, timeouts).
     pub transport: Option<Transport>,
+    /// What Raft calls to peers are sent through; `None`: `transport` where
+    /// one is given, else the production peer streams (`app.rs`).
+    pub peer_transport: Option<Transport>,
 }
 
 impl Seams {
@@ -75,6 +79,7 @@ impl Seams {
             exec: Exec::Threads,
             disk: None,
             transport: None,
+            peer_transport: None,
         }
     }
 

@@ -6,7 +6,10 @@
 //!
 //! One connection per call keeps a call's fate its own: a partition or a
 //! crash fails the calls under way, never a later one through a stale pooled
-//! connection.
+//! connection. Raft calls between nodes go as production sends them instead
+//! ([`SimPeerStreams`]): every call to a peer on one connection, as frames,
+//! so the simulator checks the stream's own fates too (a partition that
+//! leaves it silent, a crashed peer, the reconnect after either).
 //!
 //! TCP never loses or repeats a byte, so a lost or repeated *message* is
 //! injected here, a call at a time, while the nemesis makes the network lossy
@@ -17,6 +20,7 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -24,7 +28,8 @@ use http_body::Frame;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use permitd_transport::{
-    boxed, BoxError, Deadline, HttpTransport, Sending, TransportError, TransportErrorKind,
+    boxed, BoxError, Connecting, Connector, Deadline, HttpTransport, PeerIo, Sending,
+    StreamTransport, TransportError, TransportErrorKind,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -124,6 +129,64 @@ impl HttpTransport for SimTransport {
                 None => exchange.await?,
             };
             Ok(response.map(|body| boxed(DeadlineBody::new(body, deadline))))
+        })
+    }
+}
+
+/// A node's Raft calls to its peers: production's [`StreamTransport`] over
+/// turmoil's TCP (one connection per peer, opened on the first call and again
+/// after it breaks), with the same lost answers and repeated calls as
+/// [`SimTransport`] while the network is lossy. Calls too large for a stream
+/// go through [`SimTransport`], which draws their fate itself.
+#[derive(Debug)]
+pub struct SimPeerStreams {
+    streams: Arc<StreamTransport>,
+}
+
+impl Default for SimPeerStreams {
+    fn default() -> Self {
+        Self {
+            streams: Arc::new(StreamTransport::new(
+                Arc::new(SimConnector),
+                Arc::new(SimTransport),
+            )),
+        }
+    }
+}
+
+impl HttpTransport for SimPeerStreams {
+    fn send(&self, request: http::Request<Bytes>) -> Sending {
+        let streams = self.streams.clone();
+        Box::pin(async move {
+            match fate() {
+                Fate::Delivered => streams.send(request).await,
+                Fate::AnswerLost => {
+                    streams.send(request).await?;
+                    Err(TransportError::new(
+                        TransportErrorKind::Exchange,
+                        "answer lost",
+                    ))
+                }
+                Fate::Repeated => {
+                    let again = copy(&request);
+                    let _ = streams.send(request).await;
+                    streams.send(again).await
+                }
+            }
+        })
+    }
+}
+
+/// Opens a peer stream's connection over turmoil's TCP.
+#[derive(Debug)]
+struct SimConnector;
+
+impl Connector for SimConnector {
+    fn connect(&self, peer: &http::uri::Authority) -> Connecting {
+        let (host, port) = (peer.host().to_owned(), peer.port_u16().unwrap_or(80));
+        Box::pin(async move {
+            let stream = turmoil::net::TcpStream::connect((host.as_str(), port)).await?;
+            Ok(Box::new(stream) as Box<dyn PeerIo>)
         })
     }
 }

@@ -23,7 +23,7 @@ use permitd_storage::{Exec, NodeId, PeerNode};
 
 use crate::disk::SimDisk;
 use crate::elections::{Disturbances, TermsSeen};
-use crate::net::SimTransport;
+use crate::net::{SimPeerStreams, SimTransport};
 use crate::replicas::Replicas;
 use crate::trace::Trace;
 
@@ -133,6 +133,7 @@ fn settings(id: NodeId, spec: &ClusterSpec, world: &NodeWorld) -> NodeSettings {
             exec: Exec::Inline,
             disk: Some(Arc::new(world.disk.clone())),
             transport: Some(Arc::new(SimTransport)),
+            peer_transport: Some(Arc::new(SimPeerStreams::default())),
         },
         shards: spec.shards,
     }

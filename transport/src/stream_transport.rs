@@ -24,7 +24,7 @@
 //!   a cut link looks like that, and a new connection is how a pooled client
 //!   would have recovered (a timed-out call's connection is not reused).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -172,7 +172,9 @@ type Answer = Result<http::Response<Bytes>, TransportError>;
 #[derive(Debug)]
 struct Stream {
     writes: mpsc::Sender<Bytes>,
-    calls: Mutex<HashMap<CallId, oneshot::Sender<Answer>>>,
+    /// Ordered, so a broken connection fails its calls in the order they
+    /// were made (the simulator replays a run only if wake-ups are ordered).
+    calls: Mutex<BTreeMap<CallId, oneshot::Sender<Answer>>>,
     next_id: AtomicU64,
     /// Answers read so far: a call that times out with none read meanwhile
     /// closes the connection.
