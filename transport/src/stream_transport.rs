@@ -72,6 +72,8 @@ pub trait Connector: Send + Sync + std::fmt::Debug + 'static {
 pub struct StreamTransport {
     connector: Arc<dyn Connector>,
     larger: Transport,
+    /// One slot per peer address ever called: as many as the cluster's
+    /// members (a node calls nothing else through it).
     peers: Mutex<HashMap<Authority, Arc<PeerSlot>>>,
 }
 
@@ -160,7 +162,8 @@ impl PeerSlot {
             |error: io::Error| TransportError::new(TransportErrorKind::Connect, error);
         let mut io = connector.connect(peer).await.map_err(connect_error)?;
         io.write_all(PREFACE).await.map_err(connect_error)?;
-        let stream = Stream::start(io);
+        let stream = Stream::start(io, peer.clone());
+        tracing::debug!(%peer, "peer stream opened");
         *current = Some(stream.clone());
         Ok(stream)
     }
@@ -171,6 +174,7 @@ type Answer = Result<http::Response<Bytes>, TransportError>;
 /// One open connection: its writer's queue and the calls awaiting answers.
 #[derive(Debug)]
 struct Stream {
+    peer: Authority,
     writes: mpsc::Sender<Bytes>,
     /// Ordered, so a broken connection fails its calls in the order they
     /// were made (the simulator replays a run only if wake-ups are ordered).
@@ -186,10 +190,11 @@ struct Stream {
 
 impl Stream {
     /// Starts the connection's writer and reader tasks.
-    fn start(io: Box<dyn PeerIo>) -> Arc<Self> {
+    fn start(io: Box<dyn PeerIo>, peer: Authority) -> Arc<Self> {
         let (read, write) = tokio::io::split(io);
         let (writes, queued) = mpsc::channel(QUEUED_FRAMES);
         let stream = Arc::new(Self {
+            peer,
             writes,
             calls: Mutex::default(),
             next_id: AtomicU64::new(1),
@@ -234,7 +239,10 @@ impl Stream {
 
     /// Marks the connection broken and fails every call on it.
     fn close(&self, why: &str) {
-        self.closed.store(true, Ordering::Release);
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::info!(peer = %self.peer, reason = why, "peer stream closed");
         self.shut.notify_one();
         let calls = std::mem::take(&mut *self.calls.lock().expect("calls lock"));
         for (_, answered) in calls {
