@@ -177,7 +177,8 @@ impl Tls {
 /// What the API listener offers in ALPN: HTTP/2 to clients that ask for it
 /// (`edge/serve.rs` serves each connection as agreed), HTTP/1.1 to the rest.
 const API_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
-/// Peers speak HTTP/1.1 to each other.
+/// Peers speak HTTP/1.1 to each other, and their peer streams offer no ALPN
+/// (`edge/sniff.rs` tells them by their preface).
 const RAFT_ALPN: &[&[u8]] = &[b"http/1.1"];
 
 fn with_alpn(mut config: ServerConfig, protocols: &[&[u8]]) -> ServerConfig {

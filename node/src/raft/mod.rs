@@ -7,7 +7,9 @@
 //! stalls, read by every shard's guard ([`stall_clock`]). The inbound `/raft/*` endpoints the peers call are in the
 //! edge, which serves both listeners (`edge/raft_inbound.rs`).
 //!
-//! Peers talk HTTP with MessagePack bodies ([`wire`]). Every request carries the
+//! Peers talk HTTP with MessagePack bodies ([`wire`]), every call to a peer on
+//! one connection as a frame (`permitd_transport::StreamTransport`, opened by
+//! [`peer_connector`]). Every request carries the
 //! cluster secret; every answer is an encoded `Result<Response, RaftError>` so that a remote Raft error
 //! reaches the caller as a [`openraft::error::RemoteError`], distinct from a peer
 //! that cannot be reached or a connection that broke.
