@@ -16,9 +16,16 @@
 //!
 //! Every frame is at most [`MAX_FRAME_BYTES`]; a larger one, or one that does
 //! not parse, ends the connection (its calls fail; the caller reconnects).
+//!
+//! Both ends read frames with [`read_frame`] and write them with
+//! [`write_frames`], the writer task of a connection.
+
+use std::io;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::mpsc;
 
 /// What a client writes first: a peer stream, not HTTP. It shares no prefix
 /// with an HTTP/1.1 request line (`POST /…`) longer than one byte, nor with
@@ -33,6 +40,9 @@ pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
 
 /// Bytes of a frame before its kind: the length.
 pub const LENGTH_BYTES: usize = 4;
+
+/// Bytes the writer gathers into one `write` when several frames are queued.
+const WRITE_BATCH_BYTES: usize = 64 * 1024;
 
 const REQUEST: u8 = 1;
 const ANSWER: u8 = 2;
@@ -128,6 +138,46 @@ pub fn decode_answer(mut rest: Bytes) -> Result<AnswerFrame, FrameError> {
     *answer.status_mut() = status;
     *answer.headers_mut() = headers;
     Ok(AnswerFrame { id, answer })
+}
+
+/// Reads one frame and returns what follows its length; `None` at a clean
+/// end of the stream (between frames).
+pub async fn read_frame<R: AsyncRead + Unpin>(read: &mut R) -> io::Result<Option<Bytes>> {
+    let mut prefix = [0u8; LENGTH_BYTES];
+    match read.read_exact(&mut prefix).await {
+        Ok(_) => {}
+        Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(error) => return Err(error),
+    }
+    let length = frame_length(prefix).map_err(invalid)?;
+    let mut rest = BytesMut::zeroed(length);
+    read.read_exact(&mut rest).await?;
+    Ok(Some(rest.freeze()))
+}
+
+/// The writer task of either end: writes queued frames, all that are queued
+/// at once in one `write` (up to [`WRITE_BATCH_BYTES`]), until the queue's
+/// senders are gone; then shuts the write side.
+pub async fn write_frames<W: AsyncWrite + Unpin>(
+    write: W,
+    mut queued: mpsc::Receiver<Bytes>,
+) -> io::Result<()> {
+    let mut write = BufWriter::with_capacity(WRITE_BATCH_BYTES, write);
+    while let Some(frame) = queued.recv().await {
+        write.write_all(&frame).await?;
+        while write.buffer().len() < WRITE_BATCH_BYTES {
+            match queued.try_recv() {
+                Ok(frame) => write.write_all(&frame).await?,
+                Err(_) => break,
+            }
+        }
+        write.flush().await?;
+    }
+    write.shutdown().await
+}
+
+fn invalid(error: FrameError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, error)
 }
 
 fn start(kind: u8, id: CallId, body: usize) -> BytesMut {

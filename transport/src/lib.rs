@@ -27,9 +27,7 @@ use bytes::Bytes;
 
 pub use error::{TransportError, TransportErrorKind};
 pub use reqwest_transport::ReqwestTransport;
-pub use stream_transport::{
-    read_frame, write_frames, Connecting, Connector, PeerIo, StreamTransport, STREAM_BODY_MAX_BYTES,
-};
+pub use stream_transport::{Connecting, Connector, PeerIo, StreamTransport, STREAM_BODY_MAX_BYTES};
 
 /// A response body: streamed (an event feed, a forwarded answer), boxed so
 /// that every transport can hand back its own body type.

@@ -31,12 +31,12 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::uri::Authority;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::frames::{self, CallId, FrameError, LENGTH_BYTES, PREFACE};
+use crate::frames::{self, read_frame, write_frames, CallId, PREFACE};
 use crate::{
     boxed, Deadline, HttpTransport, Sending, Transport, TransportError, TransportErrorKind,
 };
@@ -50,9 +50,6 @@ pub const STREAM_BODY_MAX_BYTES: usize = 256 * 1024;
 /// Frames queued for one connection's writer before a caller waits: a bound
 /// on what a stalled peer makes this node hold.
 const QUEUED_FRAMES: usize = 1024;
-
-/// Bytes the writer gathers into one `write` when several frames are queued.
-const WRITE_BATCH_BYTES: usize = 64 * 1024;
 
 /// A connection's byte stream, TLS included where the connector speaks it.
 pub trait PeerIo: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -295,46 +292,6 @@ async fn read_answers<R: AsyncRead + Unpin>(stream: Arc<Stream>, mut read: R) {
         }
     };
     stream.close(&why);
-}
-
-/// Reads one frame and returns what follows its length; `None` at a clean
-/// end of the stream (between frames).
-pub async fn read_frame<R: AsyncRead + Unpin>(read: &mut R) -> io::Result<Option<Bytes>> {
-    let mut prefix = [0u8; LENGTH_BYTES];
-    match read.read_exact(&mut prefix).await {
-        Ok(_) => {}
-        Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(error) => return Err(error),
-    }
-    let length = frames::frame_length(prefix).map_err(invalid)?;
-    let mut rest = BytesMut::zeroed(length);
-    read.read_exact(&mut rest).await?;
-    Ok(Some(rest.freeze()))
-}
-
-/// The writer task of either end: writes queued frames, all that are queued
-/// at once in one `write` (up to [`WRITE_BATCH_BYTES`]), until the queue's
-/// senders are gone; then shuts the write side.
-pub async fn write_frames<W: AsyncWrite + Unpin>(
-    write: W,
-    mut queued: mpsc::Receiver<Bytes>,
-) -> io::Result<()> {
-    let mut write = BufWriter::with_capacity(WRITE_BATCH_BYTES, write);
-    while let Some(frame) = queued.recv().await {
-        write.write_all(&frame).await?;
-        while write.buffer().len() < WRITE_BATCH_BYTES {
-            match queued.try_recv() {
-                Ok(frame) => write.write_all(&frame).await?,
-                Err(_) => break,
-            }
-        }
-        write.flush().await?;
-    }
-    write.shutdown().await
-}
-
-fn invalid(error: FrameError) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, error)
 }
 
 #[cfg(test)]

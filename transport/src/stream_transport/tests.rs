@@ -4,10 +4,12 @@
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
 use crate::collect;
+use crate::frames::{read_frame, write_frames};
 
 /// Plain TCP.
 #[derive(Debug)]
