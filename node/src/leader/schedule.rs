@@ -1142,20 +1142,28 @@ mod tests {
     /// `t0 + 500 ms`; that round's entry is done.
     fn hold_one_in_a(schedule: &mut Schedule<u32, &'static str>, t0: Instant) {
         let entry = round_of_a(schedule, 1, t0);
+        hold_one_when_done(schedule, &entry, t0 + ms(500), t0 + ms(2));
+    }
+
+    /// Request 1 of "a", which `entry`'s round left empty-handed, is held
+    /// until `answer_by` from `at`, when the entry is done.
+    fn hold_one_when_done(
+        schedule: &mut Schedule<u32, &'static str>,
+        entry: &Entry<u32, &'static str>,
+        answer_by: Instant,
+        at: Instant,
+    ) {
         schedule
-            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(2))
+            .hold("a", 1, 10, answer_by, entry.woken_before, at)
             .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(2));
+        schedule.entry_done(entry.id, at);
     }
 
     #[test]
     fn a_held_request_makes_no_round_due_until_its_answer_by_time() {
         let (mut schedule, t0) = schedule();
         let entry = round_of_a(&mut schedule, 1, t0);
-        schedule
-            .hold("a", 1, 10, t0 + ms(50), entry.woken_before, t0 + ms(2))
-            .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(2));
+        hold_one_when_done(&mut schedule, &entry, t0 + ms(50), t0 + ms(2));
         assert_eq!(schedule.parked(), 1, "held requests count as parked");
         assert_eq!(schedule.pending("a"), 1);
         assert!(
@@ -1234,10 +1242,7 @@ mod tests {
         schedule.park("a", 1, 10, timings(5, 1), t0).unwrap();
         assert!(schedule.take_entry(t0 + ms(4)).is_none());
         let entry = schedule.take_entry(t0 + ms(5)).unwrap();
-        schedule
-            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(6))
-            .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(6));
+        hold_one_when_done(schedule, &entry, t0 + ms(500), t0 + ms(6));
     }
 
     #[test]
@@ -1277,10 +1282,7 @@ mod tests {
             .unwrap();
         let sync_entry = schedule.take_entry(t0 + ms(6)).unwrap();
         schedule.entry_done(sync_entry.id, t0 + ms(7));
-        schedule
-            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(8))
-            .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(8));
+        hold_one_when_done(&mut schedule, &entry, t0 + ms(500), t0 + ms(8));
         let next = schedule.take_entry(t0 + ms(8)).unwrap();
         assert_eq!(next.rounds, [("a".to_string(), vec![1])]);
 
@@ -1291,10 +1293,7 @@ mod tests {
         schedule
             .park("a", 2, 10, timings(5, 1), t0 + ms(6))
             .unwrap();
-        schedule
-            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(8))
-            .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(8));
+        hold_one_when_done(&mut schedule, &entry, t0 + ms(500), t0 + ms(8));
         assert!(schedule.take_entry(t0 + ms(10)).is_none());
         let next = schedule.take_entry(t0 + ms(11)).unwrap();
         assert_eq!(next.rounds, [("a".to_string(), vec![1, 2])]);
@@ -1305,10 +1304,7 @@ mod tests {
         let (mut schedule, t0) = schedule();
         schedule.park("a", 1, 10, timings(0, 20), t0).unwrap();
         let entry = schedule.take_entry(t0).unwrap();
-        schedule
-            .hold("a", 1, 10, t0 + ms(500), entry.woken_before, t0 + ms(1))
-            .unwrap();
-        schedule.entry_done(entry.id, t0 + ms(1));
+        hold_one_when_done(&mut schedule, &entry, t0 + ms(500), t0 + ms(1));
         schedule.wake("a", t0 + ms(2));
         assert!(schedule.take_entry(t0 + ms(19)).is_none());
         let next = schedule.take_entry(t0 + ms(20)).unwrap();
