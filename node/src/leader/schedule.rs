@@ -325,22 +325,42 @@ impl<R, S> Schedule<R, S> {
 
     /// Makes `key`'s round due by the rules, unless it already is.
     fn make_due(&mut self, key: &str, now: Instant) {
+        if self
+            .keys
+            .get(key)
+            .is_some_and(|p| p.first_arrival.is_none())
+        {
+            self.make_due_after(key, now, true);
+        }
+    }
+
+    /// Makes `key`'s round due `roundWaitMs` after `now` (with `wait`) or at
+    /// `now`, never sooner than `roundPeriodMs` after its last round, or once
+    /// its round in flight is answered; an earlier due time stays.
+    fn make_due_after(&mut self, key: &str, now: Instant, wait: bool) {
         let Some(pending) = self.keys.get_mut(key) else {
             return;
         };
-        if pending.first_arrival.is_some() || pending.requests.is_empty() {
+        if pending.requests.is_empty() {
             return;
         }
-        pending.first_arrival = Some(now);
-        let mut due_at = now + pending.timings.wait;
+        let mut due_at = if wait {
+            now + pending.timings.wait
+        } else {
+            now
+        };
         if let Some(last) = pending.last_round_at {
             due_at = due_at.max(last + pending.timings.period);
         }
-        self.idle.set(key.to_owned(), None);
+        pending.first_arrival.get_or_insert(now);
+        let key = key.to_owned();
+        self.idle.set(key.clone(), None);
         if pending.rounds_in_flight > 0 && self.settings.one_round_in_flight_per_key {
-            pending.due_after_flight = Some(due_at);
+            let later = pending.due_after_flight.unwrap_or(due_at);
+            pending.due_after_flight = Some(later.min(due_at));
         } else {
-            self.due.set(key.to_owned(), Some(due_at));
+            let later = self.due.get(&key).copied().unwrap_or(due_at);
+            self.due.set(key, Some(later.min(due_at)));
         }
     }
 
@@ -375,30 +395,10 @@ impl<R, S> Schedule<R, S> {
         true
     }
 
-    /// Makes `key`'s round due now, or `roundPeriodMs` after its last round,
-    /// or once its round in flight is answered (an earlier due time stays):
-    /// its waiting requests have waited already (the module rules).
+    /// Makes `key`'s round due at once (by the period and the round in
+    /// flight): its waiting requests have waited already (the module rules).
     fn make_due_now(&mut self, key: &str, now: Instant) {
-        let Some(pending) = self.keys.get_mut(key) else {
-            return;
-        };
-        if pending.requests.is_empty() {
-            return;
-        }
-        let mut due_at = now;
-        if let Some(last) = pending.last_round_at {
-            due_at = due_at.max(last + pending.timings.period);
-        }
-        pending.first_arrival.get_or_insert(now);
-        let key = key.to_owned();
-        self.idle.set(key.clone(), None);
-        if pending.rounds_in_flight > 0 && self.settings.one_round_in_flight_per_key {
-            let later = pending.due_after_flight.unwrap_or(due_at);
-            pending.due_after_flight = Some(later.min(due_at));
-        } else {
-            let later = self.due.get(&key).copied().unwrap_or(due_at);
-            self.due.set(key, Some(later.min(due_at)));
-        }
+        self.make_due_after(key, now, false);
     }
 
     /// Wakes every key that holds requests (a change that may concern any key,
