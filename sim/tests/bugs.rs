@@ -82,7 +82,7 @@ const BUGS: [(&str, Switch, FaultMix, u64); 4] = [
         "a pre-vote without the term rule",
         permitd_storage::bugs::set_prevote_without_term_rule,
         FAILOVERS,
-        1767,
+        2430,
     ),
     (
         "entries proposed out of order",

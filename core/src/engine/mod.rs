@@ -10,6 +10,8 @@
 //!   runs the [`leases`] pass;
 //! - [`permit_sync`]: a sync, reports only, applied without a round;
 //! - [`replay`]: `requestId` de-duplication, a retry gets the original answer;
+//! - [`rehearsal`]: a round on a copy of a key, for a leader to learn that a
+//!   round now would serve nobody;
 //! - [`force_release`]: an operator drops one client's footprint on a key, and
 //!   [`delete_key`] a whole key (releasing its holders first when forced);
 //! - [`restore`]: a whole backup written into a new cluster;
@@ -25,6 +27,7 @@ pub mod leases;
 pub mod lifecycle;
 pub mod permit_sync;
 pub mod reclaim;
+pub mod rehearsal;
 pub mod replay;
 pub mod reports;
 pub mod restore;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use permitd_core::contract::protocol::{
     BlockedReason, GrantReport, PermitGrant, PermitRequest, PermitSync, PermitSyncResult, V1,
 };
+use permitd_core::engine::rehearsal::Rehearsal;
 use permitd_core::limits::MAX_REQUEST_WAIT_MS;
 use permitd_core::Event;
 use permitd_storage::{Command, KeyRound, KeySync};
@@ -324,6 +325,13 @@ pub(crate) fn holdable(request: &PermitRequest) -> Option<Duration> {
 /// first round: the client admits work only once its claim is confirmed.
 fn gives_back_all_it_claims(report: &GrantReport) -> bool {
     report.claimed > 0 && report.released >= report.claimed
+}
+
+/// Whether a rehearsed round would serve nobody and change nothing: every
+/// answer empty-handed (so each request would be held again) and the key as
+/// it was. Such a round need not run: its requests may be held without it.
+pub(crate) fn serves_nobody(rehearsal: &Rehearsal) -> bool {
+    !rehearsal.changes_key && rehearsal.answers.iter().all(empty_handed)
 }
 
 /// A round's answer that tells the client nothing new: no grant, no lease,

@@ -52,7 +52,7 @@ use super::round_plan::{
     self, granted, into_command, match_answers, returns_permits, returns_permits_of, KeyAnswers,
     Replies, RoundReply, WaitingRequest, WaitingSync,
 };
-use super::schedule::{Entry, Schedule, ScheduleSettings, Timings};
+use super::schedule::{CannotPark, Entry, Schedule, ScheduleSettings, Timings};
 use super::timer::PreciseTimer;
 use crate::clock::Clock;
 use crate::raft::Raft;
@@ -286,8 +286,7 @@ impl Rounds {
         let waiting = WaitingRequest::new(request, reply, bytes, now);
         let (waiting, early) = round_plan::split_early_reports(waiting);
         let Some(early) = early else {
-            let bytes = waiting.bytes;
-            self.schedule().park(key, waiting, bytes, timings, now)?;
+            self.park_or_hold(key, waiting, timings, now)?;
             crate::observe::metrics::pending_changed(1);
             self.inner.wake.notify_one();
             return answered(answer).await;
@@ -317,6 +316,47 @@ impl Rounds {
             answered(answer).await?,
             early,
         ))
+    }
+
+    /// Parks `waiting` for `key`'s next round, or holds it at once with the
+    /// key's held requests when a round of them all would serve nobody and
+    /// change nothing (rehearsed on the applied state:
+    /// [`round_plan::serves_nobody`]). That round would cost a log entry on
+    /// every node and hold them all again; worse, a release arriving while it
+    /// is in flight would wait for it. Anything that may free permits later
+    /// wakes the held requests as before (docs/protocol.md, "Held requests").
+    fn park_or_hold(
+        &self,
+        key: &str,
+        waiting: WaitingRequest,
+        timings: Timings,
+        now: Instant,
+    ) -> Result<(), CannotPark> {
+        let bytes = waiting.bytes;
+        let hold = waiting.answer_by.and_then(|answer_by| {
+            let (probe, mut requests) = {
+                let schedule = self.schedule();
+                let probe = schedule.hold_probe(key)?;
+                let held = schedule.waiting(key).map(|held| held.request.clone());
+                (probe, held.collect::<Vec<_>>())
+            };
+            requests.push(waiting.request.clone());
+            let now_ms = self.inner.clock.now_ms();
+            let rehearsal = self
+                .inner
+                .state
+                .read(|semaphores| semaphores.rehearse_round(key, now_ms, &requests));
+            round_plan::serves_nobody(&rehearsal).then_some((answer_by, probe))
+        });
+        let mut schedule = self.schedule();
+        let Some((answer_by, probe)) = hold else {
+            return schedule.park(key, waiting, bytes, timings, now);
+        };
+        let held = schedule.hold_arrival(key, (waiting, bytes), answer_by, timings, probe, now)?;
+        if held {
+            crate::observe::metrics::held_on_arrival();
+        }
+        Ok(())
     }
 
     /// Queues `sync` for the next entry and waits for its answer.

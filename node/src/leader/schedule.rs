@@ -142,6 +142,12 @@ impl<R> KeyPending<R> {
     }
 }
 
+/// The schedule as [`Schedule::hold_probe`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldProbe {
+    wakes: u64,
+}
+
 /// Names an entry taken from the schedule until [`Schedule::entry_done`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EntryId(u64);
@@ -314,6 +320,51 @@ impl<R, S> Schedule<R, S> {
         Ok(())
     }
 
+    /// Whether a new request for `key` might skip its round: the key holds
+    /// requests, has none parked and no round in flight, so a round now would
+    /// carry the held requests and the new one, and nothing else. The caller
+    /// rehearses that round; if it would serve nobody, [`Self::hold_arrival`]
+    /// holds the new request with the others, provided nothing changed since
+    /// this probe (no wake of any key: the probe remembers the wake count).
+    pub fn hold_probe(&self, key: &str) -> Option<HoldProbe> {
+        let pending = self.keys.get(key)?;
+        let quiet = !pending.held.is_empty()
+            && pending.requests.is_empty()
+            && pending.rounds_in_flight == 0;
+        quiet.then_some(HoldProbe { wakes: self.wakes })
+    }
+
+    /// Holds a new `request` (`bytes` long) for `key` without making the key
+    /// due, as a round that left it empty-handed would have, if `probe` still
+    /// describes the schedule; otherwise parks it as [`Self::park`] does.
+    /// Whether it was held.
+    /// The caller rehearsed, after `probe`, a round of the held requests and
+    /// this one, and it would have served nobody and changed nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn hold_arrival(
+        &mut self,
+        key: &str,
+        (request, bytes): (R, usize),
+        answer_by: Instant,
+        timings: Timings,
+        probe: HoldProbe,
+        now: Instant,
+    ) -> Result<bool, CannotPark> {
+        let unchanged = self.hold_probe(key) == Some(probe);
+        if !unchanged || answer_by <= now {
+            return self.park(key, request, bytes, timings, now).map(|()| false);
+        }
+        self.admit(1, bytes, now)?;
+        self.key_has_room(key)?;
+        let pending = self.keys.get_mut(key).expect("probed above");
+        pending.held.push((request, bytes));
+        pending.timings = timings;
+        self.parked_messages += 1;
+        self.parked_bytes += bytes;
+        self.hold_until(key, answer_by);
+        Ok(true)
+    }
+
     /// Whether one more request may wait for `key`'s round.
     fn key_has_room(&self, key: &str) -> Result<(), CannotPark> {
         let pending = self.pending(key);
@@ -453,10 +504,15 @@ impl<R, S> Schedule<R, S> {
             return Ok(());
         }
         pending.held.push((request, bytes));
+        self.hold_until(key, answer_by);
+        Ok(())
+    }
+
+    /// Counts `key`'s newest held request by its answer-by time.
+    fn hold_until(&mut self, key: &str, answer_by: Instant) {
         let until = self.holds.get(&key.to_owned()).copied();
         let until = until.map_or(answer_by, |until| until.min(answer_by));
         self.holds.set(key.to_owned(), Some(until));
-        Ok(())
     }
 
     /// Keys whose earliest held request must be answered by `now` are woken.
@@ -1367,5 +1423,60 @@ mod tests {
         assert_eq!(requests, [1]);
         assert_eq!(schedule.parked(), 0);
         assert_eq!(schedule.next_wake(t0 + ms(100)), None);
+    }
+
+    #[test]
+    fn a_request_held_on_arrival_makes_no_round_until_a_wake() {
+        let (mut schedule, t0) = schedule();
+        hold_one_in_a(&mut schedule, t0);
+        let probe = schedule.hold_probe("a").expect("held, nothing parked");
+        let held = schedule
+            .hold_arrival("a", (2, 10), t0 + ms(300), timings(1, 0), probe, t0 + ms(3))
+            .unwrap();
+        assert!(held);
+        assert_eq!((schedule.parked(), schedule.pending("a")), (2, 2));
+        assert!(schedule.take_entry(t0 + ms(10)).is_none(), "no round due");
+        assert_eq!(
+            schedule.next_due(t0 + ms(10)),
+            Some(t0 + ms(300)),
+            "the earliest answer-by time"
+        );
+        schedule
+            .push_sync("release", 10, Some("a"), t0 + ms(20))
+            .unwrap();
+        let entry = schedule.take_entry(t0 + ms(20)).unwrap();
+        assert_eq!(
+            entry.rounds,
+            [("a".to_string(), vec![1, 2])],
+            "a release sends both, in arrival order, at once"
+        );
+    }
+
+    #[test]
+    fn a_wake_after_the_probe_parks_the_request_as_usual() {
+        let (mut schedule, t0) = schedule();
+        hold_one_in_a(&mut schedule, t0);
+        let probe = schedule.hold_probe("a").unwrap();
+        schedule.wake("a", t0 + ms(3));
+        let held = schedule
+            .hold_arrival("a", (2, 10), t0 + ms(300), timings(1, 0), probe, t0 + ms(3))
+            .unwrap();
+        assert!(!held);
+        let entry = schedule.take_entry(t0 + ms(4)).unwrap();
+        assert_eq!(entry.rounds, [("a".to_string(), vec![1, 2])]);
+    }
+
+    #[test]
+    fn only_a_key_holding_requests_with_none_parked_or_in_flight_is_probed() {
+        let (mut schedule, t0) = schedule();
+        assert_eq!(schedule.hold_probe("a"), None, "unknown key");
+        let entry = round_of_a(&mut schedule, 1, t0);
+        assert_eq!(schedule.hold_probe("a"), None, "round in flight");
+        hold_one_when_done(&mut schedule, &entry, t0 + ms(500), t0 + ms(2));
+        assert!(schedule.hold_probe("a").is_some());
+        schedule
+            .park("a", 2, 10, timings(5, 0), t0 + ms(3))
+            .unwrap();
+        assert_eq!(schedule.hold_probe("a"), None, "a request parked");
     }
 }

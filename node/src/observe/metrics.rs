@@ -66,6 +66,9 @@ pub const HANDOVERS: &str = "permitd_handovers_total";
 pub const PENDING: &str = "permitd_pending_requests";
 pub const ABANDONED: &str = "permitd_requests_abandoned_total";
 pub const EARLY_REPORTS: &str = "permitd_early_reports_total";
+/// Requests held on arrival because a round of their key would have served
+/// nobody (`leader/rounds.rs`, `park_or_hold`).
+pub const HELD_ON_ARRIVAL: &str = "permitd_requests_held_on_arrival_total";
 pub const READS_CONFIRMED_AGAIN: &str = "permitd_read_confirmations_retried_total";
 
 /// Most keys with per-key gauges (four series each) in one process.
@@ -175,6 +178,10 @@ fn describe() {
         "Grant reports of requests applied with the next entry, ahead of the round."
     );
     metrics::describe_counter!(
+        HELD_ON_ARRIVAL,
+        "Requests held on arrival, without a round, because a round of their key would have served nobody."
+    );
+    metrics::describe_counter!(
         READS_CONFIRMED_AGAIN,
         "Leadership confirmations for a linearizable read asked again because a quorum did not answer within a heartbeat interval."
     );
@@ -210,6 +217,10 @@ pub fn pending_changed(delta: i64) {
 
 pub fn early_reports(reports: usize) {
     metrics::counter!(EARLY_REPORTS).increment(reports as u64);
+}
+
+pub fn held_on_arrival() {
+    metrics::counter!(HELD_ON_ARRIVAL).increment(1);
 }
 
 pub fn leader_changed(shard: u32, leader: Option<u64>) {

@@ -6,7 +6,7 @@
 use permitd_sim::scenario::{now, Scenario};
 use serde_json::json;
 
-use crate::{config, ms, path, release, report, request, take};
+use crate::{config, last_log_index, ms, path, release, report, request, take};
 
 const KEY: &str = "held";
 /// A held request's `waitMs`: the longest allowed, far longer than any wake takes.
@@ -49,6 +49,60 @@ fn a_held_request_is_granted_in_the_first_round_after_the_release() {
             held.at <= synced.at + WOKEN_WITHIN,
             "granted at {:?}, the release answered at {:?}",
             held.at,
+            synced.at
+        );
+    });
+}
+
+/// A request that a round now could not serve (the key is full, and nothing
+/// freed permits since its last round) is held on arrival: no round, so no
+/// log entry. A release then serves the held requests oldest first.
+#[test]
+fn a_request_no_round_could_serve_is_held_on_arrival_without_an_entry() {
+    Scenario::new().run(|cluster| async move {
+        let leader = cluster.leader().await;
+        cluster.configure(leader, KEY, config(1, 1, 1)).await;
+        let a_grant = take(&cluster, leader, KEY, "a").await.grant_id();
+        let b = cluster.spawn_post(leader, &path(KEY), &request("b", Some(HELD_WAIT_MS)));
+        tokio::time::sleep(ms(10)).await;
+        assert_eq!(cluster.waiting(leader, KEY).await, 1, "b is held");
+
+        let before = last_log_index(&cluster, leader).await;
+        let c = cluster.spawn_post(leader, &path(KEY), &request("c", Some(HELD_WAIT_MS)));
+        tokio::time::sleep(ms(10)).await;
+        assert_eq!(cluster.waiting(leader, KEY).await, 2, "c is held too");
+        assert_eq!(
+            last_log_index(&cluster, leader).await,
+            before,
+            "no round ran"
+        );
+        assert!(!c.is_finished(), "c was answered with nothing");
+
+        let synced = cluster
+            .post(leader, &path(KEY), &release("a", &a_grant))
+            .await;
+        assert_eq!(synced.status, 200, "{}", synced.body);
+        let b = b.await.expect("b's call");
+        assert_eq!(b.granted(), 1, "b, older, gets a's permit: {}", b.body);
+        assert!(
+            b.at <= synced.at + WOKEN_WITHIN,
+            "{:?} {:?}",
+            b.at,
+            synced.at
+        );
+        tokio::time::sleep(ms(10)).await;
+        assert!(!c.is_finished(), "c waits for the next release");
+
+        let synced = cluster
+            .post(leader, &path(KEY), &release("b", &b.grant_id()))
+            .await;
+        assert_eq!(synced.status, 200, "{}", synced.body);
+        let c = c.await.expect("c's call");
+        assert_eq!(c.granted(), 1, "{}", c.body);
+        assert!(
+            c.at <= synced.at + WOKEN_WITHIN,
+            "{:?} {:?}",
+            c.at,
             synced.at
         );
     });
