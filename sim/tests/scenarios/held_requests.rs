@@ -3,8 +3,9 @@
 //! permit returned, a raised limit) or its wait is over; without `waitMs` the
 //! first round answers it as it is.
 
-use permitd_sim::scenario::{now, Scenario};
+use permitd_sim::scenario::{now, Answer, Cluster, Scenario};
 use serde_json::json;
+use tokio::task::JoinHandle;
 
 use crate::{config, last_log_index, ms, path, release, report, request, take};
 
@@ -14,6 +15,47 @@ const HELD_WAIT_MS: u64 = permitd_core::limits::MAX_REQUEST_WAIT_MS;
 /// From the release's answer to the held request's: the release's entry, or
 /// the round right after it, commits (1 ms rounds, 1 ms links: a few ms).
 const WOKEN_WITHIN: std::time::Duration = ms(10);
+
+/// The key's one permit granted to a, and b's request held for it: the
+/// leader, a's grant id, and b's call.
+async fn a_holds_the_permit_and_b_is_held(cluster: &Cluster) -> (u64, String, JoinHandle<Answer>) {
+    let leader = cluster.leader().await;
+    cluster.configure(leader, KEY, config(1, 1, 1)).await;
+    let a_grant = take(cluster, leader, KEY, "a").await.grant_id();
+    let b = cluster.spawn_post(leader, &path(KEY), &request("b", Some(HELD_WAIT_MS)));
+    tokio::time::sleep(ms(10)).await;
+    assert_eq!(cluster.waiting(leader, KEY).await, 1, "b is held");
+    (leader, a_grant, b)
+}
+
+/// `client` releases `grant_id`; the held request `waiting` is then granted
+/// (see [`granted_soon_after`]).
+async fn granted_after_release(
+    cluster: &Cluster,
+    leader: u64,
+    (client, grant_id): (&str, &str),
+    waiting: JoinHandle<Answer>,
+) -> Answer {
+    let synced = cluster
+        .post(leader, &path(KEY), &release(client, grant_id))
+        .await;
+    granted_soon_after(&synced, waiting).await
+}
+
+/// The held request `waiting` is granted its permit within [`WOKEN_WITHIN`]
+/// of `waking`'s answer (a release, a raised limit).
+async fn granted_soon_after(waking: &Answer, waiting: JoinHandle<Answer>) -> Answer {
+    assert_eq!(waking.status, 200, "{}", waking.body);
+    let granted = waiting.await.expect("the held call");
+    assert_eq!(granted.granted(), 1, "{}", granted.body);
+    assert!(
+        granted.at <= waking.at + WOKEN_WITHIN,
+        "granted at {:?}, woken at {:?}",
+        granted.at,
+        waking.at
+    );
+    granted
+}
 
 /// Replaces the e2e `a_held_request_is_answered_with_the_permit_once_it_is_released`
 /// (tests/tests/held_requests.rs). A request without `waitMs` is answered by
@@ -39,18 +81,7 @@ fn a_held_request_is_granted_in_the_first_round_after_the_release() {
         assert_eq!(cluster.waiting(leader, KEY).await, 1, "b is held");
         assert!(!held.is_finished(), "b was answered with nothing");
 
-        let synced = cluster
-            .post(leader, &path(KEY), &release("a", &a_grant))
-            .await;
-        assert_eq!(synced.status, 200, "{}", synced.body);
-        let held = held.await.expect("b's call");
-        assert_eq!(held.granted(), 1, "{}", held.body);
-        assert!(
-            held.at <= synced.at + WOKEN_WITHIN,
-            "granted at {:?}, the release answered at {:?}",
-            held.at,
-            synced.at
-        );
+        granted_after_release(&cluster, leader, ("a", &a_grant), held).await;
     });
 }
 
@@ -60,12 +91,7 @@ fn a_held_request_is_granted_in_the_first_round_after_the_release() {
 #[test]
 fn a_request_no_round_could_serve_is_held_on_arrival_without_an_entry() {
     Scenario::new().run(|cluster| async move {
-        let leader = cluster.leader().await;
-        cluster.configure(leader, KEY, config(1, 1, 1)).await;
-        let a_grant = take(&cluster, leader, KEY, "a").await.grant_id();
-        let b = cluster.spawn_post(leader, &path(KEY), &request("b", Some(HELD_WAIT_MS)));
-        tokio::time::sleep(ms(10)).await;
-        assert_eq!(cluster.waiting(leader, KEY).await, 1, "b is held");
+        let (leader, a_grant, b) = a_holds_the_permit_and_b_is_held(&cluster).await;
 
         let before = last_log_index(&cluster, leader).await;
         let c = cluster.spawn_post(leader, &path(KEY), &request("c", Some(HELD_WAIT_MS)));
@@ -78,33 +104,11 @@ fn a_request_no_round_could_serve_is_held_on_arrival_without_an_entry() {
         );
         assert!(!c.is_finished(), "c was answered with nothing");
 
-        let synced = cluster
-            .post(leader, &path(KEY), &release("a", &a_grant))
-            .await;
-        assert_eq!(synced.status, 200, "{}", synced.body);
-        let b = b.await.expect("b's call");
-        assert_eq!(b.granted(), 1, "b, older, gets a's permit: {}", b.body);
-        assert!(
-            b.at <= synced.at + WOKEN_WITHIN,
-            "{:?} {:?}",
-            b.at,
-            synced.at
-        );
+        // b, older, gets a's permit.
+        let b = granted_after_release(&cluster, leader, ("a", &a_grant), b).await;
         tokio::time::sleep(ms(10)).await;
         assert!(!c.is_finished(), "c waits for the next release");
-
-        let synced = cluster
-            .post(leader, &path(KEY), &release("b", &b.grant_id()))
-            .await;
-        assert_eq!(synced.status, 200, "{}", synced.body);
-        let c = c.await.expect("c's call");
-        assert_eq!(c.granted(), 1, "{}", c.body);
-        assert!(
-            c.at <= synced.at + WOKEN_WITHIN,
-            "{:?} {:?}",
-            c.at,
-            synced.at
-        );
+        granted_after_release(&cluster, leader, ("b", &b.grant_id()), c).await;
     });
 }
 
@@ -116,12 +120,7 @@ fn a_request_no_round_could_serve_is_held_on_arrival_without_an_entry() {
 #[test]
 fn a_request_that_gives_back_all_it_claimed_is_held_and_answered_with_its_results() {
     Scenario::new().run(|cluster| async move {
-        let leader = cluster.leader().await;
-        cluster.configure(leader, KEY, config(1, 1, 1)).await;
-        let a_grant = take(&cluster, leader, KEY, "a").await.grant_id();
-        let b = cluster.spawn_post(leader, &path(KEY), &request("b", Some(HELD_WAIT_MS)));
-        tokio::time::sleep(ms(10)).await;
-        assert_eq!(cluster.waiting(leader, KEY).await, 1, "b is held");
+        let (leader, a_grant, b) = a_holds_the_permit_and_b_is_held(&cluster).await;
 
         let mut release_and_ask = request("a", Some(HELD_WAIT_MS));
         release_and_ask["demand"][0]["oldestAt"] = json!(2);
@@ -133,18 +132,7 @@ fn a_request_that_gives_back_all_it_claimed_is_held_and_answered_with_its_result
         assert_eq!(cluster.waiting(leader, KEY).await, 1, "a is held");
         assert!(!a.is_finished(), "a was answered with nothing");
 
-        let synced = cluster
-            .post(leader, &path(KEY), &release("b", &b.grant_id()))
-            .await;
-        assert_eq!(synced.status, 200, "{}", synced.body);
-        let a = a.await.expect("a's call");
-        assert_eq!(a.granted(), 1, "{}", a.body);
-        assert!(
-            a.at <= synced.at + WOKEN_WITHIN,
-            "{:?} {:?}",
-            a.at,
-            synced.at
-        );
+        let a = granted_after_release(&cluster, leader, ("b", &b.grant_id()), a).await;
         assert_eq!(
             a.body["grantResults"],
             json!([{"grantId": a_grant, "claimed": 1, "status": "ok"}]),
@@ -187,15 +175,7 @@ fn an_expired_wait_is_answered_empty_at_wait_ms_and_a_raised_limit_wakes_at_once
         let raised = cluster
             .put(leader, &format!("{}/config", path(KEY)), &config(2, 1, 1))
             .await;
-        assert_eq!(raised.status, 200, "{}", raised.body);
-        let held = held.await.expect("b's call");
-        assert_eq!(held.granted(), 1, "{}", held.body);
-        assert!(
-            held.at <= raised.at + WOKEN_WITHIN,
-            "{:?} {:?}",
-            held.at,
-            raised.at
-        );
+        granted_soon_after(&raised, held).await;
     });
 }
 
