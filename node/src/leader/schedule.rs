@@ -337,10 +337,9 @@ impl<R, S> Schedule<R, S> {
     /// Holds a new `request` (`bytes` long) for `key` without making the key
     /// due, as a round that left it empty-handed would have, if `probe` still
     /// describes the schedule; otherwise parks it as [`Self::park`] does.
-    /// Whether it was held.
     /// The caller rehearsed, after `probe`, a round of the held requests and
     /// this one, and it would have served nobody and changed nothing.
-    #[allow(clippy::too_many_arguments)]
+    /// Returns whether the request was held.
     pub fn hold_arrival(
         &mut self,
         key: &str,
@@ -356,12 +355,8 @@ impl<R, S> Schedule<R, S> {
         }
         self.admit(1, bytes, now)?;
         self.key_has_room(key)?;
-        let pending = self.keys.get_mut(key).expect("probed above");
-        pending.held.push((request, bytes));
-        pending.timings = timings;
-        self.parked_messages += 1;
-        self.parked_bytes += bytes;
-        self.hold_until(key, answer_by);
+        self.keys.get_mut(key).expect("probed above").timings = timings;
+        self.push_held(key, (request, bytes), answer_by);
         Ok(true)
     }
 
@@ -489,13 +484,13 @@ impl<R, S> Schedule<R, S> {
         if pending.requests.len() + pending.held.len() >= max_pending {
             return Err(request);
         }
-        self.parked_messages += 1;
-        self.parked_bytes += bytes;
         if pending.woken_at > woken_before {
             // Woken while its round was in flight: what woke it may have
             // freed the permits it waits for.
             let freed = pending.freed_at > woken_before;
             pending.requests.insert(0, (request, bytes));
+            self.parked_messages += 1;
+            self.parked_bytes += bytes;
             if freed {
                 self.make_due_now(key, now);
             } else {
@@ -503,13 +498,18 @@ impl<R, S> Schedule<R, S> {
             }
             return Ok(());
         }
-        pending.held.push((request, bytes));
-        self.hold_until(key, answer_by);
+        self.push_held(key, (request, bytes), answer_by);
         Ok(())
     }
 
-    /// Counts `key`'s newest held request by its answer-by time.
-    fn hold_until(&mut self, key: &str, answer_by: Instant) {
+    /// Adds `request` to the held requests of `key` (a key the schedule
+    /// knows), counted as parked, until a wake or `answer_by`.
+    fn push_held(&mut self, key: &str, (request, bytes): (R, usize), answer_by: Instant) {
+        let pending = self.keys.get_mut(key).expect("a known key");
+        pending.held.push((request, bytes));
+        self.parked_messages += 1;
+        self.parked_bytes += bytes;
+        // The key's hold ends at its earliest answer-by time.
         let until = self.holds.get(&key.to_owned()).copied();
         let until = until.map_or(answer_by, |until| until.min(answer_by));
         self.holds.set(key.to_owned(), Some(until));
