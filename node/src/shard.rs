@@ -103,7 +103,10 @@ impl Shard {
         let network = start.network.for_shard(id);
         let (node, config, raft_network) = (start.node, start.config.clone(), network.clone());
         let failed = |detail: String| ShardStartError { shard: id, detail };
-        let (log, state_machine) = (opened.log, opened.state_machine);
+        // The log tells the network of each append, so that new entries leave
+        // for idle followers before this node's sync (`raft/early_appends.rs`).
+        let log = opened.log.observed_by(network.early_appends());
+        let state_machine = opened.state_machine;
         let raft = start
             .raft_runtime
             .spawn(async move { Raft::new(node, config, raft_network, log, state_machine).await })

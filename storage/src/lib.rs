@@ -75,7 +75,7 @@ pub use encoded_command::EncodedCommand;
 pub use error::StorageError;
 pub use exec::Exec;
 pub use format::STORAGE_FORMAT_VERSION;
-pub use log_store::LogStore;
+pub use log_store::{AppendObserver, LogStore};
 pub use snapshot::SNAPSHOT_FORMAT_VERSION;
 pub use snapshot_metrics::{describe_snapshot_metrics, SNAPSHOT_BYTES, SNAPSHOT_DURATION};
 pub use state_machine::{Applied, SharedState, SnapshotBuilder, StateMachineStore};

@@ -8,10 +8,14 @@
 //! - `save_vote`, `truncate` and `purge` return once their record is durable;
 //!   `save_committed` rides along with the next sync;
 //! - reads come from the in-memory index and positioned reads of the segment
-//!   files, and see every entry whose `append` returned, synced or not.
+//!   files, and see every entry whose `append` returned, synced or not;
+//! - an [`AppendObserver`], when the node sets one, hears of each append
+//!   before it is written: the leader's network sends new entries to idle
+//!   followers from there, not after this node's sync (`node/src/raft/early_appends.rs`).
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
+use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, LogId, OptionalSend, RaftLogReader, Vote};
@@ -45,6 +49,14 @@ fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
     (start, end)
 }
 
+/// Hears of the entries openraft appends, before they are written.
+pub trait AppendObserver: Send + Sync + Debug {
+    /// `entries` are about to be written to this shard's log. Returns whether
+    /// it started sends that should leave before the group commit's next
+    /// `fdatasync` blocks the runtime they run on.
+    fn appending(&self, entries: &[Entry<TypeConfig>]) -> bool;
+}
+
 /// The Raft log store. Cloning is cheap and shares the log: openraft's log
 /// readers are clones, and read while the store appends.
 #[derive(Debug, Clone)]
@@ -54,6 +66,8 @@ pub struct LogStore {
     shard: ShardId,
     /// A purge waits until a durable snapshot covers its point.
     snapshot_reach: SnapshotReach,
+    /// Told of each append first, if set.
+    observer: Option<Arc<dyn AppendObserver>>,
 }
 
 impl LogStore {
@@ -62,7 +76,14 @@ impl LogStore {
             wal,
             shard,
             snapshot_reach,
+            observer: None,
         }
+    }
+
+    /// This store, telling `observer` of each append before writing it.
+    pub fn observed_by(mut self, observer: Arc<dyn AppendObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Group-commit counts so far: (group-commit batches, fdatasyncs). For tests and
@@ -171,6 +192,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let done = Box::new(move |synced: Result<(), crate::wal::SyncFailed>| {
             callback.log_io_completed(synced.map_err(std::io::Error::from));
         });
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        if let Some(observer) = &self.observer {
+            if observer.appending(&entries) {
+                self.wal.let_sends_go_first();
+            }
+        }
         self.wal
             .append(self.shard, entries, done)
             .map_err(write_logs)

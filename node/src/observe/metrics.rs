@@ -191,6 +191,7 @@ fn describe() {
     crate::raft::stall_clock::describe();
     crate::raft::peer_logs::describe();
     crate::raft::commit_ride::describe();
+    crate::raft::early_appends::describe();
     crate::raft::election_guard::describe();
     crate::raft::heartbeats::describe();
     crate::raft::liveness::describe();

@@ -15,6 +15,7 @@
 //! that cannot be reached or a connection that broke.
 
 pub mod commit_ride;
+pub mod early_appends;
 pub mod election_guard;
 pub mod heartbeats;
 pub mod leader_view;

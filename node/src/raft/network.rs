@@ -26,7 +26,7 @@
 //! fewer (one entry always goes: a round entry is far smaller than the peer's
 //! body limit).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -49,6 +49,7 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 
 use super::commit_ride::{self, CommitRide, COMMIT_NOTICES_HELD};
+use super::early_appends::{lock, EarlyAppends, Follower, EARLY_ENTRIES_MAX};
 use super::heartbeats::Heartbeats;
 use super::peer_logs::{PeerLogs, RUNS_FOUND_HELD};
 use super::wire::SnapshotChunk;
@@ -96,6 +97,9 @@ pub struct Network {
     /// Every shard's heartbeats to a peer, coalesced (`heartbeats.rs`); none
     /// in a cluster of one shard.
     heartbeats: Option<Arc<Heartbeats>>,
+    /// This shard's followers, for appends sent before the leader's own
+    /// sync (`early_appends.rs`).
+    early: Arc<EarlyAppends>,
 }
 
 impl Network {
@@ -119,6 +123,7 @@ impl Network {
             seams: Seams::production(),
             shard: 0,
             heartbeats: None,
+            early: EarlyAppends::new(id),
         }
     }
 
@@ -143,8 +148,15 @@ impl Network {
         Self {
             shard,
             peer_logs: PeerLogs::default(),
+            early: EarlyAppends::new(self.id),
             ..self.clone()
         }
+    }
+
+    /// What this shard's log store tells of each append, so that new entries
+    /// leave for idle followers before this node's sync (`early_appends.rs`).
+    pub fn early_appends(&self) -> Arc<EarlyAppends> {
+        Arc::clone(&self.early)
     }
 
     /// This network, encoding large appends as `seams` say (inline in the
@@ -196,6 +208,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &PeerNode) -> Connection {
         Connection {
+            follower: Follower::new(self.clone(), target, node.clone()),
             network: self.clone(),
             target,
             target_node: node.clone(),
@@ -210,9 +223,10 @@ type AppendResult = RpcResult<AppendEntriesResponse<NodeId>>;
 
 /// An append with entries being sent in its own task.
 #[derive(Debug)]
-struct AppendInFlight {
+pub struct AppendInFlight {
     vote: Vote<NodeId>,
     prev_log_id: Option<LogId<NodeId>>,
+    pub(super) leader_commit: Option<LogId<NodeId>>,
     last_log_id: LogId<NodeId>,
     task: JoinHandle<AppendResult>,
 }
@@ -221,7 +235,7 @@ impl AppendInFlight {
     /// Whether an append of the same vote and previous log id may be answered
     /// by this one: within one vote the leader's log only grows, so both carry
     /// the same entries as far as both reach.
-    fn answers(&self, request: &AppendEntriesRequest<TypeConfig>) -> bool {
+    pub(super) fn answers(&self, request: &AppendEntriesRequest<TypeConfig>) -> bool {
         self.vote == request.vote && self.prev_log_id == request.prev_log_id
     }
 }
@@ -248,6 +262,8 @@ fn cover(
 /// One peer, as seen by the replication stream that openraft runs for it.
 #[derive(Debug)]
 pub struct Connection {
+    /// What early appends know of this follower (`early_appends.rs`).
+    follower: Arc<Mutex<Follower>>,
     network: Network,
     target: NodeId,
     target_node: PeerNode,
@@ -353,7 +369,8 @@ impl Connection {
     }
 
     /// Sends an append with entries in its own task, or joins the one under way
-    /// that covers it (see the module docs).
+    /// that covers it: one openraft asked for before, or one sent early
+    /// (see the module docs and `early_appends.rs`).
     async fn send_entries(
         &mut self,
         request: AppendEntriesRequest<TypeConfig>,
@@ -364,7 +381,9 @@ impl Connection {
             .last()
             .map(|entry| &entry.log_id)
             .expect("entries");
-        if self.network.peer_logs.may_hold(self.target, &asked) {
+        self.network.early.replicating(&self.follower);
+        let early = lock(&self.follower).take_early(&request);
+        if early.is_none() && self.network.peer_logs.may_hold(self.target, &asked) {
             if let Some(answer) = self.probe(&request, asked, option).await? {
                 return Ok(answer);
             }
@@ -378,42 +397,36 @@ impl Connection {
             self.append = None;
         }
         if self.append.is_none() {
-            let (request, body) = encode_append(&self.network.seams, request).await?;
-            if body.len() > MAX_APPEND_BYTES && request.entries.len() > 1 {
-                let fitting = request.entries.len() * MAX_APPEND_BYTES / body.len();
-                let hint = PayloadTooLarge::new_entries_hint(fitting.max(1) as u64);
-                return Err(RPCError::PayloadTooLarge(hint));
-            }
-            let timeout = append_timeout(self.network.rpc_timeout, body.len());
-            let (network, target, node) =
-                (self.network.clone(), self.target, self.target_node.clone());
-            let bytes = body.len();
-            let task = crate::seams::spawn(async move {
-                let started = tokio::time::Instant::now();
-                let result = post(&network, target, &node, "append", body, timeout).await;
-                let elapsed_ms = started.elapsed().as_millis() as u64;
-                match &result {
-                    Ok(_) => tracing::debug!(target, bytes, elapsed_ms, "append sent"),
-                    Err(error) => {
-                        tracing::warn!(target, bytes, elapsed_ms, %error, "append failed");
-                    }
+            self.append = match early {
+                Some(early) => Some(early),
+                None => {
+                    let (request, body) = encode_append(&self.network.seams, request).await?;
+                    Some(self.network.spawn_append(
+                        self.target,
+                        &self.target_node,
+                        &request,
+                        body,
+                    )?)
                 }
-                result
-            });
-            self.append = Some(AppendInFlight {
-                vote: request.vote,
-                prev_log_id: request.prev_log_id,
-                last_log_id: asked,
-                task,
-            });
+            };
         }
+        lock(&self.follower).sending(true);
         let sending = self.append.as_mut().expect("set above");
         // openraft may stop waiting here; the task goes on and the next call joins it.
         let joined = (&mut sending.task).await;
-        let sent = sending.last_log_id;
+        let (sent, vote) = (sending.last_log_id, sending.vote);
         self.append = None;
-        let answer = joined.map_err(|error| RPCError::Network(NetworkError::new(&error)))??;
-        Ok(cover(answer, sent, asked))
+        let answer = joined
+            .map_err(|error| RPCError::Network(NetworkError::new(&error)))
+            .and_then(|answer| answer);
+        let mut follower = lock(&self.follower);
+        follower.sending(false);
+        match &answer {
+            Ok(answer) => follower.answered(vote, sent, answer),
+            Err(_) => follower.answered(vote, sent, &AppendEntriesResponse::Conflict),
+        }
+        drop(follower);
+        Ok(cover(answer?, sent, asked))
     }
 
     /// Asks whether the peer holds `asked`, the last entry of `request`, with an
@@ -510,6 +523,64 @@ where
 }
 
 impl Network {
+    /// Starts sending an append of at most [`EARLY_ENTRIES_MAX`] entries in
+    /// its own task, encoded here (an early append: `early_appends.rs`).
+    pub(super) fn start_append(
+        &self,
+        target: NodeId,
+        target_node: &PeerNode,
+        request: AppendEntriesRequest<TypeConfig>,
+    ) -> RpcResult<AppendInFlight> {
+        debug_assert!(request.entries.len() <= EARLY_ENTRIES_MAX);
+        let body = codec::encode(&request)
+            .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
+        self.spawn_append(target, target_node, &request, body)
+    }
+
+    /// Sends `request`, encoded as `body`, to `target` in its own task, under
+    /// a deadline that fits its size. A body over [`MAX_APPEND_BYTES`] with
+    /// more than one entry is not sent: openraft hears how many fit.
+    fn spawn_append(
+        &self,
+        target: NodeId,
+        target_node: &PeerNode,
+        request: &AppendEntriesRequest<TypeConfig>,
+        body: Vec<u8>,
+    ) -> RpcResult<AppendInFlight> {
+        let last_log_id = *request
+            .entries
+            .last()
+            .map(|entry| &entry.log_id)
+            .expect("an append with entries");
+        if body.len() > MAX_APPEND_BYTES && request.entries.len() > 1 {
+            let fitting = request.entries.len() * MAX_APPEND_BYTES / body.len();
+            let hint = PayloadTooLarge::new_entries_hint(fitting.max(1) as u64);
+            return Err(RPCError::PayloadTooLarge(hint));
+        }
+        let timeout = append_timeout(self.rpc_timeout, body.len());
+        let (network, node) = (self.clone(), target_node.clone());
+        let bytes = body.len();
+        let task = crate::seams::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let result = post(&network, target, &node, "append", body, timeout).await;
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            match &result {
+                Ok(_) => tracing::debug!(target, bytes, elapsed_ms, "append sent"),
+                Err(error) => {
+                    tracing::warn!(target, bytes, elapsed_ms, %error, "append failed");
+                }
+            }
+            result
+        });
+        Ok(AppendInFlight {
+            vote: request.vote,
+            prev_log_id: request.prev_log_id,
+            leader_commit: request.leader_commit,
+            last_log_id,
+            task,
+        })
+    }
+
     /// A `POST` of `body` to a peer's `/raft/{path}` (this network's shard in
     /// the query), with the peer secret and a deadline of `timeout`.
     fn request(
@@ -599,6 +670,7 @@ impl RaftNetwork<TypeConfig> for Connection {
         request: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
+        lock(&self.follower).asked(&request);
         if self
             .ride
             .holds(&request, self.append.is_some(), tokio::time::Instant::now())
@@ -642,6 +714,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use openraft::CommittedLeaderId;
+    use permitd_storage::AppendObserver;
 
     use super::*;
 
@@ -687,6 +760,7 @@ mod tests {
             raft_addr: "127.0.0.1:9".into(),
         };
         Connection {
+            follower: Follower::new(network.clone(), 2, node.clone()),
             network,
             target: 2,
             target_node: node,
@@ -785,7 +859,105 @@ mod tests {
         tokio::spawn(async move { axum::serve(listener, router).await });
         let mut connection = nowhere();
         connection.target_node.raft_addr = addr;
+        connection.follower = Follower::new(
+            connection.network.clone(),
+            connection.target,
+            connection.target_node.clone(),
+        );
         connection
+    }
+
+    /// An append of the leader's entries `from..=to` after entry `from - 1`,
+    /// with commit index `commit`.
+    fn append_after(from: u64, to: u64, commit: u64) -> AppendEntriesRequest<TypeConfig> {
+        let all = append_of(to, 10);
+        AppendEntriesRequest {
+            prev_log_id: (from > 1).then(|| log_id(from - 1)),
+            leader_commit: Some(log_id(commit)),
+            entries: all.entries[(from - 1) as usize..].to_vec(),
+            ..all
+        }
+    }
+
+    /// Waits until the peer has seen `count` appends.
+    async fn seen_count(seen: &Mutex<Vec<(u64, usize, u64)>>, count: usize) {
+        while seen.lock().unwrap().len() < count {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn new_entries_leave_for_an_idle_follower_as_written_and_openraft_joins_that_send() {
+        let (mut connection, seen) = peer_holding(10).await;
+        let answer = connection
+            .append_entries(append_after(1, 2, 1), option())
+            .await;
+        assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
+        // Entry 3 is being written: it leaves at once, after the follower's
+        // last entry (2), with openraft's last commit index (1).
+        let next = append_after(3, 3, 1);
+        let early = connection.network.early_appends();
+        assert!(early.appending(&next.entries), "sent early");
+        seen_count(&seen, 2).await;
+        assert_eq!(seen.lock().unwrap()[1], (2, 1, 1));
+        // openraft asks for the same append after the leader's sync: joined.
+        let answer = connection.append_entries(next, option()).await;
+        assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
+        assert_eq!(seen.lock().unwrap().len(), 2, "not sent again");
+        // Entry 4 follows entry 3, as the joined answer showed.
+        assert!(early.appending(&append_after(4, 4, 3).entries));
+    }
+
+    #[tokio::test]
+    async fn an_append_openraft_asks_differently_is_sent_and_the_early_one_finishes_alone() {
+        let (mut connection, seen) = peer_holding(10).await;
+        let answer = connection
+            .append_entries(append_after(1, 2, 1), option())
+            .await;
+        assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
+        let early = connection.network.early_appends();
+        assert!(early.appending(&append_after(3, 3, 1).entries));
+        seen_count(&seen, 2).await;
+        // Entry 2 committed meanwhile: openraft's append carries commit 2.
+        let answer = connection
+            .append_entries(append_after(3, 3, 2), option())
+            .await;
+        assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
+        assert_eq!(seen.lock().unwrap()[2], (2, 1, 2), "sent as asked");
+    }
+
+    #[tokio::test]
+    async fn no_early_append_goes_to_a_follower_being_sent_to_or_of_unknown_log() {
+        let (mut connection, seen) = slow_peer(Duration::from_millis(200)).await;
+        let early = connection.network.early_appends();
+        // Before any answer the follower's log is unknown.
+        assert!(!early.appending(&append_after(1, 1, 0).entries));
+        let sending = tokio::time::timeout(
+            Duration::from_millis(20),
+            connection.append_entries(append_after(1, 1, 0), option()),
+        )
+        .await;
+        assert!(
+            sending.is_err(),
+            "openraft stopped waiting; the send goes on"
+        );
+        assert!(
+            !early.appending(&append_after(2, 2, 0).entries),
+            "one append at a time"
+        );
+        let answer = connection
+            .append_entries(append_after(1, 1, 0), option())
+            .await;
+        assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+        // Idle now, after entry 1: but not three entries, not entries that do
+        // not follow entry 1, not another leader's.
+        assert!(!early.appending(&append_after(2, 4, 1).entries));
+        assert!(!early.appending(&append_after(3, 3, 1).entries));
+        let mut other = append_after(2, 2, 1);
+        other.entries[0].log_id = LogId::new(CommittedLeaderId::new(3, 2), 2);
+        assert!(!early.appending(&other.entries));
+        assert!(early.appending(&append_after(2, 2, 1).entries));
     }
 
     #[tokio::test]
