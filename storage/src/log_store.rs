@@ -51,10 +51,11 @@ fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
 
 /// Hears of the entries openraft appends, before they are written.
 pub trait AppendObserver: Send + Sync + Debug {
-    /// `entries` are about to be written to this shard's log. Returns whether
-    /// it started sends that should leave before the group commit's next
-    /// `fdatasync` blocks the runtime they run on.
-    fn appending(&self, entries: &[Entry<TypeConfig>]) -> bool;
+    /// `entries` are about to be written to this shard's log. Called before
+    /// the write, so that what it spawns is queued on the runtime ahead of the
+    /// group commit's task, which syncs on the same worker while the disk is
+    /// fast.
+    fn appending(&self, entries: &[Entry<TypeConfig>]);
 }
 
 /// The Raft log store. Cloning is cheap and shares the log: openraft's log
@@ -194,9 +195,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         });
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         if let Some(observer) = &self.observer {
-            if observer.appending(&entries) {
-                self.wal.let_sends_go_first();
-            }
+            observer.appending(&entries);
         }
         self.wal
             .append(self.shard, entries, done)

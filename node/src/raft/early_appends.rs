@@ -101,20 +101,27 @@ impl EarlyAppends {
     }
 }
 
-impl AppendObserver for EarlyAppends {
-    fn appending(&self, entries: &[Entry<TypeConfig>]) -> bool {
+impl EarlyAppends {
+    /// Sends `entries` early to every follower whose connection can tell the
+    /// append openraft will ask for; how many it sent to.
+    pub fn send(&self, entries: &[Entry<TypeConfig>]) -> usize {
         if entries.is_empty() || entries.len() > EARLY_ENTRIES_MAX {
-            return false;
+            return 0;
         }
         let followers: Vec<_> = lock(&self.followers)
             .values()
             .filter_map(Weak::upgrade)
             .collect();
-        let mut sent = false;
-        for follower in followers {
-            sent |= lock(&follower).send_early(self.node, entries);
-        }
-        sent
+        followers
+            .iter()
+            .filter(|follower| lock(follower).send_early(self.node, entries))
+            .count()
+    }
+}
+
+impl AppendObserver for EarlyAppends {
+    fn appending(&self, entries: &[Entry<TypeConfig>]) {
+        self.send(entries);
     }
 }
 

@@ -714,7 +714,6 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use openraft::CommittedLeaderId;
-    use permitd_storage::AppendObserver;
 
     use super::*;
 
@@ -897,7 +896,7 @@ mod tests {
         // last entry (2), with openraft's last commit index (1).
         let next = append_after(3, 3, 1);
         let early = connection.network.early_appends();
-        assert!(early.appending(&next.entries), "sent early");
+        assert_eq!(early.send(&next.entries), 1, "sent early");
         seen_count(&seen, 2).await;
         assert_eq!(seen.lock().unwrap()[1], (2, 1, 1));
         // openraft asks for the same append after the leader's sync: joined.
@@ -905,7 +904,7 @@ mod tests {
         assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
         assert_eq!(seen.lock().unwrap().len(), 2, "not sent again");
         // Entry 4 follows entry 3, as the joined answer showed.
-        assert!(early.appending(&append_after(4, 4, 3).entries));
+        assert_eq!(early.send(&append_after(4, 4, 3).entries), 1);
     }
 
     #[tokio::test]
@@ -916,7 +915,7 @@ mod tests {
             .await;
         assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
         let early = connection.network.early_appends();
-        assert!(early.appending(&append_after(3, 3, 1).entries));
+        assert_eq!(early.send(&append_after(3, 3, 1).entries), 1);
         seen_count(&seen, 2).await;
         // Entry 2 committed meanwhile: openraft's append carries commit 2.
         let answer = connection
@@ -931,7 +930,7 @@ mod tests {
         let (mut connection, seen) = slow_peer(Duration::from_millis(200)).await;
         let early = connection.network.early_appends();
         // Before any answer the follower's log is unknown.
-        assert!(!early.appending(&append_after(1, 1, 0).entries));
+        assert_eq!(early.send(&append_after(1, 1, 0).entries), 0);
         let sending = tokio::time::timeout(
             Duration::from_millis(20),
             connection.append_entries(append_after(1, 1, 0), option()),
@@ -941,8 +940,9 @@ mod tests {
             sending.is_err(),
             "openraft stopped waiting; the send goes on"
         );
-        assert!(
-            !early.appending(&append_after(2, 2, 0).entries),
+        assert_eq!(
+            early.send(&append_after(2, 2, 0).entries),
+            0,
             "one append at a time"
         );
         let answer = connection
@@ -952,12 +952,12 @@ mod tests {
         assert_eq!(seen.load(Ordering::SeqCst), 1);
         // Idle now, after entry 1: but not three entries, not entries that do
         // not follow entry 1, not another leader's.
-        assert!(!early.appending(&append_after(2, 4, 1).entries));
-        assert!(!early.appending(&append_after(3, 3, 1).entries));
+        assert_eq!(early.send(&append_after(2, 4, 1).entries), 0);
+        assert_eq!(early.send(&append_after(3, 3, 1).entries), 0);
         let mut other = append_after(2, 2, 1);
         other.entries[0].log_id = LogId::new(CommittedLeaderId::new(3, 2), 2);
-        assert!(!early.appending(&other.entries));
-        assert!(early.appending(&append_after(2, 2, 1).entries));
+        assert_eq!(early.send(&other.entries), 0);
+        assert_eq!(early.send(&append_after(2, 2, 1).entries), 1);
     }
 
     #[tokio::test]

@@ -49,7 +49,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -155,10 +155,6 @@ pub(crate) struct SyncQueue {
     thread_wake: Condvar,
     /// Signalled for the task, the same.
     task_wake: Notify,
-    /// Set when an append started sends to the peers: the task yields once
-    /// before its next `fdatasync`, which blocks the runtime's worker, so
-    /// that they leave first ([`SyncQueue::let_sends_go_first`]).
-    sends_first: AtomicBool,
     pub(crate) counts: SyncCounts,
 }
 
@@ -233,7 +229,6 @@ impl SyncQueue {
             exec,
             thread_wake: Condvar::new(),
             task_wake: Notify::new(),
-            sends_first: AtomicBool::new(false),
             counts: SyncCounts::default(),
         })
     }
@@ -280,17 +275,6 @@ impl SyncQueue {
             .spawn(move || queue.run_thread())
             .map(Some)
             .map_err(io_error("start the sync thread for", &self.dir))
-    }
-
-    /// Lets the sends an append just started go before the task's next
-    /// `fdatasync`. The task runs on the Raft runtime's one worker and is woken
-    /// as the append is written, after the sends were spawned; tokio runs the
-    /// task woken last first, so without a yield the worker blocked in the
-    /// sync while the entries waited to leave (the leader's early appends,
-    /// `node/src/raft/early_appends.rs`). The thread needs nothing: it syncs
-    /// beside the worker.
-    pub(crate) fn let_sends_go_first(&self) {
-        self.sends_first.store(true, Ordering::Relaxed);
     }
 
     /// Refuses writes once a write or sync has failed.
@@ -390,9 +374,6 @@ impl SyncQueue {
                         .max();
                     if let Some(delay) = delay.filter(|delay| !delay.is_zero()) {
                         tokio::time::sleep(delay).await;
-                    }
-                    if self.sends_first.swap(false, Ordering::Relaxed) {
-                        tokio::task::yield_now().await;
                     }
                     let took = self.commit(batch);
                     self.after_sync(Syncer::Task, took);

@@ -373,12 +373,6 @@ impl Wal {
         last.max(log.raft.purged)
     }
 
-    /// The next batch the group commit's task runs yields to the runtime once
-    /// before its `fdatasync`, so that sends just started leave first.
-    pub(crate) fn let_sends_go_first(&self) {
-        self.inner.sync.let_sends_go_first();
-    }
-
     /// Group-commit batches and fdatasyncs run so far (for tests and the bench).
     pub fn sync_counts(&self) -> (u64, u64) {
         let counts = &self.inner.sync.counts;
