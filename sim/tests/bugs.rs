@@ -82,13 +82,13 @@ const BUGS: [(&str, Switch, FaultMix, u64); 4] = [
         "a pre-vote without the term rule",
         permitd_storage::bugs::set_prevote_without_term_rule,
         FAILOVERS,
-        2430,
+        2660,
     ),
     (
         "entries proposed out of order",
         permitd_storage::bugs::set_entries_out_of_order,
         FaultMix::ALL,
-        2834,
+        3006,
     ),
     (
         "a request whose caller went away still granted",

@@ -42,11 +42,11 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use openraft::error::{RPCError, RaftError};
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use openraft::{Entry, LogId, Vote};
 use permitd_storage::{AppendObserver, NodeId, PeerNode, TypeConfig};
-
-use super::network::{AppendInFlight, Network};
+use tokio::task::JoinHandle;
 
 /// Appends sent to a follower before the leader's own sync.
 pub const EARLY_APPENDS_SENT: &str = "permitd_raft_early_appends_sent_total";
@@ -55,6 +55,42 @@ pub const EARLY_APPENDS_JOINED: &str = "permitd_raft_early_appends_joined_total"
 
 /// Most entries an early append carries.
 pub const EARLY_ENTRIES_MAX: usize = 2;
+
+/// What a follower answered to an append (or why it did not).
+pub type AppendResult =
+    Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, PeerNode, RaftError<NodeId>>>;
+
+/// An append with entries being sent in its own task: one openraft asked for,
+/// or an early one.
+#[derive(Debug)]
+pub struct AppendInFlight {
+    pub vote: Vote<NodeId>,
+    pub prev_log_id: Option<LogId<NodeId>>,
+    pub leader_commit: Option<LogId<NodeId>>,
+    pub last_log_id: LogId<NodeId>,
+    pub task: JoinHandle<AppendResult>,
+}
+
+impl AppendInFlight {
+    /// Whether an append of the same vote and previous log id may be answered
+    /// by this one: within one vote the leader's log only grows, so both carry
+    /// the same entries as far as both reach.
+    pub fn answers(&self, request: &AppendEntriesRequest<TypeConfig>) -> bool {
+        self.vote == request.vote && self.prev_log_id == request.prev_log_id
+    }
+}
+
+/// Starts an append's send in a task of its own (the Raft network,
+/// `network.rs`); `None` if it cannot go (too large, not encodable), which
+/// leaves the append to openraft.
+pub trait AppendSender: Send + Sync + std::fmt::Debug {
+    fn start_append(
+        &self,
+        target: NodeId,
+        target_node: &PeerNode,
+        request: AppendEntriesRequest<TypeConfig>,
+    ) -> Option<AppendInFlight>;
+}
 
 /// One shard's followers, as its replication connections know them.
 #[derive(Debug)]
@@ -68,7 +104,7 @@ pub struct EarlyAppends {
 /// What one replication connection knows of its follower.
 #[derive(Debug)]
 pub struct Follower {
-    network: Network,
+    sender: Arc<dyn AppendSender>,
     target: NodeId,
     target_node: PeerNode,
     /// The vote of openraft's last call on this connection.
@@ -127,9 +163,13 @@ impl AppendObserver for EarlyAppends {
 
 impl Follower {
     /// The state of a new connection to `target`.
-    pub fn new(network: Network, target: NodeId, target_node: PeerNode) -> Arc<Mutex<Self>> {
+    pub fn new(
+        sender: Arc<dyn AppendSender>,
+        target: NodeId,
+        target_node: PeerNode,
+    ) -> Arc<Mutex<Self>> {
         Arc::new(Mutex::new(Self {
-            network,
+            sender,
             target,
             target_node,
             vote: None,
@@ -146,18 +186,15 @@ impl Follower {
         let Some(request) = self.early_request(leader, entries) else {
             return false;
         };
-        match self
-            .network
+        let Some(append) = self
+            .sender
             .start_append(self.target, &self.target_node, request)
-        {
-            Ok(append) => {
-                metrics::counter!(EARLY_APPENDS_SENT).increment(1);
-                self.early = Some(append);
-                true
-            }
-            // Too large or not encodable: openraft's own append says so.
-            Err(_) => false,
-        }
+        else {
+            return false;
+        };
+        metrics::counter!(EARLY_APPENDS_SENT).increment(1);
+        self.early = Some(append);
+        true
     }
 
     /// The append openraft will ask for after its flush, if this connection

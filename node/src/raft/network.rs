@@ -40,16 +40,17 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{LogId, Vote};
+use openraft::LogId;
 use permitd_core::contract::headers;
 use permitd_storage::{codec, NodeId, PeerNode, ShardId, TypeConfig};
 use permitd_transport::{Deadline, Transport, TransportError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::task::JoinHandle;
 
 use super::commit_ride::{self, CommitRide, COMMIT_NOTICES_HELD};
-use super::early_appends::{lock, EarlyAppends, Follower, EARLY_ENTRIES_MAX};
+use super::early_appends::{
+    lock, AppendInFlight, AppendResult, AppendSender, EarlyAppends, Follower, EARLY_ENTRIES_MAX,
+};
 use super::heartbeats::Heartbeats;
 use super::peer_logs::{PeerLogs, RUNS_FOUND_HELD};
 use super::wire::SnapshotChunk;
@@ -208,7 +209,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &PeerNode) -> Connection {
         Connection {
-            follower: Follower::new(self.clone(), target, node.clone()),
+            follower: Follower::new(Arc::new(self.clone()), target, node.clone()),
             network: self.clone(),
             target,
             target_node: node.clone(),
@@ -216,27 +217,6 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             commit_sent: None,
             ride: CommitRide::default(),
         }
-    }
-}
-
-type AppendResult = RpcResult<AppendEntriesResponse<NodeId>>;
-
-/// An append with entries being sent in its own task.
-#[derive(Debug)]
-pub struct AppendInFlight {
-    vote: Vote<NodeId>,
-    prev_log_id: Option<LogId<NodeId>>,
-    pub(super) leader_commit: Option<LogId<NodeId>>,
-    last_log_id: LogId<NodeId>,
-    task: JoinHandle<AppendResult>,
-}
-
-impl AppendInFlight {
-    /// Whether an append of the same vote and previous log id may be answered
-    /// by this one: within one vote the leader's log only grows, so both carry
-    /// the same entries as far as both reach.
-    pub(super) fn answers(&self, request: &AppendEntriesRequest<TypeConfig>) -> bool {
-        self.vote == request.vote && self.prev_log_id == request.prev_log_id
     }
 }
 
@@ -401,12 +381,13 @@ impl Connection {
                 Some(early) => Some(early),
                 None => {
                     let (request, body) = encode_append(&self.network.seams, request).await?;
-                    Some(self.network.spawn_append(
-                        self.target,
-                        &self.target_node,
-                        &request,
-                        body,
-                    )?)
+                    let append = self
+                        .network
+                        .spawn_append(self.target, &self.target_node, &request, body)
+                        .map_err(|fitting| {
+                            RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(fitting))
+                        })?;
+                    Some(append)
                 }
             };
         }
@@ -416,9 +397,10 @@ impl Connection {
         let joined = (&mut sending.task).await;
         let (sent, vote) = (sending.last_log_id, sending.vote);
         self.append = None;
-        let answer = joined
-            .map_err(|error| RPCError::Network(NetworkError::new(&error)))
-            .and_then(|answer| answer);
+        let answer = match joined {
+            Ok(answer) => answer,
+            Err(error) => Err(RPCError::Network(NetworkError::new(&error))),
+        };
         let mut follower = lock(&self.follower);
         follower.sending(false);
         match &answer {
@@ -522,31 +504,32 @@ where
     })
 }
 
-impl Network {
-    /// Starts sending an append of at most [`EARLY_ENTRIES_MAX`] entries in
-    /// its own task, encoded here (an early append: `early_appends.rs`).
-    pub(super) fn start_append(
+impl AppendSender for Network {
+    /// Encodes here (at most [`EARLY_ENTRIES_MAX`] entries) and sends in a
+    /// task of its own; `None` if the append cannot go.
+    fn start_append(
         &self,
         target: NodeId,
         target_node: &PeerNode,
         request: AppendEntriesRequest<TypeConfig>,
-    ) -> RpcResult<AppendInFlight> {
+    ) -> Option<AppendInFlight> {
         debug_assert!(request.entries.len() <= EARLY_ENTRIES_MAX);
-        let body = codec::encode(&request)
-            .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-        self.spawn_append(target, target_node, &request, body)
+        let body = codec::encode(&request).ok()?;
+        self.spawn_append(target, target_node, &request, body).ok()
     }
+}
 
+impl Network {
     /// Sends `request`, encoded as `body`, to `target` in its own task, under
     /// a deadline that fits its size. A body over [`MAX_APPEND_BYTES`] with
-    /// more than one entry is not sent: openraft hears how many fit.
+    /// more than one entry is not sent: the error is how many entries fit.
     fn spawn_append(
         &self,
         target: NodeId,
         target_node: &PeerNode,
         request: &AppendEntriesRequest<TypeConfig>,
         body: Vec<u8>,
-    ) -> RpcResult<AppendInFlight> {
+    ) -> Result<AppendInFlight, u64> {
         let last_log_id = *request
             .entries
             .last()
@@ -554,8 +537,7 @@ impl Network {
             .expect("an append with entries");
         if body.len() > MAX_APPEND_BYTES && request.entries.len() > 1 {
             let fitting = request.entries.len() * MAX_APPEND_BYTES / body.len();
-            let hint = PayloadTooLarge::new_entries_hint(fitting.max(1) as u64);
-            return Err(RPCError::PayloadTooLarge(hint));
+            return Err(fitting.max(1) as u64);
         }
         let timeout = append_timeout(self.rpc_timeout, body.len());
         let (network, node) = (self.clone(), target_node.clone());
@@ -713,7 +695,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
-    use openraft::CommittedLeaderId;
+    use openraft::{CommittedLeaderId, Vote};
 
     use super::*;
 
@@ -759,7 +741,7 @@ mod tests {
             raft_addr: "127.0.0.1:9".into(),
         };
         Connection {
-            follower: Follower::new(network.clone(), 2, node.clone()),
+            follower: Follower::new(Arc::new(network.clone()), 2, node.clone()),
             network,
             target: 2,
             target_node: node,
@@ -859,7 +841,7 @@ mod tests {
         let mut connection = nowhere();
         connection.target_node.raft_addr = addr;
         connection.follower = Follower::new(
-            connection.network.clone(),
+            Arc::new(connection.network.clone()),
             connection.target,
             connection.target_node.clone(),
         );
