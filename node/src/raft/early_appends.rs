@@ -5,7 +5,7 @@
 //! log's flush callback before it runs the next command, the one that hands
 //! the entries to the replication streams (`RaftCore::append_to_log`). So the
 //! leader's sync and the followers' appends, each with its own sync, ran one
-//! after the other. A `perf sched` trace of the bench's 1-client row showed
+//! after the other. A scheduler trace (`perf record -e sched:…`) of the bench's 1-client row showed
 //! it: the leader's write, its sync thread's `fdatasync` (~0.17 ms), the wake
 //! back, and only then the two sends, each follower's write and sync, and the
 //! answers (docs/scaling.md, "Sending before the leader's own sync").
@@ -135,9 +135,7 @@ impl EarlyAppends {
         let target = lock(follower).target;
         lock(&self.followers).insert(target, Arc::downgrade(follower));
     }
-}
 
-impl EarlyAppends {
     /// Sends `entries` early to every follower whose connection can tell the
     /// append openraft will ask for; how many it sent to.
     pub fn send(&self, entries: &[Entry<TypeConfig>]) -> usize {
