@@ -5,10 +5,11 @@
 //! log's flush callback before it runs the next command, the one that hands
 //! the entries to the replication streams (`RaftCore::append_to_log`). So the
 //! leader's sync and the followers' appends, each with its own sync, ran one
-//! after the other. A scheduler trace (`perf record -e sched:…`) of the bench's 1-client row showed
-//! it: the leader's write, its sync thread's `fdatasync` (~0.17 ms), the wake
-//! back, and only then the two sends, each follower's write and sync, and the
-//! answers (docs/scaling.md, "Sending before the leader's own sync").
+//! after the other. A scheduler trace (`perf record -e sched:…`) of the
+//! bench's 1-client row showed it: the leader's write, its sync thread's
+//! `fdatasync` (~0.17 ms), the wake back, and only then the two sends, each
+//! follower's write and sync, and the answers (docs/scaling.md, "Sending
+//! before the leader's own sync").
 //!
 //! Raft needs no such order: the leader may send an entry before it is
 //! durable on its own disk (the Raft thesis, §10.2.1). What commits an entry
