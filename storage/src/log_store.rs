@@ -11,7 +11,8 @@
 //!   files, and see every entry whose `append` returned, synced or not;
 //! - an [`AppendObserver`], when the node sets one, hears of each append
 //!   before it is written: the leader's network sends new entries to idle
-//!   followers from there, not after this node's sync (`node/src/raft/early_appends.rs`).
+//!   followers from there, not after this node's sync
+//!   (`node/src/raft/early_appends.rs`).
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
@@ -52,9 +53,8 @@ fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
 /// Hears of the entries openraft appends, before they are written.
 pub trait AppendObserver: Send + Sync + Debug {
     /// `entries` are about to be written to this shard's log. Called before
-    /// the write, so that what it spawns is queued on the runtime ahead of the
-    /// group commit's task, which syncs on the same worker while the disk is
-    /// fast.
+    /// the write, so that the sends it starts are queued before the group
+    /// commit is woken to sync them.
     fn appending(&self, entries: &[Entry<TypeConfig>]);
 }
 

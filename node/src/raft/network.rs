@@ -867,13 +867,20 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn new_entries_leave_for_an_idle_follower_as_written_and_openraft_joins_that_send() {
+    /// A connection whose follower answered openraft's append of entries 1–2
+    /// (commit index 1): idle, its last entry known.
+    async fn follower_holding_entry_2() -> (Connection, Arc<Mutex<Vec<(u64, usize, u64)>>>) {
         let (mut connection, seen) = peer_holding(10).await;
         let answer = connection
             .append_entries(append_after(1, 2, 1), option())
             .await;
         assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
+        (connection, seen)
+    }
+
+    #[tokio::test]
+    async fn new_entries_leave_for_an_idle_follower_as_written_and_openraft_joins_that_send() {
+        let (mut connection, seen) = follower_holding_entry_2().await;
         // Entry 3 is being written: it leaves at once, after the follower's
         // last entry (2), with openraft's last commit index (1).
         let next = append_after(3, 3, 1);
@@ -891,11 +898,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_append_openraft_asks_differently_is_sent_and_the_early_one_finishes_alone() {
-        let (mut connection, seen) = peer_holding(10).await;
-        let answer = connection
-            .append_entries(append_after(1, 2, 1), option())
-            .await;
-        assert_eq!(answer.expect("answered"), AppendEntriesResponse::Success);
+        let (mut connection, seen) = follower_holding_entry_2().await;
         let early = connection.network.early_appends();
         assert_eq!(early.send(&append_after(3, 3, 1).entries), 1);
         seen_count(&seen, 2).await;
