@@ -52,10 +52,11 @@ fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
 
 /// Hears of the entries openraft appends, before they are written.
 pub trait AppendObserver: Send + Sync + Debug {
-    /// `entries` are about to be written to this shard's log. Called before
-    /// the write, so that the sends it starts are queued before the group
-    /// commit is woken to sync them.
-    fn appending(&self, entries: &[Entry<TypeConfig>]);
+    /// `entries` are about to be written to this shard's log; whether it
+    /// started sends of them. Called before the write. When it did, the group
+    /// commit lets those sends leave before it blocks the runtime's worker in
+    /// an inline `fdatasync` ([`crate::wal::Wal::sends_first`]).
+    fn appending(&self, entries: &[Entry<TypeConfig>]) -> bool;
 }
 
 /// The Raft log store. Cloning is cheap and shares the log: openraft's log
@@ -195,7 +196,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         });
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         if let Some(observer) = &self.observer {
-            observer.appending(&entries);
+            if observer.appending(&entries) {
+                self.wal.sends_first();
+            }
         }
         self.wal
             .append(self.shard, entries, done)

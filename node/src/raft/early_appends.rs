@@ -155,8 +155,8 @@ impl EarlyAppends {
 }
 
 impl AppendObserver for EarlyAppends {
-    fn appending(&self, entries: &[Entry<TypeConfig>]) {
-        self.send(entries);
+    fn appending(&self, entries: &[Entry<TypeConfig>]) -> bool {
+        self.send(entries) > 0
     }
 }
 

@@ -464,6 +464,13 @@ impl Wal {
         synced.await
     }
 
+    /// Sends of the entries about to be appended were started (a leader's
+    /// early appends): the group commit lets them leave before it blocks the
+    /// runtime's worker in its next inline `fdatasync`.
+    pub(crate) fn sends_first(&self) {
+        self.inner.sync.sends_first();
+    }
+
     /// Records `shard`'s committed log id; it becomes durable with the next
     /// sync (a committed id lost in a crash is learned again from the leader).
     pub(crate) fn save_committed(

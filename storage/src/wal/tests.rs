@@ -425,6 +425,45 @@ async fn completions_run_in_append_order() {
     assert_eq!(*order.lock().unwrap(), (1..=100).collect::<Vec<_>>());
 }
 
+/// A leader's early appends are tasks started on the Raft runtime's one worker
+/// just before its entries are written; the write then wakes the group
+/// commit's task, which syncs inline on that worker. Told of the sends, the
+/// task lets them run first, two hops deep as an append's are (its task hands
+/// the frame to the peer stream's writer), so they leave before the worker
+/// blocks. Without [`Wal::sends_first`] tokio runs the task woken last first:
+/// the sync, then the sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn sends_started_before_a_write_leave_before_its_inline_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = open(dir.path(), SEGMENT_MAX_BYTES);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let on_worker = {
+        let order = Arc::clone(&order);
+        async move {
+            let (frames, mut queued) = tokio::sync::mpsc::channel::<()>(1);
+            let written = Arc::clone(&order);
+            let writer = tokio::spawn(async move {
+                queued.recv().await.expect("a frame");
+                written.lock().unwrap().push("sent");
+            });
+            tokio::task::yield_now().await; // the writer waits for frames
+            drop(tokio::spawn(async move { frames.send(()).await }));
+            wal.sends_first();
+            let (sender, synced) = oneshot::channel();
+            let done: AppendDone = Box::new(move |result| {
+                result.expect("synced");
+                order.lock().unwrap().push("synced");
+                let _ = sender.send(());
+            });
+            wal.append(0, blanks(1, 1..=1), done).unwrap();
+            synced.await.unwrap();
+            writer.await.unwrap();
+        }
+    };
+    tokio::spawn(on_worker).await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["sent", "synced"]);
+}
+
 #[tokio::test]
 async fn a_failed_log_refuses_writes_and_fails_their_callbacks() {
     let dir = tempfile::tempdir().unwrap();
