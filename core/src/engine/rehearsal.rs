@@ -92,6 +92,31 @@ mod tests {
         assert_eq!((format!("{:?}", sem.key("k")), sem.last_now_ms()), before);
     }
 
+    /// The copy shares the key's remembered answers until it changes them:
+    /// a rehearsal that forgets one and remembers another leaves the key's own.
+    #[test]
+    fn a_rehearsal_that_remembers_and_forgets_answers_leaves_the_keys_alone() {
+        let mut sem = semaphores(3);
+        let mut ids = IdAllocator::new(1);
+        let retried = PermitRequest {
+            request_id: Some("r1".to_owned()),
+            ..asks("a", 1)
+        };
+        sem.round("k", &mut ids, 10, &[retried]);
+        let remembered = sem.key("k").expect("the key").answers().clone();
+        assert!(remembered.contains_key("a"), "a's answer is remembered");
+        let before = format!("{:?}", sem.key("k"));
+        let forget_at = 10 + sem.config("k").grant_timeout_ms + 1;
+        let fresh = PermitRequest {
+            request_id: Some("r2".to_owned()),
+            ..asks("b", 1)
+        };
+        let rehearsal = sem.rehearse_round("k", forget_at, &[fresh]);
+        assert_eq!(rehearsal.answers[0].grants.len(), 1);
+        assert_eq!(format!("{:?}", sem.key("k")), before);
+        assert_eq!(sem.key("k").expect("the key").answers(), &remembered);
+    }
+
     #[test]
     fn a_full_key_rehearses_a_round_that_changes_nothing() {
         let mut sem = semaphores(2);

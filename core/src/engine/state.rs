@@ -14,6 +14,7 @@
 //! - the tally equals what a full scan of the grants and leases would compute.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -183,8 +184,9 @@ pub struct Tally {
     pub lease_expiries: SmallSet<(u64, LeaseId)>,
     /// Leases not yet acknowledged by their client, by claim deadline.
     pub lease_claim_deadlines: SmallSet<(u64, LeaseId)>,
-    /// Remembered answers by the time they may be forgotten.
-    pub answer_expiries: SmallSet<(u64, String, String)>,
+    /// Remembered answers by the time they may be forgotten; shared by a
+    /// copy until either side changes it, as the answers are.
+    pub answer_expiries: Arc<SmallSet<(u64, String, String)>>,
 }
 
 /// One key's state. See the module docs for its invariants.
@@ -194,7 +196,11 @@ pub struct KeyState {
     meta: KeyMeta,
     grants: SmallMap<GrantId, Grant>,
     leases: SmallMap<LeaseId, Lease>,
-    answers: Answers,
+    /// Shared by a copy until either side changes them: a leader's rehearsal
+    /// copies the key for every request it may hold, and in a contended key
+    /// the answers remembered for every runner were most of that copy's cost
+    /// (docs/scaling.md, "Rehearsals that copy less").
+    answers: Arc<Answers>,
     tally: Tally,
     /// Allocated only while changes wait to be taken: an idle key
     /// carries no empty change sets.
@@ -447,18 +453,18 @@ impl KeyState {
         request_id: &str,
         answer: Option<RememberedAnswer>,
     ) {
-        let answers = self
-            .answers
-            .get_or_insert_with(client_id.to_owned(), SmallMap::new);
+        let all = Arc::make_mut(&mut self.answers);
+        let answers = all.get_or_insert_with(client_id.to_owned(), SmallMap::new);
+        let expiries = Arc::make_mut(&mut self.tally.answer_expiries);
         if let Some(old) = answers.remove(request_id) {
-            self.tally.answer_expiries.remove(&(
+            expiries.remove(&(
                 old.forget_at_ms,
                 client_id.to_owned(),
                 request_id.to_owned(),
             ));
         }
         if let Some(answer) = answer {
-            self.tally.answer_expiries.insert((
+            expiries.insert((
                 answer.forget_at_ms,
                 client_id.to_owned(),
                 request_id.to_owned(),
@@ -466,7 +472,7 @@ impl KeyState {
             answers.insert(request_id.to_owned(), answer);
         }
         if answers.is_empty() {
-            self.answers.remove(client_id);
+            all.remove(client_id);
         }
         self.changes_mut()
             .answers
