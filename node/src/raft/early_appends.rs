@@ -22,6 +22,10 @@
 //! openraft's last commit index on that connection. When openraft then asks
 //! for that append, the connection joins the send under way
 //! (`Connection::send_entries`), as it joins one openraft asked for twice.
+//! The sends are tasks on the Raft runtime's worker, where a fast disk's sync
+//! also runs: told that sends were started, the log's group commit yields
+//! once so that they leave before its `fdatasync` blocks the worker
+//! (`permitd_storage`'s group commit module).
 //!
 //! A send is started only when the request it makes is exactly the one
 //! openraft will make, as far as this connection can tell:
