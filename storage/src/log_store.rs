@@ -6,7 +6,8 @@
 //!   its task with `Exec::Inline`) after the `fdatasync` that covers them, so
 //!   openraft pipelines appends;
 //! - `save_vote`, `truncate` and `purge` return once their record is durable;
-//!   `save_committed` rides along with the next sync;
+//!   `save_committed` writes nothing: its record goes ahead of the next
+//!   write, and is durable with that write's sync;
 //! - reads come from the in-memory index and positioned reads of the segment
 //!   files, and see every entry whose `append` returned, synced or not;
 //! - an [`AppendObserver`], when the node sets one, hears of each append

@@ -24,7 +24,7 @@ use std::io;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::mpsc;
 
 /// What a client writes first: a peer stream, not HTTP. It shares no prefix
@@ -43,6 +43,9 @@ pub const LENGTH_BYTES: usize = 4;
 
 /// Bytes the writer gathers into one `write` when several frames are queued.
 const WRITE_BATCH_BYTES: usize = 64 * 1024;
+
+/// Bytes a reader takes from the connection in one `read` ([`frame_reader`]).
+const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 const REQUEST: u8 = 1;
 const ANSWER: u8 = 2;
@@ -138,6 +141,15 @@ pub fn decode_answer(mut rest: Bytes) -> Result<AnswerFrame, FrameError> {
     *answer.status_mut() = status;
     *answer.headers_mut() = headers;
     Ok(AnswerFrame { id, answer })
+}
+
+/// The read side of a stream, buffered for [`read_frame`]: one `read` takes a
+/// small frame whole, with its length and whatever frames follow it. Read
+/// directly, each frame cost three `read` calls on plain TCP (its length, its
+/// rest, and the one that found nothing more), two of them per peer answer on
+/// a leader's path to commit. A larger frame's rest is read straight into it.
+pub fn frame_reader<R: AsyncRead>(read: R) -> BufReader<R> {
+    BufReader::with_capacity(READ_BUFFER_BYTES, read)
 }
 
 /// Reads one frame and returns what follows its length; `None` at a clean

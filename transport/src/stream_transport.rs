@@ -207,7 +207,7 @@ impl Stream {
                 }
             }
         });
-        tokio::spawn(read_answers(stream.clone(), read));
+        tokio::spawn(read_answers(stream.clone(), frames::frame_reader(read)));
         stream
     }
 

@@ -39,7 +39,8 @@ pub async fn serve<S>(stream: S, router: Router, first_frame_timeout: Duration, 
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (mut read, write) = tokio::io::split(stream);
+    let (read, write) = tokio::io::split(stream);
+    let mut read = frames::frame_reader(read);
     let mut preface = [0u8; PREFACE.len()];
     let opened = tokio::time::timeout(first_frame_timeout, read.read_exact(&mut preface)).await;
     if !matches!(opened, Ok(Ok(_))) || preface != PREFACE {

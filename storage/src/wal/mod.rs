@@ -117,7 +117,7 @@ mod record;
 mod recovery;
 mod segment;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -236,6 +236,10 @@ struct State {
     /// Every segment on disk, by sequence; the last is the active one.
     segments: BTreeMap<u64, Arc<Segment>>,
     active: Active,
+    /// The shards whose committed id changed since their last Committed
+    /// record ([`Wal::save_committed`]): at most one per shard. The records go
+    /// ahead of the next write's, so a commit costs no `pwrite` of its own.
+    committed_unwritten: BTreeSet<ShardId>,
 }
 
 impl State {
@@ -247,6 +251,17 @@ impl State {
     /// `shard`'s part, if it has one.
     fn shard(&self, shard: ShardId) -> Option<&ShardLog> {
         self.shards.get(&shard)
+    }
+
+    /// A Committed record for each shard in [`State::committed_unwritten`],
+    /// with its committed id as of now.
+    fn unwritten_committed_records(&self) -> Result<Vec<u8>, StorageError> {
+        let mut bytes = Vec::new();
+        for &shard in &self.committed_unwritten {
+            let committed = self.shard(shard).and_then(|log| log.raft.committed);
+            record::push_committed(&mut bytes, shard, &committed)?;
+        }
+        Ok(bytes)
     }
 }
 
@@ -265,8 +280,103 @@ struct Inner {
     sync_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
+impl Inner {
+    /// Writes `bytes` at the end of the active segment (rolling first if they
+    /// would take it past the limit), after the committed ids not yet written
+    /// ([`State::committed_unwritten`]). Returns the segment and the offset of
+    /// `bytes`. Any failure is final for the log.
+    fn write_records(&self, state: &mut State, bytes: &[u8]) -> Result<(u64, u64), StorageError> {
+        self.sync.check()?;
+        let committed = state.unwritten_committed_records()?;
+        let joined;
+        let records = if committed.is_empty() {
+            bytes
+        } else {
+            joined = [committed.as_slice(), bytes].concat();
+            joined.as_slice()
+        };
+        let written = self
+            .roll_if_full(state, records.len() as u64)
+            .and_then(|()| {
+                let offset = state.active.len;
+                self.zero_ahead(&mut state.active, offset + records.len() as u64)?;
+                state.active.segment.write_at(records, offset)?;
+                Ok((
+                    state.active.segment.sequence,
+                    offset + committed.len() as u64,
+                ))
+            });
+        match written {
+            Ok(written) => {
+                state.active.len += records.len() as u64;
+                state.committed_unwritten.clear();
+                Ok(written)
+            }
+            Err(error) => {
+                self.sync.fail(&error);
+                Err(error)
+            }
+        }
+    }
+
+    /// At close: the committed ids no write carried yet go to the page cache,
+    /// so a clean restart applies as far as this run did (unsynced, as they
+    /// would have been until the next append's sync).
+    fn write_unwritten_committed(&self) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        if state.committed_unwritten.is_empty() {
+            return;
+        }
+        if let Err(error) = self.write_records(&mut state, &[]) {
+            tracing::warn!(%error, "the committed ids were not written at close");
+        }
+    }
+
+    /// Makes sure the file is zero-filled up to `end` (the end of the record
+    /// about to be written), extending it by up to [`ZERO_AHEAD_BYTES`] more.
+    fn zero_ahead(&self, active: &mut Active, end: u64) -> Result<(), StorageError> {
+        if end <= active.zeroed {
+            return Ok(());
+        }
+        let target = (end + ZERO_AHEAD_BYTES).min(self.segment_max_bytes.max(end));
+        let zeros = vec![0u8; (target - active.zeroed) as usize];
+        active.segment.write_at(&zeros, active.zeroed)?;
+        active.zeroed = target;
+        Ok(())
+    }
+
+    fn roll_if_full(&self, state: &mut State, incoming: u64) -> Result<(), StorageError> {
+        let active = &state.active;
+        if active.len == active.head_len || active.len + incoming <= self.segment_max_bytes {
+            return Ok(());
+        }
+        // The segment left behind ends at its records: recovery reads zeros as
+        // the end of the log, and later segments must not look cut off. The
+        // group commit syncs the cut with the next batch, before anything
+        // written to the next segment is acknowledged.
+        active.segment.cut_unsynced(active.len)?;
+        self.sync.written(&active.segment, None);
+        let sequence = active.segment.sequence + 1;
+        let next = start_segment_unsynced(&*self.disk, &self.dir, sequence, &state.shards)?;
+        // Its creation is durable before anything is written to it, so that a
+        // crash can never keep a segment and lose its predecessor's creation:
+        // the segments on disk are always a run of consecutive sequence numbers
+        // (one dir fsync per segment, i.e. per 64 MiB).
+        self.disk
+            .sync_dir(&self.dir)
+            .map_err(io_error("fsync", &self.dir))?;
+        self.sync.written(&next.segment, None);
+        state.segments.insert(sequence, Arc::clone(&next.segment));
+        state.active = next;
+        Ok(())
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.write_unwritten_committed();
         self.sync.stop();
         let thread = self.sync_thread.get_mut().map(Option::take);
         if let Ok(Some(thread)) = thread {
@@ -333,6 +443,7 @@ impl Wal {
             shards: recovered.shards,
             segments,
             active,
+            committed_unwritten: BTreeSet::new(),
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -415,7 +526,7 @@ impl Wal {
             .first()
             .map_or(bytes.len(), |first| first.offset as usize)..];
         let written = check_order(state.shard(shard), placed)
-            .and_then(|()| self.write_records(&mut state, bytes));
+            .and_then(|()| self.inner.write_records(&mut state, bytes));
         let (sequence, base) = match written {
             Ok(written) => written,
             Err(error) => {
@@ -471,19 +582,22 @@ impl Wal {
         self.inner.sync.sends_first();
     }
 
-    /// Records `shard`'s committed log id; it becomes durable with the next
-    /// sync (a committed id lost in a crash is learned again from the leader).
+    /// Records `shard`'s committed log id. Its record is written ahead of the
+    /// log's next write (an append, a vote, a truncation, a purge; or the
+    /// log's close), and is durable with that write's sync: every commit of a
+    /// busy shard rides the next entry instead of costing a `pwrite` on the
+    /// path from the quorum's answer to apply. A committed id lost in a crash
+    /// is learned again from the leader; it only lets a restarted node apply
+    /// sooner.
     pub(crate) fn save_committed(
         &self,
         shard: ShardId,
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError> {
-        let mut bytes = Vec::new();
-        record::push_committed(&mut bytes, shard, &committed)?;
+        self.inner.sync.check()?;
         let mut state = self.lock();
-        self.write_records(&mut state, &bytes)?;
         state.shard_mut(shard).raft.committed = committed;
-        self.inner.sync.written(&state.active.segment, None);
+        state.committed_unwritten.insert(shard);
         Ok(())
     }
 
@@ -552,7 +666,7 @@ impl Wal {
             }),
         };
         let mut state = self.lock();
-        self.write_records(&mut state, bytes)?;
+        self.inner.write_records(&mut state, bytes)?;
         update(&mut state);
         self.inner.sync.written(&state.active.segment, Some(waiter));
         drop(state);
@@ -564,70 +678,6 @@ impl Wal {
                 )),
             }
         })
-    }
-
-    /// Writes `bytes` at the end of the active segment (rolling first if they
-    /// would take it past the limit). Returns the segment and the offset.
-    /// Any failure is final for the log.
-    fn write_records(&self, state: &mut State, bytes: &[u8]) -> Result<(u64, u64), StorageError> {
-        self.inner.sync.check()?;
-        let written = self.roll_if_full(state, bytes.len() as u64).and_then(|()| {
-            let offset = state.active.len;
-            self.zero_ahead(&mut state.active, offset + bytes.len() as u64)?;
-            state.active.segment.write_at(bytes, offset)?;
-            Ok((state.active.segment.sequence, offset))
-        });
-        match written {
-            Ok(written) => {
-                state.active.len += bytes.len() as u64;
-                Ok(written)
-            }
-            Err(error) => {
-                self.inner.sync.fail(&error);
-                Err(error)
-            }
-        }
-    }
-
-    /// Makes sure the file is zero-filled up to `end` (the end of the record
-    /// about to be written), extending it by up to [`ZERO_AHEAD_BYTES`] more.
-    fn zero_ahead(&self, active: &mut Active, end: u64) -> Result<(), StorageError> {
-        if end <= active.zeroed {
-            return Ok(());
-        }
-        let target = (end + ZERO_AHEAD_BYTES).min(self.inner.segment_max_bytes.max(end));
-        let zeros = vec![0u8; (target - active.zeroed) as usize];
-        active.segment.write_at(&zeros, active.zeroed)?;
-        active.zeroed = target;
-        Ok(())
-    }
-
-    fn roll_if_full(&self, state: &mut State, incoming: u64) -> Result<(), StorageError> {
-        let active = &state.active;
-        if active.len == active.head_len || active.len + incoming <= self.inner.segment_max_bytes {
-            return Ok(());
-        }
-        // The segment left behind ends at its records: recovery reads zeros as
-        // the end of the log, and later segments must not look cut off. The
-        // group commit syncs the cut with the next batch, before anything
-        // written to the next segment is acknowledged.
-        active.segment.cut_unsynced(active.len)?;
-        self.inner.sync.written(&active.segment, None);
-        let sequence = active.segment.sequence + 1;
-        let next =
-            start_segment_unsynced(&*self.inner.disk, &self.inner.dir, sequence, &state.shards)?;
-        // Its creation is durable before anything is written to it, so that a
-        // crash can never keep a segment and lose its predecessor's creation:
-        // the segments on disk are always a run of consecutive sequence numbers
-        // (one dir fsync per segment, i.e. per 64 MiB).
-        self.inner
-            .disk
-            .sync_dir(&self.inner.dir)
-            .map_err(io_error("fsync", &self.inner.dir))?;
-        self.inner.sync.written(&next.segment, None);
-        state.segments.insert(sequence, Arc::clone(&next.segment));
-        state.active = next;
-        Ok(())
     }
 
     /// `shard`'s entries in `range`, at most `max_entries`, stopping once

@@ -88,6 +88,36 @@ fn copy_dir(from: &Path) -> tempfile::TempDir {
     to
 }
 
+/// A commit writes nothing: its record goes ahead of the next write's, once
+/// for however many commits came before it, and an unclean stop in between
+/// keeps the committed id written before.
+#[tokio::test]
+async fn a_committed_id_is_written_with_the_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = open(dir.path(), SEGMENT_MAX_BYTES);
+    append_synced(&wal, blanks(1, 1..=3)).await;
+    let (_, before) = active_records(&wal);
+    wal.save_committed(0, Some(log_id(1, 2))).unwrap();
+    wal.save_committed(0, Some(log_id(1, 3))).unwrap();
+    assert_eq!(active_records(&wal).1, before, "no record written yet");
+    assert_eq!(wal.raft_state(0).committed, Some(log_id(1, 3)));
+    let crashed = copy_dir(dir.path());
+    let reopened = open(crashed.path(), SEGMENT_MAX_BYTES);
+    assert_eq!(reopened.raft_state(0).committed, None);
+    assert_eq!(log_ids(&reopened), expected(1, 1..=3));
+
+    append_synced(&wal, blanks(1, 4..=4)).await;
+    let mut committed_record = Vec::new();
+    record::push_committed(&mut committed_record, 0, &Some(log_id(1, 3))).unwrap();
+    let entry = location(&wal, 4);
+    assert_eq!(entry.offset, before + committed_record.len() as u64);
+    assert_eq!(active_records(&wal).1, entry.offset + entry.len);
+    let crashed = copy_dir(dir.path());
+    let reopened = open(crashed.path(), SEGMENT_MAX_BYTES);
+    assert_eq!(reopened.raft_state(0).committed, Some(log_id(1, 3)));
+    assert_eq!(log_ids(&reopened), expected(1, 1..=4));
+}
+
 #[tokio::test]
 async fn entries_vote_and_committed_survive_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
