@@ -337,6 +337,47 @@ mod tests {
         assert!(matches!(decode_answer(rest), Err(FrameError::Kind(1))));
     }
 
+    /// Frames that arrive together, cut anywhere, or larger than the
+    /// reader's buffer come out of [`frame_reader`] whole and in order.
+    #[tokio::test]
+    async fn the_buffered_reader_returns_every_frame_however_the_bytes_arrive() {
+        let bodies = [
+            vec![1u8; 10],
+            vec![2u8; READ_BUFFER_BYTES * 3 + 7],
+            vec![],
+            vec![3u8; 300],
+        ];
+        let mut wire = Vec::new();
+        for (id, body) in bodies.iter().enumerate() {
+            let answer = http::Response::new(Bytes::from(body.clone()));
+            wire.extend_from_slice(&encode_answer(id as CallId, &answer).unwrap());
+        }
+        let first_frame =
+            LENGTH_BYTES + frame_length(wire[..LENGTH_BYTES].try_into().unwrap()).unwrap();
+        let (mut write, read) = tokio::io::duplex(1024);
+        let writer = tokio::spawn(async move {
+            // The first frame and the head of the second in one write, the
+            // rest in odd cuts.
+            let (first, rest) = wire.split_at(first_frame + 10);
+            write.write_all(first).await.unwrap();
+            for cut in rest.chunks(777) {
+                write.write_all(cut).await.unwrap();
+            }
+        });
+        let mut read = frame_reader(read);
+        for (id, body) in bodies.iter().enumerate() {
+            let rest = read_frame(&mut read).await.unwrap().expect("a frame");
+            let answer = decode_answer(rest).unwrap();
+            assert_eq!(answer.id, id as CallId);
+            assert_eq!(answer.answer.body().as_ref(), body.as_slice());
+        }
+        writer.await.unwrap();
+        assert!(
+            read_frame(&mut read).await.unwrap().is_none(),
+            "a clean end"
+        );
+    }
+
     #[test]
     fn the_preface_shares_at_most_one_byte_with_an_http_request_line() {
         for method in ["POST ", "PUT ", "PATCH ", "PRI * HTTP/2.0"] {

@@ -326,7 +326,8 @@ impl Inner {
         let Ok(mut state) = self.state.lock() else {
             return;
         };
-        if state.committed_unwritten.is_empty() {
+        // A failed log writes nothing more; its failure was reported.
+        if state.committed_unwritten.is_empty() || self.sync.check().is_err() {
             return;
         }
         if let Err(error) = self.write_records(&mut state, &[]) {
