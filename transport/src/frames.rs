@@ -44,8 +44,11 @@ pub const LENGTH_BYTES: usize = 4;
 /// Bytes the writer gathers into one `write` when several frames are queued.
 const WRITE_BATCH_BYTES: usize = 64 * 1024;
 
-/// Bytes a reader takes from the connection in one `read` ([`frame_reader`]).
-const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// Bytes a reader takes from the connection in one `read` ([`frame_reader`]):
+/// room for an answer, a heartbeat or an append of a few entries (a few
+/// hundred bytes each). One per peer-stream connection, allocated before the
+/// first frame is authenticated: at a listener's 4,096 connections, 32 MiB.
+const READ_BUFFER_BYTES: usize = 8 * 1024;
 
 const REQUEST: u8 = 1;
 const ANSWER: u8 = 2;
