@@ -88,7 +88,7 @@ const BUGS: [(&str, Switch, FaultMix, u64); 4] = [
         "entries proposed out of order",
         permitd_storage::bugs::set_entries_out_of_order,
         FaultMix::ALL,
-        3006,
+        3773,
     ),
     (
         "a request whose caller went away still granted",
