@@ -32,20 +32,19 @@ pub fn watch_leadership(
                 // A leader handing the shard over (`handover.rs`) names no
                 // leader: nothing is proposed or answered here meanwhile.
                 let stepping = *stepping_down.borrow_and_update();
-                let leads = metrics.state == ServerState::Leader
-                    && metrics.current_leader == Some(metrics.id);
+                let raft_leader = metrics.state == ServerState::Leader;
+                let leads = raft_leader && metrics.current_leader == Some(metrics.id);
                 let term = metrics.vote.leader_id().get_term();
                 let caught_up =
                     catch_up.caught_up(leads.then_some(term), &data.borrow_and_update());
                 // Until then it is led by nobody, as while stepping down.
-                let is_leader = leads && caught_up;
-                let raft_leader = metrics.state == ServerState::Leader;
+                let is_leader = leads && caught_up && !stepping;
                 Leadership {
-                    leader: metrics.current_leader.filter(|_| {
-                        (raft_leader && is_leader && !stepping) || (!raft_leader && !silent)
-                    }),
+                    leader: metrics
+                        .current_leader
+                        .filter(|_| is_leader || (!raft_leader && !silent)),
                     term,
-                    is_leader: is_leader && !stepping,
+                    is_leader,
                 }
             };
             sender.send_if_modified(|seen| {
