@@ -32,6 +32,8 @@
 //! (expected 0).
 //!
 //! Every loop is bounded in count and time; all traffic goes to 127.0.0.1.
+//! `PERMITD_BENCH_LINK_DELAY_US` puts a network's one-way delay on every peer
+//! link ([`slow_links`]).
 //! Targets are reported against, never asserted.
 
 pub mod cpu;
@@ -45,9 +47,11 @@ pub mod reuse;
 pub mod scale;
 pub mod shard_failover;
 pub mod shards;
+pub mod slow_links;
 pub mod stats;
 pub mod transport;
 
+use std::ops::{Deref, DerefMut};
 use std::time::{Duration, Instant};
 
 pub use report::{target_dir, Report};
@@ -231,6 +235,48 @@ fn settings() -> Settings {
     }
 }
 
+/// A bench cluster, behind delayed peer links when
+/// `PERMITD_BENCH_LINK_DELAY_US` asks for them.
+#[derive(Debug)]
+pub struct BenchCluster {
+    cluster: Cluster,
+    /// Dropped after the nodes, which end the links' connections.
+    _links: Option<slow_links::SlowLinks>,
+}
+
+impl BenchCluster {
+    /// Starts a cluster of `settings` (see [`Cluster::start`]).
+    pub async fn start(settings: Settings) -> Self {
+        let Some(delay) = slow_links::delay_from_env() else {
+            let cluster = Cluster::start(settings).await;
+            return Self {
+                cluster,
+                _links: None,
+            };
+        };
+        let mut links = slow_links::SlowLinks::new(delay);
+        let cluster =
+            Cluster::start_advertising(settings, |_, raft_addr| Some(links.front(raft_addr))).await;
+        Self {
+            cluster,
+            _links: Some(links),
+        }
+    }
+}
+
+impl Deref for BenchCluster {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.cluster
+    }
+}
+
+impl DerefMut for BenchCluster {
+    fn deref_mut(&mut self) -> &mut Cluster {
+        &mut self.cluster
+    }
+}
+
 /// `heartbeat,election_min,election_max` in ms.
 fn parse_timings(timings: &str) -> Option<(u64, u64, u64)> {
     let parsed: Vec<u64> = timings
@@ -247,7 +293,7 @@ fn parse_timings(timings: &str) -> Option<(u64, u64, u64)> {
 pub async fn run(profile: &Profile) -> Report {
     let started = Instant::now();
     let mut report = Report::new(profile.name);
-    let mut cluster = Cluster::start(settings()).await;
+    let mut cluster = BenchCluster::start(settings()).await;
     cluster.wait_for_leader().await;
     // Terms seen outside the failover section: (from, to) stretches.
     let mut calm_from = cpu::max_term(&cluster).await;
@@ -308,7 +354,7 @@ pub async fn run(profile: &Profile) -> Report {
     drop(cluster);
     if profile.runs("scale") {
         eprintln!("bench: scale");
-        let cluster = Cluster::start(Settings {
+        let cluster = BenchCluster::start(Settings {
             snapshot_every_logs: scale::SCALE_SNAPSHOT_EVERY_LOGS,
             ..settings()
         })

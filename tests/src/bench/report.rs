@@ -548,9 +548,13 @@ impl Report {
                 .map_or_else(|| "not measured".to_owned(), |count| count.to_string())
         );
         let transport = super::transport::VARIABLES;
-        for name in ["PERMITD_BENCH_TOML", "PERMITD_BENCH_RAFT_TIMINGS"]
-            .into_iter()
-            .chain(transport)
+        for name in [
+            "PERMITD_BENCH_TOML",
+            "PERMITD_BENCH_RAFT_TIMINGS",
+            "PERMITD_BENCH_LINK_DELAY_US",
+        ]
+        .into_iter()
+        .chain(transport)
         {
             if let Ok(value) = std::env::var(name) {
                 let _ = writeln!(text, "Overridden: {name}={value:?}.\n");

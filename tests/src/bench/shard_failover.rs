@@ -145,7 +145,7 @@ pub async fn run(profile: &Profile) -> ShardFailoverResult {
         shards: Some(SHARDS),
         ..super::settings()
     };
-    let mut cluster = Cluster::start(settings).await;
+    let mut cluster = super::BenchCluster::start(settings).await;
     let leaders = cluster.wait_spread().await;
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),

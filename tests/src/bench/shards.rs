@@ -180,7 +180,7 @@ pub async fn run(profile: &Profile) -> Vec<ShardRow> {
 
 /// One of the section's clusters.
 struct Sharded {
-    cluster: Cluster,
+    cluster: super::BenchCluster,
     /// Its `[cluster] shards`.
     shards: u32,
     /// Whether [`Sharded::settle`] still waits for the leaders to spread:
@@ -196,7 +196,7 @@ impl Sharded {
             shards: Some(shards),
             ..super::settings()
         };
-        let cluster = Cluster::start(settings).await;
+        let cluster = super::BenchCluster::start(settings).await;
         cluster.wait_for_leader().await;
         Self {
             cluster,
