@@ -94,7 +94,7 @@ impl Default for ClusterShape {
 /// Shards of a cluster whose file names none (`[cluster] shards`).
 pub const DEFAULT_SHARDS: u32 = 1;
 /// Most shards a cluster may have: every node runs a Raft core, a rounds
-/// driver and timers per shard, and an idle shard still sends heartbeats.
+/// driver and timers per shard, even an idle (quiet) one.
 pub const MAX_NODE_SHARDS: u32 = 256;
 
 /// `[auth]`: who may call the public API.
@@ -276,9 +276,10 @@ impl NodeLimits {
 /// follower stands for election after the leader lease (openraft 0.9 sets it to
 /// `election_timeout_max_ms`) plus an election timeout drawn from min..max, and
 /// a pre-vote (`raft/election_guard.rs`), so a dead leader is replaced in about
-/// `2 × election_timeout_max_ms` at worst (see `cluster.toml`).
+/// `2 × election_timeout_max_ms` at worst (see `cluster.toml`). A field the
+/// `[raft]` table leaves out takes its default, as when the table is absent.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RaftTimings {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_min_ms: u64,
@@ -290,25 +291,15 @@ pub struct RaftTimings {
     pub snapshot_every_logs: u64,
     /// Longest time between two snapshots while entries are applied, in ms
     /// (staggered per node like `snapshot_every_logs`).
-    #[serde(default = "default_snapshot_every_ms")]
     pub snapshot_every_ms: u64,
     /// Log entries kept behind a snapshot, so that a follower that lagged
     /// briefly (a restart, a pause) catches up from the log, not a snapshot.
-    #[serde(default = "default_log_kept_after_snapshot")]
     pub log_kept_after_snapshot: u64,
 }
 
 /// Shortest time budget between snapshots: building one costs a copy of the
 /// state, so a smaller budget would spend the node on snapshots.
 const MIN_SNAPSHOT_EVERY_MS: u64 = 1_000;
-
-fn default_snapshot_every_ms() -> u64 {
-    300_000
-}
-
-fn default_log_kept_after_snapshot() -> u64 {
-    10_000
-}
 
 impl Default for RaftTimings {
     fn default() -> Self {
@@ -318,8 +309,8 @@ impl Default for RaftTimings {
             election_timeout_max_ms: 240,
             rpc_timeout_ms: 1_000,
             snapshot_every_logs: 5_000,
-            snapshot_every_ms: default_snapshot_every_ms(),
-            log_kept_after_snapshot: default_log_kept_after_snapshot(),
+            snapshot_every_ms: 300_000,
+            log_kept_after_snapshot: 10_000,
         }
     }
 }
@@ -502,6 +493,31 @@ mod tests {
         assert_eq!(config.nodes[0].peer().raft_addr, "127.0.0.1:3");
         assert_eq!(config.nodes[0].raft_addr, "127.0.0.1:2");
         assert_eq!(config.nodes[1].peer().raft_addr, "127.0.0.1:5");
+    }
+
+    #[test]
+    fn a_raft_table_may_name_only_the_timings_it_changes() {
+        let text = r#"secret = "0123456789abcdef"
+            [raft]
+            heartbeat_interval_ms = 50
+            [[node]]
+            id = 1
+            api_addr = "127.0.0.1:1"
+            raft_addr = "127.0.0.1:2"
+            data_dir = "d""#;
+        let config: ClusterConfig = toml::from_str(text).unwrap();
+        let defaults = RaftTimings::default();
+        assert_eq!(config.raft.heartbeat_interval_ms, 50);
+        assert_eq!(
+            config.raft.election_timeout_max_ms,
+            defaults.election_timeout_max_ms
+        );
+        assert_eq!(
+            config.raft.snapshot_every_logs,
+            defaults.snapshot_every_logs
+        );
+        let unknown = text.replace("heartbeat_interval_ms", "heartbeat_ms");
+        assert!(toml::from_str::<ClusterConfig>(&unknown).is_err());
     }
 
     #[test]

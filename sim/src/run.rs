@@ -139,7 +139,7 @@ pub fn simulation(seed: u64, limit: Duration) -> turmoil::Builder {
 /// Operators may set 1 to 64, and each end has its own hazards: with one
 /// entry in flight no proposal ever has another beside it, with many the
 /// rounds of different keys commit while others wait. So each seed draws
-/// one of 1, 2, 4 (the default) and 8, from its own bits of the seed.
+/// one of 1 (the default), 2, 4 and 8, from its own bits of the seed.
 pub fn entries_in_flight(seed: u64) -> usize {
     const CHOICES: [usize; 4] = [1, 2, 4, 8];
     let mixed = (seed ^ 0x696e_666c_6967_6874).wrapping_mul(0x9e37_79b9_7f4a_7c15);
