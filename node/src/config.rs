@@ -495,17 +495,16 @@ mod tests {
         assert_eq!(config.nodes[1].peer().raft_addr, "127.0.0.1:5");
     }
 
+    /// One `[[node]]` table, the last of a test's file.
+    const ONE_NODE: &str =
+        "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
+
     #[test]
     fn a_raft_table_may_name_only_the_timings_it_changes() {
-        let text = r#"secret = "0123456789abcdef"
-            [raft]
-            heartbeat_interval_ms = 50
-            [[node]]
-            id = 1
-            api_addr = "127.0.0.1:1"
-            raft_addr = "127.0.0.1:2"
-            data_dir = "d""#;
-        let config: ClusterConfig = toml::from_str(text).unwrap();
+        let text = format!(
+            "secret = \"0123456789abcdef\"\n[raft]\nheartbeat_interval_ms = 50\n{ONE_NODE}"
+        );
+        let config: ClusterConfig = toml::from_str(&text).unwrap();
         let defaults = RaftTimings::default();
         assert_eq!(config.raft.heartbeat_interval_ms, 50);
         assert_eq!(
@@ -522,26 +521,20 @@ mod tests {
 
     #[test]
     fn short_secrets_and_duplicate_ids_are_rejected() {
-        let text = r#"secret = "short"
-            [[node]]
-            id = 1
-            api_addr = "127.0.0.1:1"
-            raft_addr = "127.0.0.1:2"
-            data_dir = "d""#;
-        let config: ClusterConfig = toml::from_str(text).unwrap();
+        let text = format!("secret = \"short\"\n{ONE_NODE}");
+        let config: ClusterConfig = toml::from_str(&text).unwrap();
         assert!(config.check().is_err());
     }
 
     #[test]
     fn auth_needs_a_long_enough_admin_token_unless_switched_off() {
-        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
         for (auth, valid) in [
             ("", false),
             ("[auth]\nadmin_token = \"short\"\n", false),
             ("[auth]\nadmin_token = \"0123456789abcdef\"\n", true),
             ("[auth]\nenabled = false\n", true),
         ] {
-            let text = format!("secret = \"0123456789abcdef\"\n{auth}{node}");
+            let text = format!("secret = \"0123456789abcdef\"\n{auth}{ONE_NODE}");
             let config: ClusterConfig = toml::from_str(&text).unwrap();
             assert_eq!(config.check().is_ok(), valid, "{auth}");
             assert!(!format!("{config:?}").contains("0123456789abcdef"));
@@ -550,7 +543,7 @@ mod tests {
 
     #[test]
     fn the_pending_bound_defaults_to_the_maximum_and_is_checked() {
-        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
+        let node = ONE_NODE;
         let plain = format!(
             "secret = \"0123456789abcdef\"\n[auth]\nadmin_token = \"0123456789abcdef\"\n{node}"
         );
@@ -578,7 +571,7 @@ mod tests {
 
     /// A one-node configuration with `limits` as its `[limits]` table.
     fn with_limits(limits: &str) -> ClusterConfig {
-        let node = "[[node]]\nid = 1\napi_addr = \"127.0.0.1:1\"\nraft_addr = \"127.0.0.1:2\"\ndata_dir = \"d\"\n";
+        let node = ONE_NODE;
         let text = format!(
             "secret = \"0123456789abcdef\"\n[auth]\nadmin_token = \"0123456789abcdef\"\n[limits]\n{limits}\n{node}"
         );
