@@ -247,19 +247,14 @@ pub struct BenchCluster {
 impl BenchCluster {
     /// Starts a cluster of `settings` (see [`Cluster::start`]).
     pub async fn start(settings: Settings) -> Self {
-        let Some(delay) = slow_links::delay_from_env() else {
-            let cluster = Cluster::start(settings).await;
-            return Self {
-                cluster,
-                _links: None,
-            };
-        };
-        let mut links = slow_links::SlowLinks::new(delay);
-        let cluster =
-            Cluster::start_advertising(settings, |_, raft_addr| Some(links.front(raft_addr))).await;
+        let mut links = slow_links::delay_from_env().map(slow_links::SlowLinks::new);
+        let cluster = Cluster::start_advertising(settings, |_, raft_addr| {
+            links.as_mut().map(|links| links.front(raft_addr))
+        })
+        .await;
         Self {
             cluster,
-            _links: Some(links),
+            _links: links,
         }
     }
 }
